@@ -1,0 +1,1 @@
+"""Benchmarks: compiled cost/memory analysis and side-by-side step timing."""

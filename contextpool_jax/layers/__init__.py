@@ -1,0 +1,1 @@
+"""Flax Linen layers: ContextPool, area attention, lambda layers, attention-augmented convolution."""
