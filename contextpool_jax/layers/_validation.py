@@ -57,11 +57,12 @@ def check_rank(owner: str, name: str, array: Any, ranks: Sequence[int],
 
 def as_tuple(owner: str, field: str, value: Any, length: int) -> tuple[int, ...]:
   """Turns an int or a sequence of ``length`` positive ints into a tuple."""
+  given = value
   if isinstance(value, int) and not isinstance(value, bool):
     value = (value,) * length
   value = tuple(value) if isinstance(value, (tuple, list)) else value
   if (not isinstance(value, tuple) or len(value) != length
       or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-    raise ValueError(f'{owner}.{field}={value!r} is invalid; expected a positive '
+    raise ValueError(f'{owner}.{field}={given!r} is invalid; expected a positive '
                      f'int or a sequence of {length} positive ints.')
   return value

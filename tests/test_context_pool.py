@@ -1,0 +1,470 @@
+"""ContextPool: Eq. 4 / Eq. 6 against slow references, limits, causality, padding."""
+
+import itertools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contextpool_jax.layers.context_pool import ContextPool, pool_centres
+import ref_context_pool as ref
+
+B, N, D = 2, 9, 3
+WEIGHTS = ('learned', 'unnormalized', 'uniform', 'nonlocal')
+LOCALITIES = ('gaussian', 'none', 'fixed_window', 'adaptive_window', 'random_sparse')
+MAPPINGS = ('cnn', 'mlp', 'attention')
+
+
+def _x(shape, seed=0, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def _right_pad_mask(batch, n, lengths):
+  return jnp.arange(n)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def _init_apply(module, x, mask=None, seed=1, params=None, spread=3.0):
+  if params is None:
+    params = module.init(jax.random.key(seed), x, mask)
+    # Spread the mapping's outputs so weights and sizes vary a lot per token.
+    params = jax.tree.map(lambda p: p * spread, params)
+  y, state = module.apply(params, x, mask, mutable=['intermediates'])
+  inter = {k: v[0] for k, v in state['intermediates'].items()}
+  return params, y, inter
+
+
+# ----------------------------------------------------------------------------
+# Eq. 4 and Eq. 6 against the slow loops, using the sown weights and sigma.
+# ----------------------------------------------------------------------------
+
+SEQ_CASES = list(itertools.product(
+    ('learned', 'unnormalized', 'uniform'),
+    ('gaussian', 'none', 'fixed_window', 'adaptive_window'),
+    (False, True),  # causal
+))
+
+
+@pytest.mark.parametrize('weights,locality,causal', SEQ_CASES)
+def test_eq4_sequence_matches_reference(weights, locality, causal):
+  x = _x((B, N, D))
+  mask = _right_pad_mask(B, N, [N, 6])
+  module = ContextPool(weights=weights, locality=locality, causal=causal,
+                       size_norm='sigmoid', ratio=0.3, window=2)
+  _, y, inter = _init_apply(module, x, mask)
+  for b in range(B):
+    want = ref.pool(x[b], inter['pool_weights'][b],
+                    inter.get('pool_sigma', [None] * B)[b], mask=mask[b],
+                    causal=causal, locality=locality, window=2)
+    chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('size_norm', ['softmax', 'sigmoid'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_sigma_and_weights_follow_the_paper(size_norm, causal):
+  """Sown w = softmax of the raw weight channel; sigma = r * n * s (A1 variants)."""
+  x = _x((B, N, D))
+  mask = _right_pad_mask(B, N, [N, 5])
+  module = ContextPool(size_norm=size_norm, causal=causal, ratio=0.1)
+  params, _, inter = _init_apply(module, x, mask)
+  p = params['params']
+  for b in range(B):
+    xm = np.where(mask[b][:, None], x[b], 0.0)
+    h = ref.relu(ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'],
+                          causal=causal)) * np.asarray(mask[b])[:, None]
+    raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'], causal=causal)
+    m = np.asarray(mask[b])
+    chex.assert_trees_all_close(np.asarray(inter['pool_weights'][b]),
+                                ref.softmax(raw[:, 0], m), atol=1e-5)
+    want_sigma = ref.sizes_to_sigma(raw[:, 1], m, size_norm=size_norm, causal=causal, ratio=0.1)
+    chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][b])[m], want_sigma[m],
+                                atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('mapping', MAPPINGS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_mapping_variants_match_reference(mapping, causal):
+  """m(X): cnn (two convolutions), mlp (per token), attention (single head)."""
+  x = _x((1, N, D))
+  mask = _right_pad_mask(1, N, [7])
+  module = ContextPool(mapping=mapping, causal=causal, weights='unnormalized',
+                       size_norm='sigmoid')
+  params, _, inter = _init_apply(module, x, mask)
+  p = params['params']
+  m = np.asarray(mask[0])
+  xm = np.where(m[:, None], np.asarray(x[0]), 0.0)
+  if mapping == 'cnn':
+    h = ref.relu(ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'],
+                          causal=causal)) * m[:, None]
+    raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'], causal=causal)
+  elif mapping == 'mlp':
+    raw = ref.dense(ref.relu(ref.dense(xm, p['mapping_dense_0'])), p['mapping_dense_1'])
+  else:
+    h = ref.single_head_attention(xm, p['mapping_attention'], m, causal)
+    raw = ref.dense(h, p['mapping_dense'])
+  softplus = np.logaddexp(0.0, raw[:, 0])
+  chex.assert_trees_all_close(np.asarray(inter['pool_weights'][0])[m], softplus[m], atol=1e-5,
+                              rtol=1e-5)
+  sigma = ref.sizes_to_sigma(raw[:, 1], m, size_norm='sigmoid', causal=causal, ratio=0.1)
+  chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0])[m], sigma[m], atol=1e-5,
+                              rtol=1e-5)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_nonlocal_weights_eq3(causal):
+  """w^i_j = softmax_j(theta(x_i)^T phi(x_j) / sqrt(k)), pooled with the Gaussian."""
+  x = _x((1, N, D))
+  mask = _right_pad_mask(1, N, [7])
+  module = ContextPool(weights='nonlocal', causal=causal, size_norm='sigmoid', ratio=0.3)
+  params, y, inter = _init_apply(module, x, mask)
+  p = params['params']
+  xf = np.asarray(x[0], np.float64)
+  theta = ref.dense(xf, p['nonlocal_theta'])
+  phi = ref.dense(xf, p['nonlocal_phi'])
+  logits = theta @ phi.T / np.sqrt(theta.shape[-1])
+  m = np.asarray(mask[0])
+  w = np.zeros((N, N))
+  for i in range(N):
+    visible = m & m[i]
+    if causal:
+      visible = visible & (np.arange(N) <= i)
+    if visible.any():
+      w[i] = ref.softmax(logits[i], visible)
+  chex.assert_trees_all_close(np.asarray(inter['pool_weights'][0]), w, atol=1e-5)
+  want = ref.pool(x[0], w, inter['pool_sigma'][0], mask=m, causal=causal)
+  chex.assert_trees_all_close(np.asarray(y[0]), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('weights', ['learned', 'uniform'])
+@pytest.mark.parametrize('locality', ['gaussian', 'fixed_window', 'adaptive_window'])
+def test_eq6_grid_matches_reference(weights, locality):
+  x = _x((B, 5, 6, D))
+  mask = jnp.ones((B, 5, 6), bool).at[1, 3:, 4:].set(False)
+  module = ContextPool(weights=weights, locality=locality, size_norm='sigmoid', window=2)
+  _, y, inter = _init_apply(module, x, mask)
+  for b in range(B):
+    want = ref.pool(x[b], inter['pool_weights'][b], inter.get('pool_sigma', [None] * B)[b],
+                    mask=mask[b], locality=locality, window=2)
+    chex.assert_trees_all_close(np.asarray(y[b]).reshape(-1, D), want, atol=1e-5, rtol=1e-5)
+
+
+def test_grid_sigma_uses_half_perimeter():
+  x = _x((1, 4, 7, D))
+  module = ContextPool(size_norm='softmax')
+  params, _, inter = _init_apply(module, x)
+  p = params['params']
+  h = ref.relu(ref.conv(x[0], p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias']))
+  raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'])
+  want = ref.sizes_to_sigma(raw[..., 1], np.ones((4, 7), bool), size_norm='softmax',
+                            causal=False, ratio=0.05, grid=True)
+  chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0]), want, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize('shape,strides,window_shape', [
+    ((8, 8), 2, None), ((7, 9), 2, 3), ((6, 5), (3, 2), None), ((9, 7), 3, 3)])
+def test_strided_grid_is_dense_grid_at_centres(shape, strides, window_shape):
+  x = _x((B, *shape, D))
+  strided = ContextPool(strides=strides, window_shape=window_shape, size_norm='sigmoid')
+  dense = ContextPool(size_norm='sigmoid')
+  params = strided.init(jax.random.key(3), x)
+  y_s = strided.apply(params, x)
+  y_d = dense.apply(params, x)
+  s = (strides, strides) if isinstance(strides, int) else strides
+  k = s if window_shape is None else (window_shape, window_shape)
+  rows, cols = pool_centres(shape, s, k)
+  chex.assert_shape(y_s, (B, -(-shape[0] // s[0]), -(-shape[1] // s[1]), D))
+  chex.assert_trees_all_close(y_s, y_d[:, rows][:, :, cols], atol=1e-6)
+
+
+def test_pool_centres_match_avg_pool_windows():
+  """Centres are the centres of nn.avg_pool's 'SAME' windows (odd windows)."""
+  for size, stride, window in [(8, 2, 3), (7, 2, 3), (9, 3, 3), (10, 2, 5)]:
+    x = jnp.arange(size, dtype=jnp.float32)[None, :, None]
+    pooled = nn.avg_pool(x, (window,), (stride,), padding='SAME', count_include_pad=False)
+    (c,) = pool_centres((size,), (stride,), (window,))
+    # Interior windows (not clipped by padding) average to their centre index.
+    interior = [o for o in range(len(c)) if window // 2 <= c[o] < size - window // 2]
+    np.testing.assert_allclose(np.asarray(pooled[0, interior, 0]), c[interior])
+
+
+# ----------------------------------------------------------------------------
+# Limits.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('weights', ['learned', 'unnormalized', 'uniform', 'nonlocal'])
+@pytest.mark.parametrize('grid', [False, True])
+def test_sigma_to_zero_is_identity(weights, grid):
+  shape = (B, 4, 5, D) if grid else (B, N, D)
+  x = _x(shape)
+  module = ContextPool(weights=weights, ratio=1e-7, size_norm='sigmoid')
+  _, y, _ = _init_apply(module, x)
+  chex.assert_trees_all_close(y, x, atol=1e-6)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_uniform_weights_infinite_sigma_is_mean_of_real_tokens(causal):
+  x = _x((B, N, D))
+  lengths = [N, 4]
+  mask = _right_pad_mask(B, N, lengths)
+  module = ContextPool(weights='uniform', ratio=1e7, size_norm='sigmoid', causal=causal)
+  _, y, inter = _init_apply(module, x, mask, spread=1.0)
+  assert float(jnp.min(jnp.where(mask, inter['pool_sigma'], jnp.inf))) > 1e4
+  for b, length in enumerate(lengths):
+    xr = np.asarray(x[b, :length], np.float64)
+    want = (np.cumsum(xr, 0) / np.arange(1, length + 1)[:, None] if causal
+            else np.broadcast_to(xr.mean(0), xr.shape))
+    chex.assert_trees_all_close(np.asarray(y[b, :length]), want, atol=1e-5)
+    chex.assert_trees_all_close(y[b, length:], x[b, length:])  # padding passed through
+
+
+def test_no_locality_uniform_is_global_mean_on_grid():
+  x = _x((1, 3, 4, D))
+  _, y, _ = _init_apply(ContextPool(weights='uniform', locality='none'), x)
+  chex.assert_trees_all_close(y, jnp.broadcast_to(x.mean((1, 2), keepdims=True), x.shape),
+                              atol=1e-6)
+
+
+def test_residual_adds_the_pooled_features():
+  x = _x((B, N, D))
+  plain, res = ContextPool(size_norm='sigmoid'), ContextPool(size_norm='sigmoid', residual=True)
+  params = plain.init(jax.random.key(0), x)
+  chex.assert_trees_all_close(res.apply(params, x), x + plain.apply(params, x), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Random sparse support, adaptive window training.
+# ----------------------------------------------------------------------------
+
+
+def _support_from_jacobian(module, params, x):
+  jac = jax.jacrev(lambda z: module.apply(params, z))(x)  # [1, n, d, 1, n, d]
+  return np.asarray(jnp.any(jac[0, :, 0, 0, :, :] != 0, axis=-1))
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_random_sparse_support_is_fixed_seeded_and_pools_uniformly(causal):
+  n = 64
+  x = _x((1, n, 2))
+  module = ContextPool(weights='uniform', locality='random_sparse', window=4, causal=causal)
+  params = module.init(jax.random.key(0), x)
+  support = _support_from_jacobian(module, params, x)
+  assert support.diagonal().all()
+  if causal:
+    assert not np.triu(support, 1).any()
+  again = _support_from_jacobian(module, module.init(jax.random.key(5), x), x)
+  np.testing.assert_array_equal(support, again)  # fixed: independent of params
+  other = _support_from_jacobian(ContextPool(weights='uniform', locality='random_sparse',
+                                             window=4, causal=causal, random_seed=1), params, x)
+  assert (support != other).any()
+  expected_others = 4 if causal else 8  # the fixed window's support size, in expectation
+  mean_others = (support.sum() - n) / n
+  assert 0.5 * expected_others < mean_others < 1.6 * expected_others, mean_others
+  y = module.apply(params, x)
+  want = ref.pool(x[0], np.ones(n), locality='support', support=support)
+  chex.assert_trees_all_close(np.asarray(y[0]), want, atol=1e-5)
+
+
+def test_adaptive_window_radius_is_trainable():
+  x = _x((1, 16, D))
+  module = ContextPool(locality='adaptive_window', size_norm='sigmoid', ratio=0.3)
+  params = module.init(jax.random.key(0), x)
+
+  def loss(p):
+    return jnp.sum(jnp.square(module.apply(p, x) - jnp.roll(x, 1, axis=1)))
+
+  grads = jax.grad(loss)(params)['params']['mapping_conv_1']
+  chex.assert_tree_all_finite(grads)
+  # Channel 1 predicts the size; a hard window alone would give it no gradient.
+  assert float(jnp.abs(grads['kernel'][..., 1]).sum()) > 0.0
+
+
+# ----------------------------------------------------------------------------
+# Causality (A4) and padding (A5).
+# ----------------------------------------------------------------------------
+
+CAUSAL_CASES = (
+    [dict(weights=w) for w in WEIGHTS]
+    + [dict(locality=l) for l in LOCALITIES if l != 'gaussian']
+    + [dict(mapping=m) for m in MAPPINGS if m != 'cnn']
+    + [dict(size_norm='sigmoid'), dict(residual=True), dict(mapping='attention', weights='nonlocal'),
+       dict(kernel_size=5, size_norm='sigmoid', weights='unnormalized')]
+)
+
+
+def _case_id(case):
+  return '-'.join(f'{k}={v}' for k, v in case.items())
+
+
+@pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+def test_causal_jacobian_is_exactly_zero_above_diagonal(case):
+  n = 8
+  x = _x((1, n, D))
+  mask = _right_pad_mask(1, n, [7])
+  module = ContextPool(causal=True, ratio=0.5, window=2, **case)
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
+  jac = jax.jacrev(lambda z: module.apply(params, z, mask))(x)[0, :, :, 0]  # [n, d, n, d]
+  dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
+  assert np.all(dep[np.triu_indices(n, 1)] == 0.0), dep
+  assert np.all(np.diag(dep)[:7] > 0.0)
+  # Not vacuous: real positions do read earlier ones (except pure identity-like cases).
+  assert dep[np.tril_indices(7, -1)].sum() > 0.0
+
+
+@pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+def test_causal_output_does_not_depend_on_sequence_length(case):
+  """A prefix gives the same outputs as the full sequence: generation == training."""
+  x = _x((B, 12, D))
+  module = ContextPool(causal=True, ratio=0.5, window=2, **case)
+  params = module.init(jax.random.key(0), x)
+  if case.get('locality') == 'random_sparse':
+    pytest.skip('the random support is drawn for the static [m, n] shape')
+  full = module.apply(params, x)
+  chex.assert_trees_all_close(module.apply(params, x[:, :7]), full[:, :7], atol=1e-6)
+
+
+PAD_CASES = (
+    [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
+    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='sigmoid'), dict(residual=True)]
+)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('case', PAD_CASES, ids=_case_id)
+def test_padding_never_changes_real_outputs(case, causal):
+  n, length = 10, 6
+  x = _x((B, n, D))
+  mask = _right_pad_mask(B, n, [length, length])
+  module = ContextPool(causal=causal, window=2, **case)
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
+  y = module.apply(params, x, mask)
+  garbage = x.at[:, length:].set(1e4 * _x((B, n - length, D), seed=7))
+  y_garbage = module.apply(params, garbage, mask)
+  chex.assert_trees_all_close(y[:, :length], y_garbage[:, :length], atol=1e-6)
+  chex.assert_tree_all_finite(y_garbage)
+  if case.get('locality') != 'random_sparse':  # its support is drawn per static shape
+    y_short = module.apply(params, x[:, :length])
+    chex.assert_trees_all_close(y[:, :length], y_short, atol=1e-5)
+
+
+@pytest.mark.parametrize('case', [dict(), dict(weights='nonlocal'), dict(mapping='attention'),
+                                  dict(locality='adaptive_window')], ids=_case_id)
+def test_grid_padding_values_never_change_real_outputs(case):
+  x = _x((B, 5, 6, D))
+  mask = jnp.ones((B, 5, 6), bool).at[:, 3:, :].set(False).at[:, :, 5:].set(False)
+  module = ContextPool(size_norm='sigmoid', **case)
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
+  garbage = jnp.where(mask[..., None], x, 1e4)
+  chex.assert_trees_all_close(module.apply(params, x, mask)[mask],
+                              module.apply(params, garbage, mask)[mask], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Transformations, dtypes, dropout.
+# ----------------------------------------------------------------------------
+
+ALL_VARIANTS = (
+    [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
+    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='sigmoid', causal=True)]
+    + [dict(strides=2)]
+)
+
+
+@pytest.mark.parametrize('case', ALL_VARIANTS, ids=_case_id)
+def test_jit_grad_vmap(case):
+  grid = 'strides' in case
+  x = _x((B, 6, 6, D) if grid else (B, N, D))
+  module = ContextPool(size_norm='sigmoid', **{k: v for k, v in case.items() if k != 'size_norm'})
+  params = module.init(jax.random.key(0), x)
+  y = module.apply(params, x)
+  chex.assert_trees_all_close(jax.jit(module.apply)(params, x), y, atol=1e-6)
+  stacked = jnp.stack([x, 2.0 * x])
+  y_v = jax.vmap(module.apply, in_axes=(None, 0))(params, stacked)
+  chex.assert_trees_all_close(y_v[1], module.apply(params, 2.0 * x), atol=1e-5)
+  chex.assert_trees_all_close(y_v[0], y, atol=1e-6)
+  grads = jax.jit(jax.grad(lambda p, z: jnp.sum(jnp.sin(module.apply(p, z))),
+                           argnums=(0, 1)))(params, x)
+  chex.assert_tree_all_finite(grads)
+
+
+@pytest.mark.parametrize('case', ALL_VARIANTS, ids=_case_id)
+def test_bfloat16_compute_is_finite_and_close(case):
+  grid = 'strides' in case
+  x = _x((B, 6, 6, D) if grid else (B, N, D))
+  f32 = ContextPool(**case)
+  bf16 = ContextPool(dtype=jnp.bfloat16, **case)
+  params = f32.init(jax.random.key(0), x)
+  chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda p: p.astype(jnp.float32),
+                                                          params))
+  y32 = f32.apply(params, x)
+  y16 = bf16.apply(params, x)
+  assert y16.dtype == jnp.bfloat16
+  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=0.1, rtol=0.05)
+  grads = jax.grad(lambda p: jnp.sum(bf16.apply(p, x).astype(jnp.float32) ** 2))(params)
+  chex.assert_tree_all_finite(grads)
+
+
+def test_extreme_inputs_stay_finite():
+  x = 1e3 * _x((B, 32, D))
+  for size_norm in ('softmax', 'sigmoid'):
+    module = ContextPool(size_norm=size_norm, causal=True)
+    params = jax.tree.map(lambda p: p * 10.0, module.init(jax.random.key(0), x))
+    y, grads = jax.jit(jax.value_and_grad(lambda p: jnp.sum(module.apply(p, x))))(params)
+    chex.assert_tree_all_finite((y, grads))
+
+
+def test_dropout_on_pooling_weights():
+  x = _x((B, N, D))
+  module = ContextPool(dropout_rate=0.5, size_norm='sigmoid')
+  params = module.init(jax.random.key(0), x)
+  det = module.apply(params, x)
+  chex.assert_trees_all_close(module.apply(params, x, deterministic=True), det)
+  drop = module.apply(params, x, deterministic=False, rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(drop, det)
+  with pytest.raises(Exception, match='dropout'):
+    module.apply(params, x, deterministic=False)
+
+
+# ----------------------------------------------------------------------------
+# Configuration and input errors.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('field,value', [
+    ('weights', 'softmax'), ('locality', 'gauss'), ('mapping', 'rnn'), ('size_norm', 'l1'),
+    ('activation', 'swish2'), ('ratio', -0.1), ('ratio', 0), ('kernel_size', 0),
+    ('kernel_size', 2.5), ('hidden_features', 0), ('window', 0), ('window_softness', 0.0),
+    ('nonlocal_features', -3), ('dropout_rate', 1.0), ('random_seed', 1.5),
+    ('residual', 'yes'), ('causal', 1), ('strides', 0), ('strides', (2, 2, 2)),
+    ('window_shape', (0, 1)),
+])
+def test_invalid_config_raises_naming_field_and_value(field, value):
+  x = _x((1, 6, 6, D))
+  with pytest.raises(ValueError) as err:
+    ContextPool(**{field: value}).init(jax.random.key(0), x)
+  assert f'ContextPool.{field}={value!r}' in str(err.value)
+
+
+def test_invalid_config_message_lists_allowed_values():
+  with pytest.raises(ValueError, match="allowed values: 'learned', 'unnormalized'"):
+    ContextPool(weights='soft').init(jax.random.key(0), _x((1, 4, D)))
+
+
+@pytest.mark.parametrize('shape', [(4, D), (1, 2, 3, 4, D)])
+def test_wrong_rank_raises(shape):
+  with pytest.raises(ValueError, match='x has rank'):
+    ContextPool().init(jax.random.key(0), jnp.zeros(shape))
+
+
+def test_mismatched_mask_raises():
+  with pytest.raises(ValueError, match=r'mask has shape \(2, 5\); expected'):
+    ContextPool().init(jax.random.key(0), _x((2, 6, D)), jnp.ones((2, 5), bool))
+
+
+def test_causal_grid_and_causal_strides_raise():
+  with pytest.raises(ValueError, match='causal=True needs a sequence'):
+    ContextPool(causal=True).init(jax.random.key(0), _x((1, 4, 4, D)))
+  with pytest.raises(ValueError, match='strides=2 is not allowed with causal=True'):
+    ContextPool(causal=True, strides=2).init(jax.random.key(0), _x((1, 8, D)))
