@@ -1,1 +1,6 @@
 """Flax Linen layers: ContextPool, area attention, lambda layers, attention-augmented convolution."""
+
+from contextpool_jax.layers.augmented_conv import AugmentedConv2D
+from contextpool_jax.layers.augmented_conv import relative_logits_2d
+from contextpool_jax.layers.context_pool import ContextPool
+from contextpool_jax.layers.lambda_layer import LambdaLayer

@@ -1,0 +1,328 @@
+"""Lambda layers (Bello, "LambdaNetworks", ICLR 2021) in Flax Linen.
+
+A lambda layer summarises its context into one small linear map per query
+position (a "lambda") instead of an attention map, and applies that map to the
+query. With self-context (C = X, so m ranges over the same positions as n) and
+the multi-query formulation (paper Sec. 3.1-3.2; equation labels L1-L5 are
+this module's), per position n and query head h:
+
+  (L1) Q = BN(X W_Q) [n, h, k];  K = X W_K [m, k, u];  V = BN(X W_V) [m, v, u],
+       |v| = d_out / |h|
+  (L2) K̄ = softmax(K, axis=m)                      normalised keys
+  (L3) λ^c   = K̄^T V   = Σ_m Σ_u K̄_mku V_mvu  [k, v]  content lambda (shared)
+       λ^p_n = E_n^T V = Σ_m Σ_u E_nmku V_mvu [k, v]  position lambdas
+  (L4) λ_n = λ^c + λ^p_n
+  (L5) y_nh = λ_n^T q_nh  [v]; the |h| heads are concatenated into h * v = d_out.
+
+Relative position embeddings are translation invariant, E_nm = R[pos(m) -
+pos(n)], so the position lambdas are a cross-correlation of V with the table R
+and are computed with ``jax.lax.conv_general_dilated``; the ``[n, m, k, u]``
+tensor E is never materialised (memory O(n k v) rather than O(n m k)). The
+price is FLOPs: a 'global' correlation visits (2H - 1)(2W - 1) offsets per
+query, about 4x the n * m products of the direct sum (most taps hit padding).
+
+Table indexing (sign convention). The learned table R has shape
+``[*kernel, k, u]``; along each spatial axis of size ``s`` the table entry at
+index ``j`` is the embedding of the offset ``pos(m) - pos(n) = j - c`` with
+centre ``c = (s - 1) // 2``: context position *minus* query position, so
+``R[c + 1]`` is the embedding of the context position one step after (below /
+to the right of) the query. Thus
+
+  'global': kernel = (2H - 1, 2W - 1) (1D: 2L - 1), c = (H - 1, W - 1);
+            every query sees every context position.
+  'conv':   kernel = (r_h, r_w) (1D: r), c = (r // 2); E_nm = 0 when the offset
+            is outside the scope; context outside the input is zero padding
+            (it contributes nothing). The content lambda stays global.
+  'none':   no position lambda (content-only ablation).
+
+Only the offsets an input of the given size can reach, |offset| <= size - 1,
+are used; a 'conv' scope larger than 2 * size - 1 is cropped to it (same
+result, less work on small inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from contextpool_jax.layers import _validation as val
+
+Array = jax.Array
+Dtype = Any
+Initializer = Callable[..., Array]
+PrecisionLike = Any
+
+_OWNER = 'LambdaLayer'
+POSITIONS = ('global', 'conv', 'none')
+_EMBEDDING = 'position_embedding'
+
+
+def normalize_keys(keys: Array) -> Array:
+  """Softmax of the keys over the context positions (L2).
+
+  Args:
+    keys: ``[batch, m, k, u]``.
+
+  Returns:
+    ``[batch, m, k, u]``, summing to one over ``m`` for every ``(k, u)``.
+    Computed in float32 (a softmax over thousands of positions loses too much
+    in bfloat16), returned in the input dtype.
+  """
+  return jax.nn.softmax(keys.astype(jnp.float32), axis=1).astype(keys.dtype)
+
+
+def content_lambda(keys_normalized: Array, values: Array, *,
+                   precision: PrecisionLike = None) -> Array:
+  """λ^c = Σ_m Σ_u K̄_mku V_mvu (L3, content lambda; sums over |u|).
+
+  Args:
+    keys_normalized: ``[batch, m, k, u]``.
+    values: ``[batch, m, v, u]``.
+    precision: ``jax.lax.Precision`` for the contraction.
+
+  Returns:
+    ``[batch, k, v]``, one lambda shared by every query position.
+  """
+  return jnp.einsum('bmku,bmvu->bkv', keys_normalized, values, precision=precision)
+
+
+def reachable_table(table: Array, spatial: Sequence[int]) -> tuple[Array, tuple[int, ...]]:
+  """Crops a centred relative table to the offsets an input can reach.
+
+  Args:
+    table: ``[*kernel, k, u]`` with odd kernel sizes; index ``c + o`` holds the
+      embedding of offset ``o = pos(m) - pos(n)``, ``c = (size - 1) // 2``.
+    spatial: input sizes ``(L,)`` or ``(H, W)``.
+
+  Returns:
+    ``(cropped, reach)``: ``cropped`` is ``[*(2 * reach + 1), k, u]`` holding
+    offsets ``-reach .. reach`` per axis, ``reach_i = min(c_i, spatial_i - 1)``.
+  """
+  reach = tuple(min((t - 1) // 2, s - 1) for t, s in zip(table.shape[:-2], spatial))
+  index = tuple(slice((t - 1) // 2 - r, (t - 1) // 2 + r + 1)
+                for t, r in zip(table.shape[:-2], reach))
+  return table[index], reach
+
+
+def position_lambdas(values: Array, table: Array, *,
+                     precision: PrecisionLike = None) -> Array:
+  """λ^p_n = Σ_m Σ_u R[pos(m) - pos(n)]_ku V_mvu as a convolution (L3).
+
+  The sum over m with a translation-invariant E_nm is the cross-correlation
+  ``λ^p[n] = Σ_o R[c + o] V[n + o]`` with zero padding, i.e.
+  ``lax.conv_general_dilated`` with |u| input features, |k| output features
+  and |v| folded into the batch (one correlation per value channel; the paper's
+  "lambda convolution"). Memory: the output, O(batch n k v); E is never built.
+
+  Args:
+    values: ``[batch, *spatial, v, u]`` (spatial = ``(L,)`` or ``(H, W)``).
+    table: ``[*kernel, k, u]`` relative embeddings, centred as documented in the
+      module docstring; offsets beyond ``spatial - 1`` are cropped away.
+    precision: ``jax.lax.Precision`` for the convolution.
+
+  Returns:
+    ``[batch, v, *spatial, k]`` position lambdas (|v| before the positions).
+  """
+  batch, *spatial, depth_v, depth_u = values.shape
+  spatial_rank = len(spatial)
+  kernel, reach = reachable_table(table, spatial)
+  kernel = jnp.swapaxes(kernel, -1, -2)  # [*kernel, u, k]: spatial..., I, O.
+  lhs = jnp.moveaxis(values, -2, 1).reshape(batch * depth_v, *spatial, depth_u)
+  spec = 'N' + 'HW'[:spatial_rank] + 'C'
+  kernel_spec = 'HW'[:spatial_rank] + 'IO'
+  numbers = lax.conv_dimension_numbers(lhs.shape, kernel.shape, (spec, kernel_spec, spec))
+  out = lax.conv_general_dilated(
+      lhs, kernel, window_strides=(1,) * spatial_rank,
+      padding=tuple((r, r) for r in reach), dimension_numbers=numbers,
+      precision=precision)
+  return out.reshape(batch, depth_v, *spatial, out.shape[-1])
+
+
+class LambdaLayer(nn.Module):
+  """Multi-query lambda layer with content and relative-position lambdas.
+
+  Implements L1-L5 of the module docstring with self-context (C = X). Input
+  ``[batch, length, d]`` (sequence) or ``[batch, height, width, d]`` (grid,
+  height != width allowed); output ``[batch, ..., d_out]`` with the same
+  leading shape, ``d_out = out_features or d``.
+
+  Choices the paper left open (all configurable):
+    * Projections have no bias: queries and values are batch-normalised (a bias
+      is cancelled) and a per-channel key bias cancels in the softmax over m.
+    * Initialisation: projections and the embedding table draw from
+      N(0, 1 / d) (stddev d^-1/2, d = input channels), untruncated. The paper
+      uses normal initialisers; the slides we work from give no scale, so the
+      d^-1/2 for the table is our choice. Override with ``kernel_init`` /
+      ``embedding_init``.
+    * BatchNorm is over the batch and all positions, one statistic per query
+      channel (h, k) and per value channel (v, u); scale 1, bias 0 at init;
+      Flax defaults momentum 0.99, epsilon 1e-5.
+    * Channel layouts: query kernel ``[d, h, k]``, key ``[d, k, u]``, value
+      ``[d, v, u]``; the output concatenates heads as ``[h, v]`` -> ``h * v``.
+      No output projection (the paper has none).
+    * Global tables are sized from the first input (or ``context_size``); a
+      smaller input uses the table's centre, a larger one is an error.
+    * The key softmax runs in float32 whatever ``dtype`` is.
+
+  Attributes:
+    out_features: d_out; None keeps the input depth d. Must divide by ``heads``.
+    key_depth: |k|, query/key depth (paper default 16).
+    heads: |h|, number of queries per position (multi-query; default 4);
+      |v| = d_out / |h|.
+    intra_depth: |u|, intra-depth; keys/values/embeddings carry a |u| axis
+      that is summed over (default 1).
+    position: 'global' (relative embeddings over the whole input), 'conv'
+      (lambda convolution with ``scope_size``) or 'none' (content only).
+    scope_size: lambda-convolution scope r (odd; int or one per spatial
+      axis); used only when position='conv' (paper: 23). Named ``scope_size``
+      because ``Module.scope`` is reserved by Flax.
+    content: include the content lambda λ^c; False gives the position-only
+      ablation (then position must not be 'none').
+    context_size: spatial size (int or per-axis) the global table covers; None
+      uses the size of the input at initialisation. Only for position='global'.
+    batch_norm: batch-normalise queries and values (paper default; False is the
+      paper's "no batch normalization" ablation).
+    batch_norm_momentum: BatchNorm running-average decay.
+    batch_norm_epsilon: BatchNorm variance epsilon.
+    kernel_init: initialiser of the q/k/v projections; None = N(0, 1/d).
+    embedding_init: initialiser of the relative table; None = N(0, 1/d).
+    precision: ``jax.lax.Precision`` for contractions and convolutions.
+    dtype: computation dtype; None infers from inputs and params.
+    param_dtype: dtype of the parameters.
+  """
+  out_features: int | None = None
+  key_depth: int = 16
+  heads: int = 4
+  intra_depth: int = 1
+  position: str = 'global'
+  scope_size: int | Sequence[int] = 23
+  content: bool = True
+  context_size: int | Sequence[int] | None = None
+  batch_norm: bool = True
+  batch_norm_momentum: float = 0.99
+  batch_norm_epsilon: float = 1e-5
+  kernel_init: Initializer | None = None
+  embedding_init: Initializer | None = None
+  precision: PrecisionLike = None
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+
+  def _check_config(self) -> None:
+    val.check_choice(_OWNER, 'position', self.position, POSITIONS)
+    val.check_positive(_OWNER, 'key_depth', self.key_depth, integer=True)
+    val.check_positive(_OWNER, 'heads', self.heads, integer=True)
+    val.check_positive(_OWNER, 'intra_depth', self.intra_depth, integer=True)
+    val.check_positive(_OWNER, 'out_features', self.out_features, integer=True,
+                       allow_none=True)
+    val.check_choice(_OWNER, 'content', self.content, (True, False))
+    val.check_choice(_OWNER, 'batch_norm', self.batch_norm, (True, False))
+    val.check_probability(_OWNER, 'batch_norm_momentum', self.batch_norm_momentum)
+    val.check_positive(_OWNER, 'batch_norm_epsilon', self.batch_norm_epsilon)
+    if self.position == 'none' and not self.content:
+      raise ValueError(
+          f"{_OWNER}.content=False with {_OWNER}.position='none' leaves nothing "
+          "to compute; enable the content lambda or choose position 'global' or "
+          "'conv'.")
+
+  def _table_shape(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
+    """Kernel shape of the relative table for this input (validated)."""
+    rank = len(spatial)
+    if self.position == 'conv':
+      if isinstance(self.scope_size, int):
+        val.check_positive(_OWNER, 'scope_size', self.scope_size, integer=True)
+      scope = val.as_tuple(_OWNER, 'scope_size', self.scope_size, rank)
+      if any(r % 2 == 0 for r in scope):
+        raise ValueError(
+            f'{_OWNER}.scope_size={self.scope_size!r} is invalid; expected odd '
+            'positive sizes (the window is centred on the query).')
+      return scope
+    if self.context_size is not None:
+      size = val.as_tuple(_OWNER, 'context_size', self.context_size, rank)
+    elif self.has_variable('params', _EMBEDDING):
+      kernel = self.get_variable('params', _EMBEDDING).shape[:-2]
+      size = tuple((t + 1) // 2 for t in kernel)
+    else:
+      size = spatial
+    if len(size) != rank:
+      raise ValueError(f'{_OWNER}: the global table covers {len(size)} spatial '
+                       f'axes but the input has {rank}.')
+    if any(s < n for s, n in zip(size, spatial)):
+      raise ValueError(
+          f'{_OWNER}: input spatial size {spatial} exceeds the global table '
+          f'size {size} (context_size={self.context_size!r}); set context_size '
+          'to the largest input, or use position=\'conv\'.')
+    return tuple(2 * s - 1 for s in size)
+
+  @nn.compact
+  def __call__(self, x: Array, *, train: bool = False) -> Array:
+    """Applies the lambda layer.
+
+    Args:
+      x: ``[batch, length, d]`` or ``[batch, height, width, d]``.
+      train: use batch statistics in BatchNorm and update the running averages
+        (then the 'batch_stats' collection must be mutable); False uses the
+        running averages. A Python bool: ``nn.remat`` traces keyword
+        arguments, so under remat fix it outside the remat boundary (e.g. remat
+        a parent block that holds ``train`` as a field).
+
+    Returns:
+      ``[batch, length, d_out]`` or ``[batch, height, width, d_out]``.
+    """
+    self._check_config()
+    val.check_rank(_OWNER, 'x', x, (3, 4),
+                   '[batch, length, d] or [batch, height, width, d]')
+    batch, *spatial, d = x.shape
+    spatial = tuple(spatial)
+    d_out = d if self.out_features is None else self.out_features
+    if d_out % self.heads:
+      raise ValueError(
+          f'{_OWNER}.heads={self.heads} must divide the output depth '
+          f'{d_out} (out_features={self.out_features!r}, input depth {d}); '
+          '|v| = d_out / heads.')
+    depth_v, depth_k, depth_u = d_out // self.heads, self.key_depth, self.intra_depth
+    table_shape = None
+    if self.position != 'none':
+      table_shape = self._table_shape(spatial)
+
+    default_init = nn.initializers.normal(stddev=d ** -0.5)
+    kernel_init = self.kernel_init or default_init
+    dense = lambda features, name: nn.DenseGeneral(
+        features, use_bias=False, kernel_init=kernel_init, dtype=self.dtype,
+        param_dtype=self.param_dtype, precision=self.precision, name=name)
+    norm = lambda name: nn.BatchNorm(
+        use_running_average=not train, axis=(-2, -1),
+        momentum=self.batch_norm_momentum, epsilon=self.batch_norm_epsilon,
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+
+    queries = dense((self.heads, depth_k), 'query')(x)      # [b, *s, h, k]
+    values = dense((depth_v, depth_u), 'value')(x)          # [b, *s, v, u]
+    if self.batch_norm:
+      queries = norm('query_norm')(queries)
+      values = norm('value_norm')(values)
+
+    num = math.prod(spatial)
+    q_flat = queries.reshape(batch, num, self.heads, depth_k)
+    out = None
+    if self.content:
+      keys = dense((depth_k, depth_u), 'key')(x)            # [b, *s, k, u]
+      keys = normalize_keys(keys.reshape(batch, num, depth_k, depth_u))
+      keys, v_flat = nn.dtypes.promote_dtype(
+          keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype)
+      lam_c = content_lambda(keys, v_flat, precision=self.precision)  # [b, k, v]
+      out = jnp.einsum('bkv,bnhk->bnhv', lam_c, q_flat.astype(lam_c.dtype),
+                       precision=self.precision)
+    if self.position != 'none':
+      table = self.param(_EMBEDDING, self.embedding_init or default_init,
+                         (*table_shape, depth_k, depth_u), self.param_dtype)
+      values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
+      lam_p = position_lambdas(values_c, table, precision=self.precision)
+      lam_p = lam_p.reshape(batch, depth_v, num, depth_k)   # [b, v, n, k]
+      out_p = jnp.einsum('bvnk,bnhk->bnhv', lam_p, q_flat.astype(lam_p.dtype),
+                         precision=self.precision)
+      out = out_p if out is None else out + out_p
+    return out.reshape(batch, *spatial, self.heads * depth_v)

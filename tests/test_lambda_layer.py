@@ -1,0 +1,435 @@
+"""LambdaLayer: Eqs. 1-5 against a direct einsum reference, BN modes, transforms, errors."""
+
+import functools
+import itertools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contextpool_jax.layers.lambda_layer import LambdaLayer
+import ref_lambda_layer as ref
+
+D, HEADS, K = 8, 2, 4
+SHAPES = {'1d': (2, 7, D), '2d': (2, 5, 4, D)}   # 2D with height != width.
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def _x(shape, seed=0, dtype=jnp.float32):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def _init(module, x, seed=0):
+  """Variables with the module's own structure, filled by numpy (no compile).
+
+  The real initialiser is exercised by the shape/dtype tests; everything else
+  uses random values of the shapes ``module.init`` declares, including random
+  BatchNorm scale/bias and running statistics so both BN modes are non-trivial.
+  """
+  shapes = jax.eval_shape(module.init, jax.random.key(seed), x)
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if "'scale'" in name or "'var'" in name:
+      value = rng.uniform(0.5, 1.5, leaf.shape)
+    elif "'bias'" in name or "'mean'" in name:
+      value = rng.normal(0.0, 0.3, leaf.shape)
+    else:
+      value = rng.normal(0.0, x.shape[-1] ** -0.5, leaf.shape)
+    return jnp.asarray(value, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(module, train):
+  if train:
+    return jax.jit(lambda v, z: module.apply(v, z, train=True, mutable=['batch_stats']))
+  return jax.jit(module.apply)
+
+
+def _apply(module, variables, x, train=False):
+  """Jitted apply; in train mode returns (y, {'batch_stats': ...})."""
+  return _jitted_apply(module, train)(variables, x)
+
+
+def _apply_both(module, variables, x):
+  """(eval output, train output, train batch_stats) from one compile."""
+  def both(v, z):
+    y_train, state = module.apply(v, z, train=True, mutable=['batch_stats'])
+    return module.apply(v, z), y_train, state
+  return jax.jit(both)(variables, x)
+
+
+def _to64(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def _reference(module, variables, x, train):
+  y, _ = ref.lambda_layer(
+      _to64(variables), np.asarray(x, np.float64), content=module.content,
+      position=module.position != 'none', batch_norm_on=module.batch_norm,
+      train=train, epsilon=module.batch_norm_epsilon)
+  return y
+
+
+# ----------------------------------------------------------------------------
+# Shapes and parameters.
+
+@pytest.mark.parametrize('shape', [(2, 9, 8), (1, 3, 7, 8)])
+@pytest.mark.parametrize('position', ['global', 'conv', 'none'])
+def test_output_shape_and_params(shape, position):
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position=position,
+                       scope_size=3)
+  x = _x(shape)
+  y = _apply(module, _init(module, x, 1), x)
+  chex.assert_shape(y, shape)
+  chex.assert_tree_all_finite(y)
+  p = jax.eval_shape(module.init, jax.random.key(0), x)['params']
+  d, v = shape[-1], shape[-1] // HEADS
+  chex.assert_shape(p['query']['kernel'], (d, HEADS, K))
+  chex.assert_shape(p['key']['kernel'], (d, K, 2))
+  chex.assert_shape(p['value']['kernel'], (d, v, 2))
+  spatial = shape[1:-1]
+  if position == 'global':
+    chex.assert_shape(p['position_embedding'], (*(2 * s - 1 for s in spatial), K, 2))
+  elif position == 'conv':
+    chex.assert_shape(p['position_embedding'], (*(3,) * len(spatial), K, 2))
+  else:
+    assert 'position_embedding' not in p
+
+
+def test_out_features_sets_value_depth():
+  module = LambdaLayer(out_features=12, key_depth=K, heads=3)
+  x = _x((2, 4, 5, D))
+  variables = _init(module, x)
+  chex.assert_shape(_apply(module, variables, x), (2, 4, 5, 12))
+  chex.assert_shape(variables['params']['value']['kernel'], (D, 4, 1))
+
+
+def test_defaults_follow_paper():
+  module = LambdaLayer()
+  assert (module.key_depth, module.heads, module.intra_depth) == (16, 4, 1)
+  assert module.position == 'global' and module.scope_size == 23 and module.content
+  p = jax.eval_shape(module.init, jax.random.key(0), _x((1, 5, 6, 16)))['params']
+  chex.assert_shape(p['query']['kernel'], (16, 4, 16))
+  chex.assert_shape(p['value']['kernel'], (16, 4, 1))
+  chex.assert_shape(p['position_embedding'], (9, 11, 16, 1))
+
+
+def test_initialisation_is_documented_normal():
+  """Real ``init``: N(0, 1/d) projections and table, identity BatchNorm."""
+  d = 64
+  module = LambdaLayer()
+  variables = jax.jit(module.init)(jax.random.key(0), _x((1, 8, 8, d)))
+  p = variables['params']
+  for leaf in (p['query']['kernel'], p['key']['kernel'], p['value']['kernel'],
+               p['position_embedding']):
+    leaf = np.asarray(leaf)
+    assert abs(leaf.mean()) < 0.1 * d ** -0.5
+    np.testing.assert_allclose(leaf.std(), d ** -0.5, rtol=0.1)
+  for name in ('query_norm', 'value_norm'):
+    chex.assert_trees_all_equal(p[name]['scale'], jnp.ones_like(p[name]['scale']))
+    chex.assert_trees_all_equal(p[name]['bias'], jnp.zeros_like(p[name]['bias']))
+    stats = variables['batch_stats'][name]
+    chex.assert_trees_all_equal(stats['mean'], jnp.zeros_like(stats['mean']))
+    chex.assert_trees_all_equal(stats['var'], jnp.ones_like(stats['var']))
+
+
+def test_position_only_has_no_key_projection():
+  module = LambdaLayer(key_depth=K, heads=HEADS, content=False)
+  variables = jax.eval_shape(module.init, jax.random.key(0), _x(SHAPES['1d']))
+  assert 'key' not in variables['params']
+
+
+# ----------------------------------------------------------------------------
+# Values against the direct einsum reference (module's own parameters).
+
+# position x content x rank in full; |u| alternates so each (position,
+# content) pair is checked with |u| = 1 and |u| = 4.
+CASES = [
+    (pos, content, 4 if content == (dims == '1d') else 1, dims)
+    for pos, content, dims in itertools.product(
+        ('global', 'conv'), (True, False), ('1d', '2d'))
+] + [('none', True, 1, '1d'), ('none', True, 4, '2d')]
+
+
+@pytest.mark.parametrize('position,content,intra_depth,dims', CASES)
+def test_matches_reference(position, content, intra_depth, dims):
+  """Eval mode (running averages) and train mode (batch statistics)."""
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=intra_depth,
+                       position=position, scope_size=3, content=content)
+  x = _x(SHAPES[dims], seed=5)
+  variables = _init(module, x, 2)
+  y_eval, y_train, _ = _apply_both(module, variables, x)
+  np.testing.assert_allclose(y_eval, _reference(module, variables, x, False), **TOL)
+  np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
+
+
+@pytest.mark.parametrize('scope_size,shape', [
+    ((5, 3), (2, 5, 4, D)),      # window smaller than the grid on both axes
+    (9, (2, 3, 4, D)),           # scope wider than 2 * size - 1: cropped
+    (5, (1, 11, D)),
+])
+def test_conv_scopes_match_reference(scope_size, shape):
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position='conv',
+                       scope_size=scope_size)
+  x = _x(shape, seed=7)
+  variables = _init(module, x, 4)
+  np.testing.assert_allclose(_apply(module, variables, x),
+                             _reference(module, variables, x, False), **TOL)
+
+
+def test_no_batch_norm_matches_reference():
+  module = LambdaLayer(key_depth=K, heads=HEADS, batch_norm=False)
+  x = _x(SHAPES['2d'], seed=8)
+  variables = _init(module, x)
+  assert 'batch_stats' not in variables
+  np.testing.assert_allclose(_apply(module, variables, x),
+                             _reference(module, variables, x, False), **TOL)
+
+
+def test_global_table_centre_used_for_smaller_inputs():
+  module = LambdaLayer(key_depth=K, heads=HEADS, context_size=(6, 7))
+  variables = _init(module, _x((1, 6, 7, D)))
+  chex.assert_shape(variables['params']['position_embedding'], (11, 13, K, 1))
+  x = _x((2, 4, 5, D), seed=9)
+  y = _apply(module, variables, x)
+  np.testing.assert_allclose(y, _reference(module, variables, x, False), **TOL)
+  # Without context_size the table size is read from the params: same result.
+  plain = LambdaLayer(key_depth=K, heads=HEADS)
+  np.testing.assert_allclose(_apply(plain, variables, x), y, rtol=1e-6, atol=1e-6)
+
+
+def test_sign_convention_offset_is_context_minus_query():
+  """A table non-zero only at index c + 1 makes y_n read x_n (query) and x_{n+1}."""
+  length = 6
+  module = LambdaLayer(key_depth=K, heads=HEADS, content=False, batch_norm=False)
+  x = _x((1, length, D), seed=1)
+  variables = _init(module, x)
+  table = np.zeros(variables['params']['position_embedding'].shape, np.float32)
+  table[(length - 1) + 1] = 1.0                     # centre c = length - 1
+  variables = {'params': {**variables['params'], 'position_embedding': jnp.asarray(table)}}
+  jac = jax.jit(jax.jacobian(lambda z: module.apply(variables, z)))(x)
+  reads = np.abs(np.asarray(jac[0, :, :, 0])).sum(axis=(1, 3)) > 0   # [n, j]
+  for n in range(length):
+    expected = {n, n + 1} if n + 1 < length else set()
+    assert set(np.flatnonzero(reads[n])) == expected, (n, np.flatnonzero(reads[n]))
+
+
+# ----------------------------------------------------------------------------
+# BatchNorm modes.
+
+def test_train_mode_updates_batch_stats():
+  module = LambdaLayer(key_depth=K, heads=HEADS, batch_norm_momentum=0.9)
+  x = _x(SHAPES['2d'], seed=11)
+  variables = _init(module, x)
+  y, updates = _apply(module, variables, x, train=True)
+  _, moments = ref.lambda_layer(_to64(variables), np.asarray(x, np.float64), train=True)
+  for name in ('query_norm', 'value_norm'):
+    old = variables['batch_stats'][name]
+    new = updates['batch_stats'][name]
+    mean, var = moments[name]
+    np.testing.assert_allclose(new['mean'], 0.9 * np.asarray(old['mean']) + 0.1 * mean,
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(new['var'], 0.9 * np.asarray(old['var']) + 0.1 * var,
+                               rtol=1e-4, atol=1e-5)
+  # Eval mode reads the running averages (different here) and mutates nothing.
+  y_eval, state = jax.jit(lambda v, z: module.apply(v, z, mutable=['batch_stats']))(
+      variables, x)
+  chex.assert_trees_all_equal(state['batch_stats'], variables['batch_stats'])
+  assert not np.allclose(y_eval, y, atol=1e-3)
+
+
+def test_train_mode_requires_mutable_batch_stats():
+  module = LambdaLayer(key_depth=K, heads=HEADS)
+  x = _x(SHAPES['1d'])
+  variables = jax.eval_shape(module.init, jax.random.key(0), x)
+  with pytest.raises(Exception, match='batch_stats'):
+    jax.eval_shape(lambda v, z: module.apply(v, z, train=True), variables, x)
+
+
+# ----------------------------------------------------------------------------
+# Transforms: jit, grad, vmap, remat; dtypes.
+
+def _setup(position='global', dims='2d', **kw):
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position=position,
+                       scope_size=3, **kw)
+  x = _x(SHAPES[dims], seed=12)
+  return module, _init(module, x), x
+
+
+def test_jit_matches_eager():
+  module, variables, x = _setup('conv')
+  np.testing.assert_allclose(_apply(module, variables, x), module.apply(variables, x),
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('position,dims', [('global', '2d'), ('conv', '1d')])
+def test_grad_matches_reference_grad(position, dims):
+  """Gradients through the convolution equal those of the explicit-E einsum."""
+  module, variables, x = _setup(position, dims)
+  w = _x(x.shape[:-1] + (D,), seed=13)
+
+  def loss(fn):
+    return lambda params, z: jnp.sum(w * fn({**variables, 'params': params}, z))
+
+  def ours(v, z):
+    return module.apply(v, z, train=True, mutable=['batch_stats'])[0]
+
+  def theirs(v, z):
+    with jax.default_matmul_precision('highest'):
+      return ref.lambda_layer(v, z, train=True, xp=jnp)[0]
+
+  g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(variables['params'], x)
+  g_ref = jax.jit(jax.grad(loss(theirs), argnums=(0, 1)))(variables['params'], x)
+  chex.assert_trees_all_close(g, g_ref, rtol=2e-3, atol=2e-4)
+  chex.assert_tree_all_finite(g)
+  assert float(jnp.abs(g[0]['position_embedding']).sum()) > 0
+
+
+def test_vmap_matches_loop():
+  module, variables, x = _setup('conv')
+  xs = jnp.stack([x, 2.0 * x, -x])
+  ys = jax.jit(jax.vmap(lambda z: module.apply(variables, z)))(xs)
+  for i in range(xs.shape[0]):
+    np.testing.assert_allclose(ys[i], _apply(module, variables, xs[i]),
+                               rtol=1e-5, atol=1e-6)
+  # Training under vmap: per-example batch statistics, like a loop.
+  ys, _ = jax.jit(jax.vmap(lambda z: module.apply(variables, z, train=True,
+                                                  mutable=['batch_stats'])))(xs)
+  for i in range(xs.shape[0]):
+    np.testing.assert_allclose(ys[i], _apply(module, variables, xs[i], True)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+class _Block(nn.Module):
+  """``train`` is keyword-only on LambdaLayer and nn.remat traces keyword
+  arguments, so training code fixes it outside the remat boundary (a field)."""
+  train: bool
+
+  @nn.compact
+  def __call__(self, x):
+    return LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, name='lambda')(
+        x, train=self.train)
+
+
+def test_remat_matches_plain():
+  module, variables, x = _setup('global')
+  # Eval mode: remat the layer class directly.
+  remat_layer = nn.remat(LambdaLayer)(key_depth=K, heads=HEADS, intra_depth=2)
+  np.testing.assert_allclose(_apply(remat_layer, variables, x),
+                             _apply(module, variables, x), rtol=1e-5, atol=1e-6)
+  # Train mode: remat a block that closes over train; gradients unchanged.
+  wrapped = {c: {'lambda': t} for c, t in variables.items()}
+
+  def grad(block):
+    def loss(params):
+      y, _ = block.apply({**wrapped, 'params': params}, x, mutable=['batch_stats'])
+      return jnp.sum(y ** 2)
+    return jax.jit(jax.grad(loss))(wrapped['params'])
+
+  chex.assert_trees_all_close(grad(nn.remat(_Block)(train=True)),
+                              grad(_Block(train=True)), rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_compute():
+  module, variables, x = _setup('global', dtype=jnp.bfloat16)
+  y = _apply(module, variables, x)
+  assert y.dtype == jnp.bfloat16
+  chex.assert_tree_all_finite(y)
+  for p in jax.tree.leaves(variables['params']):
+    assert p.dtype == jnp.float32
+  y32 = _apply(LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2), variables, x)
+  scale = float(jnp.abs(y32).max())
+  np.testing.assert_allclose(np.asarray(y, np.float32), y32, atol=0.05 * scale)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(
+      module.apply({**variables, 'params': p}, x).astype(jnp.float32))))(variables['params'])
+  chex.assert_tree_all_finite(grads)
+
+
+def test_param_dtype():
+  module = LambdaLayer(key_depth=K, heads=HEADS, param_dtype=jnp.bfloat16)
+  x = _x(SHAPES['1d'])
+  variables = _init(module, x)
+  for p in jax.tree.leaves(variables['params']):
+    assert p.dtype == jnp.bfloat16
+  chex.assert_tree_all_finite(_apply(module, variables, x))
+
+
+# ----------------------------------------------------------------------------
+# Memory: no [n, m]-sized intermediate anywhere in forward or backward.
+
+def _max_intermediate(jaxpr):
+  biggest = 0
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      biggest = max(biggest, int(np.prod(getattr(var.aval, 'shape', ()))))
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+        inner = getattr(sub, 'jaxpr', sub)
+        if hasattr(inner, 'eqns'):
+          biggest = max(biggest, _max_intermediate(inner))
+  return biggest
+
+
+@pytest.mark.parametrize('position', ['global', 'conv'])
+def test_no_n_by_m_intermediate(position):
+  module = LambdaLayer(key_depth=16, heads=4, position=position, scope_size=5)
+  x = _x((1, 12, 10, 16))
+  variables = _init(module, x)
+  n = 12 * 10
+
+  def loss(params):
+    y, _ = module.apply({**variables, 'params': params}, x, train=True,
+                        mutable=['batch_stats'])
+    return jnp.sum(y ** 2)
+
+  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(variables['params']).jaxpr
+  assert _max_intermediate(jaxpr) < n * n
+
+
+# ----------------------------------------------------------------------------
+# Errors at trace time (jax.eval_shape: nothing is compiled).
+
+def _trace(module, shape):
+  return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros(shape))
+
+
+@pytest.mark.parametrize('shape', [(8, 4), (1, 2, 3, 4, 8), (8,)])
+def test_bad_rank(shape):
+  with pytest.raises(ValueError, match=rf'rank {len(shape)}.*expected rank 3 or 4'):
+    _trace(LambdaLayer(key_depth=K, heads=HEADS), shape)
+
+
+@pytest.mark.parametrize('kwargs,pattern', [
+    ({'position': 'local'}, r"position='local'.*'global', 'conv', 'none'"),
+    ({'position': 'conv', 'scope_size': 4}, r'scope_size=4.*odd'),
+    ({'position': 'conv', 'scope_size': 0}, r'scope_size=0'),
+    ({'position': 'conv', 'scope_size': (3, 3, 3)}, r'scope_size=\(3, 3, 3\)'),
+    ({'heads': 3}, r'heads=3.*divide.*8'),
+    ({'out_features': 10, 'heads': 4}, r'heads=4.*divide.*10'),
+    ({'heads': 0}, r'heads=0'),
+    ({'key_depth': -1}, r'key_depth=-1'),
+    ({'intra_depth': 1.5}, r'intra_depth=1.5'),
+    ({'out_features': 0}, r'out_features=0'),
+    ({'position': 'none', 'content': False}, r'content=False.*position=.none.'),
+    ({'context_size': (2, 3)}, r'exceeds the global table'),
+    ({'context_size': (5, 5, 5)}, r'context_size=\(5, 5, 5\)'),
+    ({'batch_norm_momentum': 1.0}, r'batch_norm_momentum=1.0'),
+])
+def test_bad_options(kwargs, pattern):
+  module = LambdaLayer(**{'key_depth': K, 'heads': HEADS, **kwargs})
+  with pytest.raises(ValueError, match=pattern):
+    _trace(module, (2, 5, 4, D))
+
+
+def test_global_input_larger_than_table_raises():
+  module = LambdaLayer(key_depth=K, heads=HEADS)
+  variables = jax.eval_shape(module.init, jax.random.key(0), _x((1, 4, 4, D)))
+  with pytest.raises(ValueError, match=r'\(5, 4\) exceeds the global table size \(4, 4\)'):
+    jax.eval_shape(module.apply, variables, jnp.zeros((1, 5, 4, D)))
