@@ -1,0 +1,961 @@
+"""Area attention (Li et al., "Area Attention", ICML 2019).
+
+Attention in which the unit a query attends to is an *area*: a contiguous
+range of 1..``max_area_width`` items of a 1D memory, or a rectangle of up to
+``max_area_height`` x ``max_area_width`` items of a 2D memory (a grid that is
+stored flattened row-major, ``memory_height`` rows of ``kv_len //
+memory_height`` items). Every area gets a key and a value computed from its
+items, and ordinary dot-product attention runs over the areas.
+
+* Basic form (parameter-free): area key = mean of the item keys (Eq. 3), area
+  value = sum of the item values (Eq. 4).
+* Rich form (Eq. 5-9): area key = ReLU(f W1 + sigma W2 + [e_h; e_w] W3) Wd from
+  the area mean (or max, or a sample), the standard deviation of the item keys
+  (Eq. 5) and learned embeddings of the area's height and width (Eq. 6-8).
+* Area sums, means and standard deviations come from summed area tables
+  (integral images, Eq. 10-12, Algorithms 1-2); area maxima from sliding maxima
+  built one row/column at a time. Both cost O(n * number of area shapes); no
+  area's items are ever gathered.
+
+Layers in this file:
+
+* :func:`area_layout` / :func:`num_areas`: which areas exist, in which order.
+* :func:`area_features`: sum, mean, std, max, height and width of every area.
+* :func:`area_attention_mask`: item-level mask and causality -> area-level mask.
+* :func:`attend_to_areas`: softmax attention of queries over area keys/values.
+* :func:`dot_product_area_attention`: the parameter-free pure function.
+* :class:`AreaKeyEncoder`: the learned area key of Eq. 9 (Linen).
+* :class:`AreaAttention`: multi-head area attention (Linen).
+
+Choices the paper leaves open (each documented where it is made):
+
+* Area order: by shape (height-major, then width), then by top-left corner in
+  row-major order; shapes larger than the grid are skipped (no such areas).
+  Areas never wrap across rows and never extend past the grid (no padding).
+* Masking: an area may be attended by a query only if every one of its items
+  may be. ``causal=True`` adds the item mask ``j <= i`` (top-left aligned when
+  ``q_len != kv_len``, as ``jax.nn.dot_product_attention``); on a 2D memory
+  positions are raster (row-major) indices, so an area is visible to query
+  ``i`` iff its bottom-right item has flattened index ``<= i``.
+* A query with no attendable area outputs exactly zero, with zero (finite)
+  gradients.
+* Standard deviation: ``sqrt(max(E[x^2] - E[x]^2, 0) + std_epsilon)`` so that
+  its gradient is finite for constant areas (single items included).
+* Numerics: summed area tables are accumulated in (at least) float32 and the
+  softmax runs in float32 with max-subtraction, whatever the compute dtype.
+  Table differences carry an absolute rounding error of about
+  ``float32 eps * |prefix sum|``; sums and means are unaffected in practice,
+  but the std of a near-constant area on a long memory is only accurate to
+  ~1e-2 (n = 4096, inputs with mean 3). Use float64 under ``jax.enable_x64``
+  if that matters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from contextpool_jax.layers import _validation as v
+
+Array = jax.Array
+Dtype = Any
+Initializer = Callable[..., Array]
+
+PARAMETER_FREE_KEY_MODES = ('mean', 'max', 'sample')
+LEARNED_KEY_MODES = ('concat', 'sum', 'max_concat', 'sample_concat', 'sample_sum')
+KEY_MODES = PARAMETER_FREE_KEY_MODES + LEARNED_KEY_MODES
+VALUE_MODES = ('sum', 'mean', 'max')
+FEATURE_NAMES = ('sum', 'mean', 'std', 'max')
+
+# Which per-area statistics of the item keys each key mode reads.
+_KEY_FEATURES = {
+    'mean': ('mean',),
+    'max': ('max',),
+    'sample': ('mean', 'std'),
+    'concat': ('mean', 'std'),
+    'sum': ('mean', 'std'),
+    'max_concat': ('max', 'std'),
+    'sample_concat': ('mean', 'std'),
+    'sample_sum': ('mean', 'std'),
+}
+
+
+# ----------------------------------------------------------------------------
+# Area layout (static).
+# ----------------------------------------------------------------------------
+
+
+class AreaLayout(NamedTuple):
+  """Static description of every area of a memory, in the order used everywhere.
+
+  Attributes:
+    row: ``[num_areas]`` int, grid row of each area's top-left item.
+    col: ``[num_areas]`` int, grid column of each area's top-left item.
+    height: ``[num_areas]`` int, area height in items (1..max_area_height).
+    width: ``[num_areas]`` int, area width in items (1..max_area_width).
+    grid_height: rows of the memory grid (``memory_height``).
+    grid_width: items per row (``kv_len // memory_height``).
+    shapes: the area shapes ``(h, w)`` present, in order.
+  """
+  row: np.ndarray
+  col: np.ndarray
+  height: np.ndarray
+  width: np.ndarray
+  grid_height: int
+  grid_width: int
+  shapes: tuple[tuple[int, int], ...]
+
+  @property
+  def last_index(self) -> np.ndarray:
+    """``[num_areas]`` flattened (row-major) index of each area's bottom-right item.
+
+    It is the largest flattened index of any item in the area, which is what
+    causal masking compares with the query position.
+    """
+    return (self.row + self.height - 1) * self.grid_width + self.col + self.width - 1
+
+  @property
+  def num_areas(self) -> int:
+    return int(self.row.shape[0])
+
+
+def _check_area_options(owner: str, max_area_width: Any, max_area_height: Any,
+                        memory_height: Any) -> None:
+  v.check_positive(owner, 'max_area_width', max_area_width, integer=True)
+  v.check_positive(owner, 'max_area_height', max_area_height, integer=True)
+  v.check_positive(owner, 'memory_height', memory_height, integer=True)
+
+
+def _check_divisible(owner: str, length: int, memory_height: int, what: str) -> None:
+  if length % memory_height:
+    raise ValueError(
+        f'{owner}.memory_height={memory_height!r} does not divide the {what} '
+        f'length {length}; a 2D memory is memory_height rows of '
+        f'length // memory_height items, so the length must be a multiple of '
+        'memory_height.')
+
+
+def _area_shapes(grid_height: int, grid_width: int, max_area_height: int,
+                 max_area_width: int) -> tuple[tuple[int, int], ...]:
+  """Area shapes ``(h, w)`` that fit in the grid, height-major."""
+  return tuple((h, w)
+               for h in range(1, min(max_area_height, grid_height) + 1)
+               for w in range(1, min(max_area_width, grid_width) + 1))
+
+
+def area_layout(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
+                memory_height: int = 1) -> AreaLayout:
+  """Enumerates the areas of a memory of ``length`` items (Section 3, Fig. 1-2).
+
+  The memory is a grid of ``memory_height`` rows of ``length // memory_height``
+  items stored row-major (``memory_height=1``: a 1D sequence). The areas are
+  every rectangle of ``h x w`` items with ``1 <= h <= max_area_height`` and
+  ``1 <= w <= max_area_width`` lying entirely inside the grid; they never wrap
+  across rows. Order (the paper leaves it open): by shape, height-major, then by
+  top-left corner, row-major -- the order of Algorithm 1's loop over shapes with
+  its per-shape results flattened and concatenated.
+
+  The count is ``sum_{a=1..A} (n - a + 1)`` in 1D and
+  ``sum_{h, w} (H - h + 1)(W - w + 1)`` in 2D.
+
+  Args:
+    length: number of items ``kv_len``.
+    max_area_width: largest area width (a larger value than the grid width is
+      clipped: such areas do not exist).
+    max_area_height: largest area height (clipped to ``memory_height``).
+    memory_height: rows of the grid.
+
+  Returns:
+    An :class:`AreaLayout` of numpy arrays.
+
+  Raises:
+    ValueError: a non-positive option, or ``length`` not a multiple of
+      ``memory_height``.
+  """
+  owner = 'area_layout'
+  _check_area_options(owner, max_area_width, max_area_height, memory_height)
+  _check_divisible(owner, length, memory_height, 'memory')
+  grid_h, grid_w = memory_height, length // memory_height
+  shapes = _area_shapes(grid_h, grid_w, max_area_height, max_area_width)
+  rows, cols, heights, widths = [], [], [], []
+  for h, w in shapes:
+    r, c = np.meshgrid(np.arange(grid_h - h + 1), np.arange(grid_w - w + 1), indexing='ij')
+    rows.append(r.reshape(-1))
+    cols.append(c.reshape(-1))
+    heights.append(np.full(r.size, h))
+    widths.append(np.full(r.size, w))
+  cat = lambda xs: np.concatenate(xs).astype(np.int32) if xs else np.zeros((0,), np.int32)
+  return AreaLayout(cat(rows), cat(cols), cat(heights), cat(widths), grid_h, grid_w, shapes)
+
+
+def num_areas(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
+              memory_height: int = 1) -> int:
+  """Number of areas of a memory; see :func:`area_layout`."""
+  return area_layout(length, max_area_width=max_area_width, max_area_height=max_area_height,
+                     memory_height=memory_height).num_areas
+
+
+# ----------------------------------------------------------------------------
+# Summed area tables and sliding maxima (Eq. 10-12, Algorithms 1-2).
+# ----------------------------------------------------------------------------
+
+
+def _summed_area_table(x: Array, axis: int) -> Array:
+  """Integral image over axes ``(axis, axis + 1)``, zero-padded top and left (Eq. 10).
+
+  ``table[..., r, c, ...]`` is the sum of ``x[..., :r, :c, ...]``; the result has
+  one more row and column than ``x`` (Algorithm 1, lines 1-3).
+  """
+  table = jnp.cumsum(jnp.cumsum(x, axis=axis), axis=axis + 1)
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = pad[axis + 1] = (1, 0)
+  return jnp.pad(table, pad)
+
+
+def _area_sums(table: Array, shapes: Sequence[tuple[int, int]], axis: int) -> list[Array]:
+  """Sums of every ``h x w`` window, for each shape, from a summed area table (Eq. 11).
+
+  ``S(r, c) = I(r + h, c + w) - I(r + h, c) - I(r, c + w) + I(r, c)`` for every
+  top-left corner ``(r, c)``, evaluated separably as
+  ``[I(r + h, c + w) - I(r + h, c)] - [I(r, c + w) - I(r, c)]``: the column
+  differences are shared by all shapes of one width. Returns, per shape,
+  ``[..., H - h + 1, W - w + 1, ...]``.
+  """
+  rows, cols = table.shape[axis], table.shape[axis + 1]
+  col_diff = {}
+  for w in sorted({w for _, w in shapes}):
+    col_diff[w] = (jax.lax.slice_in_dim(table, w, cols, axis=axis + 1)
+                   - jax.lax.slice_in_dim(table, 0, cols - w, axis=axis + 1))
+  return [jax.lax.slice_in_dim(col_diff[w], h, rows, axis=axis)
+          - jax.lax.slice_in_dim(col_diff[w], 0, rows - h, axis=axis) for h, w in shapes]
+
+
+def _area_maxima(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> dict:
+  """Element-wise maximum over every ``h x w`` window, for each shape.
+
+  A summed area table cannot give maxima, so they are built incrementally:
+  ``rowmax_w = max(rowmax_{w-1}[:, :-1], x[:, w-1:])`` along the columns, then
+  ``M_{h,w} = max(M_{h-1,w}[:-1], rowmax_w[h-1:])`` along the rows. One
+  element-wise maximum per shape: O(n * number of shapes), no gathers.
+
+  Returns:
+    ``{(h, w): [..., H - h + 1, W - w + 1, ...]}``.
+  """
+  grid_h, grid_w = x.shape[axis], x.shape[axis + 1]
+  max_w = max(w for _, w in shapes)
+  max_h = max(h for h, _ in shapes)
+  cols = lambda a, start, n: jax.lax.slice_in_dim(a, start, start + n, axis=axis + 1)
+  rows = lambda a, start, n: jax.lax.slice_in_dim(a, start, start + n, axis=axis)
+  row_max = {1: x}
+  for w in range(2, max_w + 1):
+    n = grid_w - w + 1
+    row_max[w] = jnp.maximum(cols(row_max[w - 1], 0, n), cols(x, w - 1, n))
+  out = {}
+  for w in range(1, max_w + 1):
+    m = row_max[w]
+    out[(1, w)] = m
+    for h in range(2, max_h + 1):
+      n = grid_h - h + 1
+      m = jnp.maximum(rows(m, 0, n), rows(row_max[w], h - 1, n))
+      out[(h, w)] = m
+  return out
+
+
+class AreaFeatures(NamedTuple):
+  """Per-area features of a memory (Algorithm 2); a pytree.
+
+  Array features have shape ``[batch, num_areas, *feature_dims]`` (e.g.
+  ``[batch, num_areas, heads, depth]``) and are ``None`` when not requested.
+
+  Attributes:
+    sum: sum of the item vectors in the area (Eq. 4, Eq. 11).
+    mean: ``sum / (height * width)`` (Eq. 3).
+    std: ``sqrt(max(E[x^2] - mean^2, 0) + std_epsilon)`` (Eq. 5, Eq. 12).
+    max: element-wise maximum over the area's items.
+    height: ``[num_areas]`` int32 area heights.
+    width: ``[num_areas]`` int32 area widths.
+  """
+  sum: Array | None
+  mean: Array | None
+  std: Array | None
+  max: Array | None
+  height: Array
+  width: Array
+
+
+def area_features(x: Array, *, max_area_width: int = 1, max_area_height: int = 1,
+                  memory_height: int = 1, features: Sequence[str] = FEATURE_NAMES,
+                  std_epsilon: float = 1e-6) -> AreaFeatures:
+  """Computes per-area features with summed area tables (Eq. 10-12, Algorithms 1-2).
+
+  ``x`` is ``[batch, length, *feature_dims]``, the items of a memory of
+  ``memory_height`` rows of ``length // memory_height`` items stored row-major.
+  Areas are those of :func:`area_layout`, in its order.
+
+  * ``sum`` (Eq. 11): from the integral image of ``x`` (Eq. 10).
+  * ``mean`` (Eq. 3): ``sum / (h * w)``.
+  * ``std`` (Eq. 5, 12): from the integral image of ``x * x``:
+    ``sqrt(max(sum(x^2) / (h w) - mean^2, 0) + std_epsilon)``. The clamp
+    removes tiny negative variances from cancellation; ``std_epsilon`` keeps the
+    gradient finite at zero variance (the paper's Algorithm 2 has neither).
+  * ``max``: sliding maxima (a summed area table cannot give maxima).
+
+  Summed area tables are accumulated in at least float32 (bfloat16 cumulative
+  sums lose everything) and the features are cast back to ``x.dtype``. Only
+  the requested features are computed. Precision: a table entry is a prefix
+  sum over up to ``length`` items, so an area sum carries an absolute rounding
+  error of about ``float32 eps * |prefix sum|`` (the paper's method, not
+  exact); the variance ``E[x^2] - E[x]^2`` of a near-constant area suffers
+  most. Single-item areas get variance exactly 0. Under ``jax.enable_x64``
+  float64 inputs use float64 tables.
+
+  Args:
+    x: ``[batch, length, *feature_dims]`` item vectors.
+    max_area_width: largest area width.
+    max_area_height: largest area height.
+    memory_height: rows of the memory grid (1: a 1D sequence).
+    features: which of ``'sum', 'mean', 'std', 'max'`` to compute.
+    std_epsilon: added to the variance inside the square root.
+
+  Returns:
+    An :class:`AreaFeatures`.
+
+  Raises:
+    ValueError: bad rank, option, feature name or length.
+  """
+  owner = 'area_features'
+  _check_area_options(owner, max_area_width, max_area_height, memory_height)
+  v.check_rank(owner, 'x', x, (3, 4, 5, 6), '[batch, length, *feature_dims]')
+  for name in features:
+    v.check_choice(owner, 'features', name, FEATURE_NAMES)
+  v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
+  length = x.shape[1]
+  _check_divisible(owner, length, memory_height, 'memory')
+  layout = area_layout(length, max_area_width=max_area_width,
+                       max_area_height=max_area_height, memory_height=memory_height)
+  shapes = layout.shapes
+  batch, feat = x.shape[0], x.shape[2:]
+  grid = x.reshape((batch, layout.grid_height, layout.grid_width) + feat)
+  acc_dtype = jnp.promote_types(x.dtype, jnp.float32)
+  flat = lambda a, h, w: a.reshape(
+      (batch, (layout.grid_height - h + 1) * (layout.grid_width - w + 1)) + feat)
+  concat = lambda parts: jnp.concatenate(parts, axis=1).astype(x.dtype)
+
+  want = set(features)
+  sums = means = stds = maxes = None
+  if want & {'sum', 'mean', 'std'}:
+    table = _summed_area_table(grid.astype(acc_dtype), axis=1)
+    per_shape = [flat(a, h, w) for a, (h, w) in zip(_area_sums(table, shapes, 1), shapes)]
+    sizes = [float(h * w) for h, w in shapes]
+    if 'sum' in want:
+      sums = concat(per_shape)
+    if want & {'mean', 'std'}:
+      mean_parts = [s / n for s, n in zip(per_shape, sizes)]
+      if 'mean' in want:
+        means = concat(mean_parts)
+      if 'std' in want:
+        sq_table = _summed_area_table(jnp.square(grid.astype(acc_dtype)), axis=1)
+        sq_sums = _area_sums(sq_table, shapes, 1)
+        std_parts = []
+        for (h, w), n, mu, sq in zip(shapes, sizes, mean_parts, sq_sums):
+          if h * w == 1:  # Exactly zero variance, without the table's rounding.
+            var = jnp.zeros_like(mu)
+          else:
+            var = flat(sq, h, w) / n - jnp.square(mu)
+          std_parts.append(jnp.sqrt(jnp.maximum(var, 0.0) + std_epsilon))
+        stds = concat(std_parts)
+  if 'max' in want:
+    per_shape_max = _area_maxima(grid, shapes, axis=1)
+    maxes = jnp.concatenate([flat(per_shape_max[s], *s) for s in shapes], axis=1)
+  return AreaFeatures(sums, means, stds, maxes, jnp.asarray(layout.height),
+                      jnp.asarray(layout.width))
+
+
+# ----------------------------------------------------------------------------
+# Masks and the attention core.
+# ----------------------------------------------------------------------------
+
+
+def _check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
+  shape = getattr(mask, 'shape', None)
+  ok = shape is not None and len(shape) <= 4
+  if ok:
+    try:
+      ok = tuple(np.broadcast_shapes(tuple(shape), target)) == tuple(target)
+    except ValueError:
+      ok = False
+  if not ok:
+    raise ValueError(
+        f'{owner}: mask has shape {shape}; expected an item-level mask '
+        f'broadcastable to [batch, heads, q_len, kv_len] = {list(target)}.')
+
+
+def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
+                        max_area_width: int = 1, max_area_height: int = 1,
+                        memory_height: int = 1, causal: bool = False) -> Array | None:
+  """Turns an item-level mask into an area-level mask.
+
+  An area may be attended by a query iff every item in it may be (the paper
+  only says padding must not enter areas; this is the general rule). The
+  number of forbidden items in every area comes from a summed area table over
+  the negated mask (Eq. 10-11, exact in int32); the area is allowed iff that
+  count is zero. ``causal=True`` adds the item mask ``j <= i``: an area is
+  visible to query ``i`` iff the flattened index of its bottom-right item (its
+  largest index, :attr:`AreaLayout.last_index`) is ``<= i``; on a 2D memory
+  this is raster order.
+
+  Args:
+    mask: ``None`` or a boolean item mask (True = may attend) broadcastable to
+      ``[batch, heads, q_len, kv_len]`` (lower ranks are broadcast numpy-style).
+    q_len: number of queries.
+    kv_len: number of memory items.
+    max_area_width: largest area width.
+    max_area_height: largest area height.
+    memory_height: rows of the memory grid.
+    causal: add the causal item mask.
+
+  Returns:
+    ``None`` (every area allowed) or a boolean ``[b, h, q, num_areas]`` mask
+    whose leading dims are those of ``mask`` (size 1 where it broadcasts).
+  """
+  owner = 'area_attention_mask'
+  _check_area_options(owner, max_area_width, max_area_height, memory_height)
+  _check_divisible(owner, kv_len, memory_height, 'key/value')
+  layout = area_layout(kv_len, max_area_width=max_area_width,
+                       max_area_height=max_area_height, memory_height=memory_height)
+  out = None
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    padded = (1,) * (4 - mask.ndim) + tuple(mask.shape) if mask.ndim <= 4 else mask.shape
+    _check_mask(owner, mask, tuple(padded[:2]) + (q_len, kv_len))
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape).astype(bool)
+    mask = jnp.broadcast_to(mask, mask.shape[:-1] + (kv_len,))
+    lead = mask.shape[:3]
+    forbidden = jnp.logical_not(mask).astype(jnp.int32)
+    forbidden = forbidden.reshape(lead + (layout.grid_height, layout.grid_width))
+    table = _summed_area_table(forbidden, axis=3)
+    counts = [c.reshape(lead + (-1,)) for c in _area_sums(table, layout.shapes, 3)]
+    out = jnp.concatenate(counts, axis=-1) == 0
+  if causal:
+    visible = (jnp.arange(q_len, dtype=jnp.int32)[:, None]
+               >= jnp.asarray(layout.last_index, jnp.int32)[None, :])
+    out = visible[None, None] if out is None else jnp.logical_and(out, visible)
+  return out
+
+
+def _masked_softmax(logits: Array, mask: Array | None) -> Array:
+  """Softmax over the last axis in float32 with max-subtraction; masked -> 0.
+
+  Rows with no allowed entry give all-zero probabilities. Masked logits are
+  replaced (not added to) so that neither the forward nor the backward pass
+  can produce inf or NaN, and their gradients are exactly zero.
+  """
+  logits = logits.astype(jnp.float32)
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  safe = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  shift = jax.lax.stop_gradient(jnp.max(safe, axis=-1, keepdims=True))
+  unnormalized = jnp.where(mask, jnp.exp(safe - shift), 0.0)
+  denom = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  return unnormalized / jnp.where(denom > 0, denom, 1.0)
+
+
+def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
+                    area_mask: Array | None = None, *, scale: float | None = None,
+                    dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                    deterministic: bool = True) -> Array:
+  """Dot-product attention of queries over areas (Eq. 1-2 with area keys/values).
+
+  ``p = softmax(scale * q . k_area)`` over the allowed areas, computed in
+  float32 with max-subtraction; ``out = sum_area p * v_area``. A query with no
+  allowed area outputs exactly zero. Dropout (inverted, element-wise, no
+  broadcasting) is applied to the probabilities when ``not deterministic``.
+
+  Args:
+    query: ``[batch, q_len, heads, depth]``.
+    area_keys: ``[batch, num_areas, heads, depth]``.
+    area_values: ``[batch, num_areas, heads, depth_v]``.
+    area_mask: ``None`` or boolean, broadcastable to
+      ``[batch, heads, q_len, num_areas]`` (see :func:`area_attention_mask`).
+    scale: logit scale; ``None`` means ``1 / sqrt(depth)``.
+    dropout_rate: dropout rate on the attention probabilities.
+    dropout_rng: PRNG key, required if ``dropout_rate > 0`` and not
+      ``deterministic``.
+    deterministic: disables dropout.
+
+  Returns:
+    ``[batch, q_len, heads, depth_v]`` in the dtype of ``area_values``.
+  """
+  owner = 'attend_to_areas'
+  v.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
+  v.check_rank(owner, 'area_keys', area_keys, (4,), '[batch, num_areas, heads, depth]')
+  v.check_rank(owner, 'area_values', area_values, (4,), '[batch, num_areas, heads, depth_v]')
+  v.check_probability(owner, 'dropout_rate', dropout_rate)
+  if not deterministic and dropout_rate > 0.0 and dropout_rng is None:
+    raise ValueError(f'{owner}: dropout_rng=None but dropout_rate={dropout_rate!r} and '
+                     'deterministic=False; pass dropout_rng= or deterministic=True.')
+  scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+  logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys,
+                      preferred_element_type=jnp.float32)
+  logits = logits * jnp.float32(scale)
+  probs = _masked_softmax(logits, area_mask)
+  if not deterministic and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum('bhqa,bahd->bqhd', probs.astype(area_values.dtype), area_values)
+
+
+def _value_features(feats: AreaFeatures, value_mode: str) -> Array:
+  return {'sum': feats.sum, 'mean': feats.mean, 'max': feats.max}[value_mode]
+
+
+def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None) -> Array:
+  """The key feature ``f``: mean (Eq. 3), max, or a sample ``mean + std * eps``.
+
+  Sample modes draw ``eps ~ N(0, I)`` (``jax.random.normal(sample_rng,
+  mean.shape)``, reparameterised so gradients flow to mean and std) only when
+  ``sample_rng`` is given (training); otherwise ``f = mean``, the mean of the
+  distribution.
+  """
+  if key_mode.startswith('max'):
+    return feats.max
+  if key_mode.startswith('sample') and sample_rng is not None:
+    eps = jax.random.normal(sample_rng, feats.mean.shape, jnp.float32)
+    return (feats.mean + feats.std * eps.astype(feats.std.dtype)).astype(feats.mean.dtype)
+  return feats.mean
+
+
+def _check_common(owner: str, key_mode: str, value_mode: str, max_area_width: int,
+                  max_area_height: int, memory_height: int, dropout_rate: float,
+                  causal: Any, std_epsilon: float) -> None:
+  v.check_choice(owner, 'key_mode', key_mode, KEY_MODES)
+  v.check_choice(owner, 'value_mode', value_mode, VALUE_MODES)
+  _check_area_options(owner, max_area_width, max_area_height, memory_height)
+  v.check_probability(owner, 'dropout_rate', dropout_rate)
+  v.check_choice(owner, 'causal', causal, (False, True))
+  v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
+
+
+def dot_product_area_attention(query: Array, key: Array, value: Array, *,
+                               max_area_width: int = 1, max_area_height: int = 1,
+                               memory_height: int = 1, mask: Array | None = None,
+                               causal: bool = False, key_mode: str = 'mean',
+                               value_mode: str = 'sum', scale: float | None = None,
+                               dropout_rate: float = 0.0, rng: Array | None = None,
+                               deterministic: bool = True,
+                               std_epsilon: float = 1e-6) -> Array:
+  """Parameter-free area attention (basic form: Eq. 3-4; Eq. 1-2 over areas).
+
+  Every area of the key/value memory (see :func:`area_layout`) gets a key and
+  a value computed from its items with summed area tables / sliding maxima
+  (:func:`area_features`), then each query attends over all areas it may see.
+
+  Key modes available here (the learned ones need :class:`AreaAttention`):
+
+  * ``'mean'``: mean of the item keys (Eq. 3; the paper's basic form).
+  * ``'max'``: element-wise max of the item keys.
+  * ``'sample'``: ``mean + std * eps``, ``eps ~ N(0, I)``, drawn only when
+    ``deterministic=False`` (then ``rng`` is required); deterministic ->
+    ``mean``. With ``rng`` given, ``sample_rng, dropout_rng =
+    jax.random.split(rng)``.
+
+  Value modes: ``'sum'`` (Eq. 4; the paper's), ``'mean'``, ``'max'``.
+
+  Args:
+    query: ``[batch, q_len, heads, depth]``.
+    key: ``[batch, kv_len, heads, depth]``; a 2D memory is ``memory_height``
+      rows of ``kv_len // memory_height`` items flattened row-major.
+    value: ``[batch, kv_len, heads, depth_v]``.
+    max_area_width: largest area width (1: no horizontal grouping).
+    max_area_height: largest area height (1D memories: only 1 is possible).
+    memory_height: rows of the memory grid; must divide ``kv_len``.
+    mask: item-level boolean mask broadcastable to
+      ``[batch, heads, q_len, kv_len]``, True = may attend; an area may be
+      attended only if all of its items may be.
+    causal: also mask items ``j > i`` (raster order in 2D, top-left aligned).
+    key_mode: ``'mean'``, ``'max'`` or ``'sample'``.
+    value_mode: ``'sum'``, ``'mean'`` or ``'max'``.
+    scale: multiplies the logits; ``None`` -> ``1 / sqrt(depth)`` (as
+      ``jax.nn.dot_product_attention``); ``1.0`` -> no scaling.
+    dropout_rate: dropout on the attention probabilities.
+    rng: PRNG key for dropout and for ``'sample'`` noise.
+    deterministic: no dropout, no sampling noise.
+    std_epsilon: variance floor inside the std (``'sample'`` only).
+
+  Returns:
+    ``[batch, q_len, heads, depth_v]``. Queries with no attendable area get 0.
+
+  Raises:
+    ValueError: bad rank, shapes, option, mask shape, or a learned key mode.
+  """
+  owner = 'dot_product_area_attention'
+  _check_common(owner, key_mode, value_mode, max_area_width, max_area_height, memory_height,
+                dropout_rate, causal, std_epsilon)
+  if key_mode in LEARNED_KEY_MODES:
+    raise ValueError(
+        f'{owner}.key_mode={key_mode!r} has learned parameters (Eq. 9); use '
+        'contextpool_jax.AreaAttention, or compute keys with AreaKeyEncoder on '
+        f'area_features(...) and call attend_to_areas. Parameter-free key modes: '
+        f'{", ".join(repr(m) for m in PARAMETER_FREE_KEY_MODES)}.')
+  if scale is not None:
+    v.check_positive(owner, 'scale', scale)
+  layout = '[batch, q_len, heads, depth]'
+  v.check_rank(owner, 'query', query, (4,), layout)
+  v.check_rank(owner, 'key', key, (4,), '[batch, kv_len, heads, depth]')
+  v.check_rank(owner, 'value', value, (4,), '[batch, kv_len, heads, depth_v]')
+  b, q_len, heads, depth = query.shape
+  if (key.shape[0], key.shape[2], key.shape[3]) != (b, heads, depth):
+    raise ValueError(f'{owner}: key shape {key.shape} does not match query shape '
+                     f'{query.shape}; expected [batch={b}, kv_len, heads={heads}, '
+                     f'depth={depth}].')
+  if value.shape[:3] != key.shape[:3]:
+    raise ValueError(f'{owner}: value shape {value.shape} does not match key shape '
+                     f'{key.shape} in [batch, kv_len, heads].')
+  kv_len = key.shape[1]
+  _check_divisible(owner, kv_len, memory_height, 'key/value')
+  if mask is not None:
+    _check_mask(owner, mask, (b, heads, q_len, kv_len))
+  needs_rng = not deterministic and (dropout_rate > 0.0 or key_mode == 'sample')
+  if needs_rng and rng is None:
+    raise ValueError(f'{owner}: rng=None but deterministic=False with '
+                     f'dropout_rate={dropout_rate!r}, key_mode={key_mode!r} needs '
+                     'randomness; pass rng= or deterministic=True.')
+  sample_rng = dropout_rng = None
+  if needs_rng:
+    sample_rng, dropout_rng = jax.random.split(rng)
+    if key_mode != 'sample':
+      sample_rng = None
+
+  area_opts = dict(max_area_width=max_area_width, max_area_height=max_area_height,
+                   memory_height=memory_height)
+  key_feats = area_features(key, features=_KEY_FEATURES[key_mode], std_epsilon=std_epsilon,
+                            **area_opts)
+  value_feats = area_features(value, features=(value_mode,), **area_opts)
+  area_keys = _base_area_key(key_feats, key_mode, sample_rng)
+  area_values = _value_features(value_feats, value_mode)
+  area_mask = area_attention_mask(mask, q_len=q_len, kv_len=kv_len, causal=causal, **area_opts)
+  return attend_to_areas(query, area_keys, area_values, area_mask, scale=scale,
+                         dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                         deterministic=deterministic)
+
+
+# ----------------------------------------------------------------------------
+# Linen modules.
+# ----------------------------------------------------------------------------
+
+
+class AreaKeyEncoder(nn.Module):
+  """Learned area key of the rich form (Eq. 5-9).
+
+  ``mode='concat'`` is Eq. 9 literally (a matmul of a concatenation equals the
+  sum of per-block matmuls):
+  ``k = ReLU([f; sigma; e_h; e_w] W + b1) Wd + bd`` with
+  ``W = [W1; W2; W3]`` of shape ``[2 D + 2 S, hidden]``, where ``f`` is the
+  base area feature (mean, max or sample, chosen by the caller), ``sigma`` the
+  std of the item keys (Eq. 5), ``e_h = E_h[h - 1]``, ``e_w = E_w[w - 1]`` the
+  height/width embeddings (Eq. 6-8; the one-hot products of Eq. 6-7 are table
+  lookups).
+
+  ``mode='sum'`` is a cheaper tied variant our choice: features are summed
+  element-wise before one projection, ``k = ReLU((f + sigma + e_h + e_w) W + b1)
+  Wd + bd`` with ``W: [D, hidden]`` and embeddings of depth ``D`` (i.e. Eq. 9
+  with ``W1 = W2`` and ``W3 = [W; W]``).
+
+  The paper does not say whether the MLP is shared by the heads; by default it
+  is (applied to each head's ``D``-dim features), ``per_head=True`` gives every
+  head its own ``W, b1, Wd, bd`` (a leading ``[heads]`` axis). Embeddings are
+  shared by the heads in both cases.
+
+  Parameters: ``height_embedding [max_area_height, S]``,
+  ``width_embedding [max_area_width, S]``, ``hidden_kernel [(heads,) in,
+  hidden]``, ``hidden_bias [(heads,) hidden]``, ``output_kernel [(heads,)
+  hidden, D]``, ``output_bias [(heads,) D]`` (biases iff ``use_bias``); ``in =
+  2 D + 2 S`` (concat) or ``D`` (sum).
+
+  Attributes:
+    max_area_width: rows of the width embedding table.
+    max_area_height: rows of the height embedding table.
+    mode: ``'concat'`` (Eq. 9) or ``'sum'`` (tied variant).
+    hidden_dim: width of the ReLU layer; ``None`` -> ``D`` (the paper's
+      ``W1 in R^{D x D}`` reading).
+    embedding_dim: ``S``, depth of each shape embedding (concat only; sum uses
+      ``D``); ``None`` -> ``D``.
+    per_head: separate MLP parameters per head.
+    use_bias: biases in both layers.
+    dtype: compute dtype (``None``: inferred from inputs and params).
+    param_dtype: parameter dtype.
+    kernel_init: kernel initializer (fan-in of the whole ``in`` dimension).
+    bias_init: bias initializer.
+    embedding_init: shape-embedding initializer.
+  """
+  max_area_width: int
+  max_area_height: int = 1
+  mode: str = 'concat'
+  hidden_dim: int | None = None
+  embedding_dim: int | None = None
+  per_head: bool = False
+  use_bias: bool = True
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros_init()
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+  @nn.compact
+  def __call__(self, base: Array, std: Array, height: Array, width: Array) -> Array:
+    """Computes area keys.
+
+    Args:
+      base: ``[batch, num_areas, heads, D]`` base feature ``f``.
+      std: ``[batch, num_areas, heads, D]`` standard deviation ``sigma``.
+      height: ``[num_areas]`` int area heights in ``1..max_area_height``.
+      width: ``[num_areas]`` int area widths in ``1..max_area_width``.
+
+    Returns:
+      ``[batch, num_areas, heads, D]`` area keys.
+    """
+    owner = 'AreaKeyEncoder'
+    v.check_choice(owner, 'mode', self.mode, ('concat', 'sum'))
+    _check_area_options(owner, self.max_area_width, self.max_area_height, 1)
+    v.check_positive(owner, 'hidden_dim', self.hidden_dim, allow_none=True, integer=True)
+    v.check_positive(owner, 'embedding_dim', self.embedding_dim, allow_none=True, integer=True)
+    v.check_rank(owner, 'base', base, (4,), '[batch, num_areas, heads, depth]')
+    v.check_rank(owner, 'std', std, (4,), '[batch, num_areas, heads, depth]')
+    if std.shape != base.shape:
+      raise ValueError(f'{owner}: std shape {std.shape} != base shape {base.shape}.')
+    heads, depth = base.shape[2], base.shape[3]
+    if self.mode == 'sum' and self.embedding_dim not in (None, depth):
+      raise ValueError(f'{owner}.embedding_dim={self.embedding_dim!r} is invalid for '
+                       f"mode='sum', whose embeddings are added to the depth-{depth} "
+                       'features; use None.')
+    emb_dim = depth if self.mode == 'sum' else (self.embedding_dim or depth)
+    hidden = self.hidden_dim or depth
+    in_dim = depth if self.mode == 'sum' else 2 * depth + 2 * emb_dim
+    lead = (heads,) if self.per_head else ()
+
+    e_h_table = self.param('height_embedding', self.embedding_init,
+                           (self.max_area_height, emb_dim), self.param_dtype)
+    e_w_table = self.param('width_embedding', self.embedding_init,
+                           (self.max_area_width, emb_dim), self.param_dtype)
+    w_in = self.param('hidden_kernel', self.kernel_init, lead + (in_dim, hidden),
+                      self.param_dtype)
+    w_out = self.param('output_kernel', self.kernel_init, lead + (hidden, depth),
+                       self.param_dtype)
+    b_in = b_out = None
+    if self.use_bias:
+      b_in = self.param('hidden_bias', self.bias_init, lead + (hidden,), self.param_dtype)
+      b_out = self.param('output_bias', self.bias_init, lead + (depth,), self.param_dtype)
+    base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out = nn.dtypes.promote_dtype(
+        base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out, dtype=self.dtype)
+    e_h = jnp.take(e_h_table, jnp.asarray(height) - 1, axis=0)  # [num_areas, S]
+    e_w = jnp.take(e_w_table, jnp.asarray(width) - 1, axis=0)
+
+    if self.per_head:
+      mm = lambda x, w: jnp.einsum('...hi,hio->...ho', x, w)
+      mm_shape = lambda e, w: jnp.einsum('ai,hio->aho', e, w)  # [num_areas, heads, out]
+    else:
+      mm = lambda x, w: jnp.einsum('...i,io->...o', x, w)
+      mm_shape = lambda e, w: jnp.einsum('ai,io->ao', e, w)[:, None, :]
+    if self.mode == 'concat':
+      w_f, w_s = w_in[..., :depth, :], w_in[..., depth:2 * depth, :]
+      w_e = w_in[..., 2 * depth:, :]
+      pre = mm(base, w_f) + mm(std, w_s) + mm_shape(jnp.concatenate([e_h, e_w], -1), w_e)
+    else:
+      pre = mm(base + std, w_in) + mm_shape(e_h + e_w, w_in)
+    if b_in is not None:
+      pre = pre + b_in
+    out = mm(nn.relu(pre), w_out)
+    if b_out is not None:
+      out = out + b_out
+    return out
+
+
+class AreaAttention(nn.Module):
+  """Multi-head area attention (Li et al., 2019), self- or cross-attention, 1D or 2D.
+
+  Queries, keys and values are projected per head (``DenseGeneral`` named
+  ``query``, ``key``, ``value``), every area of the memory gets a key (by
+  ``key_mode``) and a value (by ``value_mode``) from the projected items,
+  each query attends over the areas it may see, and the heads are projected
+  back to ``out_features`` (``out``). ``max_area_width = max_area_height = 1``
+  is ordinary multi-head attention.
+
+  Key modes (``f`` is the base feature of the mode, ``sigma`` the std of the
+  item keys, Eq. 5):
+
+  ===============  ==========================================  ===========
+  key_mode         area key                                    parameters
+  ===============  ==========================================  ===========
+  'mean'           mean of item keys (Eq. 3, basic form)       none
+  'max'            element-wise max of item keys               none
+  'sample'         mean + sigma * eps (eps only in training)   none
+  'concat'         Eq. 9 with f = mean                         AreaKeyEncoder
+  'max_concat'     Eq. 9 with f = max                          AreaKeyEncoder
+  'sample_concat'  Eq. 9 with f = sample                       AreaKeyEncoder
+  'sum'            tied Eq. 9, summed features, f = mean       AreaKeyEncoder
+  'sample_sum'     tied Eq. 9, summed features, f = sample     AreaKeyEncoder
+  ===============  ==========================================  ===========
+
+  Sample noise ``eps ~ N(0, I)`` is reparameterised and drawn from the
+  ``'dropout'`` rng stream only when ``deterministic=False``; at evaluation
+  the sample is the mean. Value modes: ``'sum'`` (Eq. 4), ``'mean'``,
+  ``'max'`` of the projected item values.
+
+  Memories: ``inputs_kv`` ``[batch, kv_len, features]`` is a grid of
+  ``memory_height`` rows stored row-major (``kv_len`` must be a multiple), or
+  ``[batch, height, width, features]``, whose grid is taken from its shape
+  (then ``memory_height`` must be 1 or ``height``). ``inputs_q`` may likewise
+  be ``[batch, q_len, features]`` or ``[batch, height, width, features]``;
+  the output has its layout with ``out_features`` channels. Positions in
+  masks and causality are flattened row-major indices.
+
+  Attributes:
+    num_heads: number of heads.
+    qkv_features: total query/key/value width (``None``: query features);
+      must be divisible by ``num_heads``.
+    out_features: output width (``None``: query features).
+    max_area_width: largest area width.
+    max_area_height: largest area height.
+    memory_height: rows of a flattened 2D memory (1: a sequence).
+    key_mode: see the table.
+    value_mode: ``'sum'``, ``'mean'`` or ``'max'``.
+    causal: query ``i`` sees only areas whose items all have index ``<= i``
+      (raster order in 2D; top-left aligned for cross-attention).
+    dropout_rate: dropout on attention probabilities (rng ``'dropout'``).
+    std_epsilon: variance floor inside the area std.
+    area_key_hidden_dim: hidden width of the Eq. 9 MLP (``None``: head dim).
+    area_embedding_dim: ``S`` of the shape embeddings for concat modes
+      (``None``: head dim).
+    per_head_area_key_params: one Eq. 9 MLP per head instead of a shared one.
+    dtype: compute dtype (``None``: inferred); the softmax runs in float32.
+    param_dtype: parameter dtype.
+    kernel_init: projection kernel initializer.
+    bias_init: projection bias initializer.
+    use_bias: biases in the projections and the Eq. 9 MLP.
+  """
+  num_heads: int
+  qkv_features: int | None = None
+  out_features: int | None = None
+  max_area_width: int = 1
+  max_area_height: int = 1
+  memory_height: int = 1
+  key_mode: str = 'mean'
+  value_mode: str = 'sum'
+  causal: bool = False
+  dropout_rate: float = 0.0
+  std_epsilon: float = 1e-6
+  area_key_hidden_dim: int | None = None
+  area_embedding_dim: int | None = None
+  per_head_area_key_params: bool = False
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros_init()
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None,
+               mask: Array | None = None, deterministic: bool = True) -> Array:
+    """Applies area attention.
+
+    Args:
+      inputs_q: ``[batch, q_len, features]`` or ``[batch, h, w, features]``.
+      inputs_kv: memory, same layouts; ``None`` -> self-attention on
+        ``inputs_q``.
+      mask: item-level boolean mask broadcastable to
+        ``[batch, num_heads, q_len, kv_len]`` (flattened positions), True = may
+        attend.
+      deterministic: no dropout and no sampling noise. Positional so that
+        ``nn.remat(AreaAttention, static_argnums=(4,))`` can make it static.
+
+    Returns:
+      ``[batch, q_len, out_features]`` or ``[batch, h, w, out_features]`` (the
+      layout of ``inputs_q``).
+    """
+    owner = 'AreaAttention'
+    _check_common(owner, self.key_mode, self.value_mode, self.max_area_width,
+                  self.max_area_height, self.memory_height, self.dropout_rate,
+                  self.causal, self.std_epsilon)
+    v.check_positive(owner, 'num_heads', self.num_heads, integer=True)
+    v.check_positive(owner, 'qkv_features', self.qkv_features, allow_none=True, integer=True)
+    v.check_positive(owner, 'out_features', self.out_features, allow_none=True, integer=True)
+    v.check_positive(owner, 'area_key_hidden_dim', self.area_key_hidden_dim,
+                     allow_none=True, integer=True)
+    v.check_positive(owner, 'area_embedding_dim', self.area_embedding_dim,
+                     allow_none=True, integer=True)
+    layouts = '[batch, length, features] or [batch, height, width, features]'
+    v.check_rank(owner, 'inputs_q', inputs_q, (3, 4), layouts)
+    inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    v.check_rank(owner, 'inputs_kv', inputs_kv, (3, 4), layouts)
+    if inputs_kv.shape[0] != inputs_q.shape[0]:
+      raise ValueError(f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch '
+                       f'{inputs_kv.shape[0]}.')
+
+    q_shape = inputs_q.shape
+    x_q = inputs_q.reshape((q_shape[0], -1, q_shape[-1]))
+    memory_height = self.memory_height
+    if inputs_kv.ndim == 4:
+      if memory_height not in (1, inputs_kv.shape[1]):
+        raise ValueError(
+            f'{owner}.memory_height={memory_height!r} conflicts with the 2D memory '
+            f'inputs_kv of shape {inputs_kv.shape} (height {inputs_kv.shape[1]}); use '
+            f'memory_height=1 or {inputs_kv.shape[1]}.')
+      memory_height = inputs_kv.shape[1]
+    x_kv = inputs_kv.reshape((inputs_kv.shape[0], -1, inputs_kv.shape[-1]))
+    batch, q_len, kv_len = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
+    _check_divisible(owner, kv_len, memory_height, 'inputs_kv')
+
+    features = self.qkv_features or q_shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f'{owner}.qkv_features={features!r} is not divisible by '
+                       f'num_heads={self.num_heads!r}.')
+    head_dim = features // self.num_heads
+    out_features = self.out_features or q_shape[-1]
+    if mask is not None:
+      _check_mask(owner, mask, (batch, self.num_heads, q_len, kv_len))
+
+    dense = functools.partial(
+        nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+        bias_init=self.bias_init, use_bias=self.use_bias)
+    query = dense(name='query')(x_q)
+    key = dense(name='key')(x_kv)
+    value = dense(name='value')(x_kv)
+
+    area_opts = dict(max_area_width=self.max_area_width,
+                     max_area_height=self.max_area_height, memory_height=memory_height)
+    key_feats = area_features(key, features=_KEY_FEATURES[self.key_mode],
+                              std_epsilon=self.std_epsilon, **area_opts)
+    value_feats = area_features(value, features=(self.value_mode,), **area_opts)
+    sample_rng = None
+    if self.key_mode.startswith('sample') and not deterministic:
+      sample_rng = self.make_rng('dropout')
+    area_keys = _base_area_key(key_feats, self.key_mode, sample_rng)
+    if self.key_mode in LEARNED_KEY_MODES:
+      area_keys = AreaKeyEncoder(
+          max_area_width=self.max_area_width, max_area_height=self.max_area_height,
+          mode='sum' if self.key_mode.endswith('sum') else 'concat',
+          hidden_dim=self.area_key_hidden_dim, embedding_dim=self.area_embedding_dim,
+          per_head=self.per_head_area_key_params, use_bias=self.use_bias,
+          dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+          bias_init=self.bias_init, name='area_key')(
+              area_keys, key_feats.std, key_feats.height, key_feats.width)
+    area_values = _value_features(value_feats, self.value_mode)
+    area_mask = area_attention_mask(mask, q_len=q_len, kv_len=kv_len, causal=self.causal,
+                                    **area_opts)
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng('dropout')
+    out = attend_to_areas(query, area_keys, area_values, area_mask,
+                          dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+                          deterministic=deterministic)
+    out = nn.DenseGeneral(
+        features=out_features, axis=(-2, -1), dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+        bias_init=self.bias_init, use_bias=self.use_bias, name='out')(out)
+    return out.reshape(q_shape[:-1] + (out_features,))

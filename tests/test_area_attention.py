@@ -1,0 +1,569 @@
+"""Tests for contextpool_jax.layers.area_attention against a brute-force numpy reference."""
+
+import functools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import ref_area_attention as ref
+from contextpool_jax.layers import area_attention as aa
+
+# (q_len, kv_len, max_area_width, max_area_height, memory_height)
+CONFIGS = {
+    '1d_self': (7, 7, 3, 1, 1),
+    '1d_cross': (4, 9, 4, 1, 1),
+    '2d_self': (12, 12, 3, 2, 3),
+    '2d_cross': (5, 12, 3, 2, 3),
+    '2d_areas_larger_than_grid': (6, 6, 5, 3, 2),
+}
+B, HEADS, DEPTH, DEPTH_V = 2, 2, 4, 3
+
+# Everything runs under jit: one compilation per case is much cheaper on the CPU
+# than compiling every primitive eagerly, and it checks that tracing works. The
+# LLVM backend runs unoptimised (same HLO, half the compile time).
+_FAST_COMPILE = {'xla_backend_optimization_level': 0}
+
+
+def jit(fun, **kwargs):
+  return jax.jit(fun, compiler_options=_FAST_COMPILE, **kwargs)
+
+
+_STATIC = ('max_area_width', 'max_area_height', 'memory_height', 'causal', 'key_mode',
+           'value_mode', 'scale', 'dropout_rate', 'deterministic', 'std_epsilon')
+attention = jit(aa.dot_product_area_attention, static_argnames=_STATIC)
+features = jit(aa.area_features, static_argnames=(
+    'max_area_width', 'max_area_height', 'memory_height', 'features', 'std_epsilon'))
+
+
+def random_variables(module, *args, seed=0):
+  """Random parameters with the structure ``module.init`` would give.
+
+  Drawn here (normal, std 0.5; biases included) rather than by ``module.init``:
+  compiling the initializers is slow on the CPU, and non-zero biases exercise
+  more of the module than the default zero init.
+  """
+  shapes = jax.eval_shape(module.init, jax.random.key(0), *args)
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: jnp.asarray(rng.normal(scale=0.5, size=s.shape), s.dtype),
+                      shapes)
+
+
+def init_apply(module, *args):
+  """``random_variables`` then a jitted deterministic apply; returns (variables, output)."""
+  variables = random_variables(module, *args)
+  return variables, jit(module.apply)(variables, *args)
+
+
+def _qkv(q_len, kv_len, seed=0, dtype=np.float32):
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(B, q_len, HEADS, DEPTH)).astype(dtype)
+  k = rng.normal(size=(B, kv_len, HEADS, DEPTH)).astype(dtype)
+  v = rng.normal(size=(B, kv_len, HEADS, DEPTH_V)).astype(dtype)
+  return q, k, v
+
+
+def _mask(kind, q_len, kv_len, seed=1):
+  rng = np.random.default_rng(seed)
+  if kind is None:
+    return None
+  if kind == 'padding':  # [batch, 1, 1, kv_len]: the last items of batch 1 are padding.
+    lengths = np.array([kv_len, kv_len - 3])
+    return (np.arange(kv_len)[None, :] < lengths[:, None])[:, None, None, :]
+  if kind == 'random':  # Arbitrary [batch, heads, q_len, kv_len].
+    return rng.random((B, HEADS, q_len, kv_len)) > 0.25
+  if kind == 'rank2':  # [q_len, kv_len], broadcast over batch and heads.
+    return rng.random((q_len, kv_len)) > 0.25
+  raise ValueError(kind)
+
+
+def _area_kwargs(cfg):
+  _, _, width, height, memory_height = cfg
+  return dict(max_area_width=width, max_area_height=height, memory_height=memory_height)
+
+
+# ----------------------------------------------------------------------------
+# Areas and features.
+# ----------------------------------------------------------------------------
+
+
+def test_paper_figure_counts():
+  # Figure 1: a 4-item memory with maximum area size 3 has 4 + 3 + 2 areas.
+  assert aa.num_areas(4, max_area_width=3) == 9
+  # Figure 2: a 3x3 grid with areas up to 2x2: 9 + 6 + 6 + 4.
+  assert aa.num_areas(9, max_area_width=2, max_area_height=2, memory_height=3) == 25
+
+
+@pytest.mark.parametrize('n,a', [(7, 1), (7, 3), (5, 5), (4, 6), (1, 2)])
+def test_num_areas_closed_form_1d(n, a):
+  closed = sum(n - s + 1 for s in range(1, min(a, n) + 1))
+  assert aa.num_areas(n, max_area_width=a) == closed
+  assert len(ref.enumerate_areas(n, a)) == closed
+  # The arrays the layers build have that many areas (shapes only: no compilation).
+  feats = jax.eval_shape(functools.partial(aa.area_features, max_area_width=a),
+                         jnp.zeros((1, n, 2)))
+  assert feats.mean.shape[1] == feats.max.shape[1] == closed
+  area_mask = jax.eval_shape(functools.partial(
+      aa.area_attention_mask, q_len=n, kv_len=n, max_area_width=a, causal=True),
+                             jnp.ones((n, n), bool))
+  assert area_mask.shape[-1] == closed
+
+
+@pytest.mark.parametrize('grid_h,grid_w,max_h,max_w', [(3, 3, 2, 2), (3, 4, 2, 3), (2, 5, 3, 2),
+                                                     (4, 2, 4, 4), (1, 6, 2, 3)])
+def test_num_areas_closed_form_2d(grid_h, grid_w, max_h, max_w):
+  closed = sum((grid_h - h + 1) * (grid_w - w + 1)
+               for h in range(1, min(max_h, grid_h) + 1)
+               for w in range(1, min(max_w, grid_w) + 1))
+  n = grid_h * grid_w
+  opts = dict(max_area_width=max_w, max_area_height=max_h, memory_height=grid_h)
+  assert aa.num_areas(n, **opts) == closed
+  assert len(ref.enumerate_areas(n, max_w, max_h, grid_h)) == closed
+  feats = jax.eval_shape(functools.partial(aa.area_features, **opts), jnp.zeros((1, n, 2)))
+  assert feats.sum.shape[1] == feats.std.shape[1] == feats.max.shape[1] == closed
+  area_mask = jax.eval_shape(functools.partial(aa.area_attention_mask, q_len=3, kv_len=n, **opts),
+                             jnp.ones((2, 1, 1, n), bool))
+  assert area_mask.shape == (2, 1, 1, closed)
+
+
+@pytest.mark.parametrize('cfg', list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize('feature_dims', [(HEADS, DEPTH), (5,)], ids=['heads_depth', 'flat'])
+def test_features_match_bruteforce(cfg, feature_dims):
+  opts = _area_kwargs(CONFIGS[cfg])
+  kv_len = CONFIGS[cfg][1]
+  x = np.random.default_rng(3).normal(size=(B, kv_len) + feature_dims).astype(np.float32)
+  x[0, 1] = x[0, 2]  # A constant area: zero variance.
+  feats = features(jnp.asarray(x), **opts)
+  want = ref.area_features(x, **opts)
+  n = len(want['height'])
+  for name in aa.FEATURE_NAMES:
+    chex.assert_shape(getattr(feats, name), (B, n) + feature_dims)
+  chex.assert_trees_all_close(feats.sum, want['sum'], atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(feats.mean, want['mean'], atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(feats.max, want['max'], atol=0, rtol=0)
+  # Float32 summed-area tables: the variance carries ~1e-6 absolute rounding,
+  # amplified by sqrt near zero variance (see the area_features docstring).
+  chex.assert_trees_all_close(feats.std, want['std'], atol=2e-3, rtol=1e-4)
+  np.testing.assert_array_equal(feats.height, want['height'])
+  np.testing.assert_array_equal(feats.width, want['width'])
+
+
+def test_features_exact_in_float64():
+  # The tables are exact up to rounding: in float64 every feature matches tightly.
+  opts = _area_kwargs(CONFIGS['2d_self'])
+  x = np.random.default_rng(4).normal(size=(B, 12, 3))
+  x[1, 4:6] = 0.5
+  with jax.enable_x64(True):
+    feats = features(jnp.asarray(x, jnp.float64), **opts)
+    assert feats.std.dtype == jnp.float64
+    want = ref.area_features(x, **opts)
+    for name in aa.FEATURE_NAMES:
+      np.testing.assert_allclose(getattr(feats, name), want[name], atol=1e-9, rtol=1e-9)
+
+
+def test_features_subset_and_std_gradient_finite_at_zero_variance():
+  x = jnp.ones((1, 6, 2))  # Every area has zero variance.
+  feats = features(x, max_area_width=3, features=('std',))
+  assert feats.sum is None and feats.mean is None and feats.max is None
+  grad = jit(jax.grad(
+      lambda x: aa.area_features(x, max_area_width=3, features=('std',)).std.sum()))(x)
+  chex.assert_tree_all_finite(grad)
+
+
+# ----------------------------------------------------------------------------
+# Attention output vs brute force.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('key_mode,value_mode,cfg', [
+    (key_mode, value_mode, cfg) for key_mode in ('mean', 'max') for value_mode in aa.VALUE_MODES
+    for cfg in ('1d_cross', '2d_cross')] + [('max', 'max', '2d_areas_larger_than_grid')])
+def test_modes_match_bruteforce(key_mode, value_mode, cfg):
+  q_len, kv_len = CONFIGS[cfg][:2]
+  q, k, v = _qkv(q_len, kv_len)
+  mask = _mask('random', q_len, kv_len)
+  opts = dict(_area_kwargs(CONFIGS[cfg]), mask=mask, key_mode=key_mode, value_mode=value_mode)
+  out = attention(q, k, v, **opts)
+  chex.assert_shape(out, (B, q_len, HEADS, DEPTH_V))
+  chex.assert_trees_all_close(out, ref.area_attention(q, k, v, **opts), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('cfg', ['1d_self', '1d_cross', '2d_self', '2d_cross',
+                                 '2d_areas_larger_than_grid'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_masks_and_causal_match_bruteforce(cfg, causal):
+  q_len, kv_len = CONFIGS[cfg][:2]
+  q, k, v = _qkv(q_len, kv_len, seed=5)
+  # Full-shape masks share one compilation; broadcast shapes are tested below.
+  f = jit(functools.partial(aa.dot_product_area_attention, causal=causal,
+                                **_area_kwargs(CONFIGS[cfg])))
+  for kind in ['all', 'padding', 'random', 'rank2']:
+    mask = np.ones((q_len, kv_len), bool) if kind == 'all' else _mask(kind, q_len, kv_len)
+    mask = np.broadcast_to(mask, (B, HEADS, q_len, kv_len))
+    want = ref.area_attention(q, k, v, mask=mask, causal=causal, **_area_kwargs(CONFIGS[cfg]))
+    chex.assert_trees_all_close(f(q, k, v, mask=mask), want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('mask_kind', [None, 'padding', 'rank2'])
+def test_broadcast_masks_match_bruteforce(mask_kind):
+  q_len, kv_len = CONFIGS['2d_cross'][:2]
+  q, k, v = _qkv(q_len, kv_len, seed=6)
+  opts = dict(_area_kwargs(CONFIGS['2d_cross']), mask=_mask(mask_kind, q_len, kv_len))
+  chex.assert_trees_all_close(attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts),
+                              atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('scale', [1.0, 0.3])
+def test_scale_matches_bruteforce(scale):
+  q, k, v = _qkv(5, 8)
+  opts = dict(max_area_width=3, scale=scale)
+  chex.assert_trees_all_close(attention(q, k, v, **opts),
+                              ref.area_attention(q, k, v, **opts), atol=2e-5, rtol=1e-5)
+
+
+def test_sample_mode():
+  q, k, v = _qkv(5, 12)
+  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, causal=True,
+              key_mode='sample')
+  # Deterministic: the sample is the mean (the reference without eps).
+  chex.assert_trees_all_close(attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts),
+                              atol=2e-5, rtol=1e-5)
+  # Stochastic: mean + std * eps with eps = normal(split(rng)[0]), as documented.
+  rng = jax.random.key(7)
+  out = attention(q, k, v, rng=rng, deterministic=False, **opts)
+  n = aa.num_areas(12, max_area_width=3, max_area_height=2, memory_height=3)
+  eps = jax.random.normal(jax.random.split(rng)[0], (B, n, HEADS, DEPTH), jnp.float32)
+  want = ref.area_attention(q, k, v, sample_eps=np.asarray(eps), **opts)
+  chex.assert_trees_all_close(out, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('causal,memory_height', [(False, 1), (True, 2)])
+def test_single_item_areas_equal_dot_product_attention(causal, memory_height):
+  q, k, v = _qkv(8, 8, seed=2)
+  v = np.concatenate([v, v[..., :1]], -1)  # jax.nn needs depth_v == depth.
+  mask = _mask('padding', 8, 8)
+  out = attention(q, k, v, mask=mask, causal=causal,
+                                      memory_height=memory_height)
+  want = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+  chex.assert_trees_all_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fully_masked_query_gives_zeros_and_finite_grads():
+  q, k, v = _qkv(4, 6)
+
+  @jit
+  def out_and_grads(q, k, v, mask):
+    f = functools.partial(aa.dot_product_area_attention, max_area_width=3, mask=mask)
+    out, vjp = jax.vjp(f, q, k, v)
+    return out, vjp(jnp.cos(out))  # Gradients of sum(sin(out)).
+
+  mask = np.ones((B, HEADS, 4, 6), bool)
+  mask[:, :, 1] = False        # Query 1 sees nothing.
+  mask[1, 0, 2] = False        # Batch 1, head 0, query 2 sees nothing.
+  out, grads = out_and_grads(q, k, v, mask)
+  np.testing.assert_array_equal(out[:, 1], 0.0)
+  np.testing.assert_array_equal(out[1, 2, 0], 0.0)
+  chex.assert_trees_all_close(out, ref.area_attention(q, k, v, max_area_width=3, mask=mask),
+                              atol=2e-5)
+  chex.assert_tree_all_finite(grads)
+  np.testing.assert_array_equal(grads[0][:, 1], 0.0)  # No gradient to a blind query.
+
+  # Everything masked: zeros everywhere, zero gradients everywhere.
+  out, grads = out_and_grads(q, k, v, np.zeros_like(mask))
+  chex.assert_trees_all_equal(out, jnp.zeros_like(out))
+  chex.assert_trees_all_equal(grads, jax.tree.map(jnp.zeros_like, (q, k, v)))
+
+
+# ----------------------------------------------------------------------------
+# Causality.
+# ----------------------------------------------------------------------------
+
+
+def _assert_causal_jacobian(jac, q_axis, kv_axis):
+  """jac[..., i, ..., j, ...] must be exactly zero for j > i and not all zero otherwise."""
+  jac = np.moveaxis(np.asarray(jac), (q_axis, kv_axis), (0, 1))
+  n_q, n_kv = jac.shape[:2]
+  future = np.arange(n_kv)[None, :] > np.arange(n_q)[:, None]
+  assert np.all(jac[future] == 0.0), 'output i depends on an item j > i'
+  assert np.any(jac[~future] != 0.0)
+
+
+@pytest.mark.parametrize('cfg,key_mode', [('1d_self', 'mean'), ('1d_cross', 'max'),
+                                          ('2d_self', 'max'), ('2d_cross', 'mean')])
+def test_causal_jacobian_zero_for_future_items(cfg, key_mode):
+  q_len, kv_len = CONFIGS[cfg][:2]
+  q, k, v = (a[:1] for a in _qkv(q_len, kv_len, seed=9))
+  f = functools.partial(aa.dot_product_area_attention, causal=True, key_mode=key_mode,
+                        value_mode='max' if key_mode == 'max' else 'sum',
+                        **_area_kwargs(CONFIGS[cfg]))
+  jac_k, jac_v = jit(jax.jacrev(f, argnums=(1, 2)))(q, k, v)
+  # out [b, q, h, dv] x key [b, kv, h, d]: the query axis is 1, the item axis 4 + 1.
+  _assert_causal_jacobian(jac_k, 1, 5)
+  _assert_causal_jacobian(jac_v, 1, 5)
+
+
+def test_module_causal_jacobian_zero_for_future_inputs():
+  x = np.random.default_rng(0).normal(size=(1, 12, 6)).astype(np.float32)
+  m = aa.AreaAttention(num_heads=2, max_area_width=3, max_area_height=2, memory_height=3,
+                       key_mode='sample_concat', causal=True)
+  variables = random_variables(m, x)
+  # deterministic=False: the sample noise must not leak the future either.
+  apply = lambda x: m.apply(variables, x, None, None, False, rngs={'dropout': jax.random.key(1)})
+  jac = jit(jax.jacrev(apply))(x)  # [1, 12, 6, 1, 12, 6]
+  _assert_causal_jacobian(jac, 1, 4)
+
+
+# ----------------------------------------------------------------------------
+# Module.
+# ----------------------------------------------------------------------------
+
+
+MODULE_CASES = {
+    '1d_self_causal': dict(q=(2, 7, 6), kv=None, width=3, height=1, memory_height=1,
+                           mask=None, causal=True),
+    '2d_cross_masked': dict(q=(2, 5, 6), kv=(2, 12, 5), width=3, height=2, memory_height=3,
+                            mask='random', causal=False),
+}
+
+
+@pytest.mark.parametrize('case,key_mode', [
+    ('1d_self_causal', 'concat'), ('2d_cross_masked', 'concat'), ('1d_self_causal', 'sum'),
+    ('2d_cross_masked', 'max_concat'), ('1d_self_causal', 'sample_concat'),
+    ('2d_cross_masked', 'sample_sum'), ('2d_cross_masked', 'max'), ('1d_self_causal', 'mean'),
+    ('2d_cross_masked', 'sample')])
+def test_module_matches_bruteforce(case, key_mode):
+  c = MODULE_CASES[case]
+  rng = np.random.default_rng(11)
+  xq = rng.normal(size=c['q']).astype(np.float32)
+  xkv = None if c['kv'] is None else rng.normal(size=c['kv']).astype(np.float32)
+  kv_len = c['q'][1] if c['kv'] is None else c['kv'][1]
+  mask = None if c['mask'] is None else rng.random((2, 2, c['q'][1], kv_len)) > 0.25
+  m = aa.AreaAttention(num_heads=2, qkv_features=8, out_features=7, max_area_width=c['width'],
+                       max_area_height=c['height'], memory_height=c['memory_height'],
+                       key_mode=key_mode, value_mode='sum', causal=c['causal'])
+  variables, out = init_apply(m, xq, xkv, mask)
+  chex.assert_shape(out, c['q'][:2] + (7,))
+  want = ref.area_attention_module(
+      variables, xq, xkv, num_heads=2, mask=mask, causal=c['causal'], max_area_width=c['width'],
+      max_area_height=c['height'], memory_height=c['memory_height'], key_mode=key_mode)
+  chex.assert_trees_all_close(out, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('key_mode,value_mode', [('concat', 'mean'), ('sum', 'max'),
+                                                 ('max_concat', 'max')])
+def test_module_per_head_params_and_value_modes(key_mode, value_mode):
+  rng = np.random.default_rng(12)
+  xq = rng.normal(size=(2, 4, 8)).astype(np.float32)
+  xkv = rng.normal(size=(2, 2, 3, 8)).astype(np.float32)  # A [batch, h, w, features] memory.
+  m = aa.AreaAttention(num_heads=2, max_area_width=2, max_area_height=2, key_mode=key_mode,
+                       value_mode=value_mode, per_head_area_key_params=True,
+                       area_key_hidden_dim=5,
+                       area_embedding_dim=None if key_mode == 'sum' else 3)
+  variables, out = init_apply(m, xq, xkv)
+  assert variables['params']['area_key']['hidden_kernel'].shape[:1] == (2,)
+  want = ref.area_attention_module(variables, xq, xkv, num_heads=2, max_area_width=2,
+                                   max_area_height=2, key_mode=key_mode,
+                                   value_mode=value_mode, per_head=True)
+  chex.assert_trees_all_close(out, want, atol=2e-5, rtol=1e-5)
+
+
+def test_module_2d_layouts_agree():
+  rng = np.random.default_rng(13)
+  grid = rng.normal(size=(2, 3, 4, 6)).astype(np.float32)
+  flat = grid.reshape(2, 12, 6)
+  opts = dict(num_heads=3, max_area_width=2, max_area_height=2, key_mode='concat')
+  variables, out_flat = init_apply(aa.AreaAttention(memory_height=3, **opts), flat)
+  # Grid taken from the shape; the output keeps the query's layout.
+  out_grid = jit(aa.AreaAttention(**opts).apply)(variables, grid)
+  chex.assert_shape(out_grid, (2, 3, 4, 6))
+  chex.assert_trees_all_close(out_grid.reshape(2, 12, 6), out_flat, atol=1e-6)
+
+
+def test_module_single_item_areas_equal_flax_mha():
+  x = np.random.default_rng(14).normal(size=(2, 6, 8)).astype(np.float32)
+  mask = nn.make_causal_mask(jnp.ones((2, 6)))
+  variables, ours = init_apply(aa.AreaAttention(num_heads=2), x, None, mask)
+  want = jit(nn.MultiHeadDotProductAttention(num_heads=2).apply)(variables, x, mask=mask)
+  chex.assert_trees_all_close(ours, want, atol=1e-5, rtol=1e-5)
+  causal = jit(aa.AreaAttention(num_heads=2, causal=True).apply)(variables, x)
+  chex.assert_trees_all_close(causal, want, atol=1e-5, rtol=1e-5)
+
+
+def test_module_dropout_and_sampling():
+  x = np.random.default_rng(15).normal(size=(2, 8, 8)).astype(np.float32)
+  base = dict(num_heads=2, max_area_width=3)
+
+  def train(module):
+    return jit(lambda v, x, r: module.apply(v, x, None, None, False, rngs={'dropout': r}))
+
+  m = aa.AreaAttention(dropout_rate=0.5, **base)
+  variables = jit(m.init)(jax.random.key(0), x)  # The module's own initializers.
+  chex.assert_tree_all_finite(variables)
+  det = jit(m.apply)(variables, x)
+  train_m = train(m)
+  drop1 = train_m(variables, x, jax.random.key(1))
+  drop2 = train_m(variables, x, jax.random.key(2))
+  chex.assert_tree_all_finite((drop1, drop2))
+  assert not np.allclose(drop1, det) and not np.allclose(drop1, drop2)
+  # Sample mode in training: random (its evaluation = mean is checked against the reference).
+  ms = aa.AreaAttention(key_mode='sample_sum', **base)
+  variables = random_variables(ms, x)
+  train_ms = train(ms)
+  noisy1 = train_ms(variables, x, jax.random.key(4))
+  noisy2 = train_ms(variables, x, jax.random.key(5))
+  chex.assert_tree_all_finite((noisy1, noisy2))
+  assert not np.allclose(noisy1, noisy2)
+
+
+# ----------------------------------------------------------------------------
+# Transformations and dtypes.
+# ----------------------------------------------------------------------------
+
+
+def test_jit_vmap_grad_pure():
+  q, k, v = _qkv(5, 12)
+  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, causal=True,
+              mask=_mask('padding', 5, 12))
+  f = functools.partial(aa.dot_product_area_attention, **opts)
+  chex.assert_trees_all_close(jit(f)(q, k, v), ref.area_attention(q, k, v, **opts),
+                              atol=2e-5, rtol=1e-5)
+  # vmap over an extra leading axis equals the reference on each slice.
+  qs, ks, vs = (np.stack([a, 2.0 * a]) for a in (q, k, v))
+  batched = jit(jax.vmap(f))(qs, ks, vs)
+  for i in range(2):
+    chex.assert_trees_all_close(batched[i], ref.area_attention(qs[i], ks[i], vs[i], **opts),
+                                atol=2e-5, rtol=1e-5)
+  # Reverse-mode gradients agree with finite differences (a smooth mode, no mask).
+  small = tuple(a[:1, :, :1] for a in (q, k, v))
+  g = jax.jit(functools.partial(f, mask=None))  # check_grads nests it: no compiler_options.
+  check_grads(g, small, order=1, modes=('rev',), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def test_module_jit_grad_remat():
+  x = np.random.default_rng(16).normal(size=(2, 6, 8)).astype(np.float32)
+  opts = dict(num_heads=2, max_area_width=2, key_mode='max', causal=True)
+  m = aa.AreaAttention(**opts)
+  variables = random_variables(m, x)
+  remat = nn.remat(aa.AreaAttention, static_argnums=(4,))(**opts)
+
+  def loss(module, params, x):
+    return jnp.sum(module.apply({'params': params}, x, None, None, True) ** 2)
+
+  grads = jit(jax.grad(functools.partial(loss, m)))(variables['params'], x)
+  grads_remat = jit(jax.grad(functools.partial(loss, remat)))(variables['params'], x)
+  chex.assert_tree_all_finite(grads)
+  chex.assert_trees_all_close(grads_remat, grads, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_compute():
+  x = np.random.default_rng(17).normal(size=(2, 12, 8)).astype(np.float32)
+  opts = dict(num_heads=2, max_area_width=3, max_area_height=2, memory_height=3,
+              key_mode='concat', causal=True)
+  m16 = aa.AreaAttention(dtype=jnp.bfloat16, **opts)
+  variables, out16 = init_apply(m16, x)
+  chex.assert_trees_all_equal_dtypes(variables, jax.tree.map(jnp.float32, variables))
+  assert out16.dtype == jnp.bfloat16
+  chex.assert_tree_all_finite(out16)
+  out32 = jit(aa.AreaAttention(**opts).apply)(variables, x)
+  chex.assert_trees_all_close(out16.astype(jnp.float32), out32, atol=0.1, rtol=0.1)
+  q, k, v = (a.astype(jnp.bfloat16) for a in _qkv(5, 12))
+  out = attention(q, k, v, max_area_width=3, max_area_height=2, memory_height=3,
+                  key_mode='max', causal=True)
+  assert out.dtype == jnp.bfloat16
+  chex.assert_tree_all_finite(out)
+
+
+# ----------------------------------------------------------------------------
+# Errors (raised while tracing, before compiling).
+# ----------------------------------------------------------------------------
+
+
+def _pure(**kw):
+  q, k, v = _qkv(3, 6)
+  args = dict(query=q, key=k, value=v)
+  args.update({name: kw.pop(name) for name in ('query', 'key', 'value') if name in kw})
+  return lambda: attention(args['query'], args['key'], args['value'], **kw)
+
+
+PURE_ERRORS = {
+    'key_mode': (_pure(key_mode='median'), r"key_mode='median'.*allowed"),
+    'learned_key_mode': (_pure(key_mode='concat'), r"key_mode='concat'.*AreaAttention"),
+    'value_mode': (_pure(value_mode='std'), r"value_mode='std'.*allowed"),
+    'query_rank': (_pure(query=np.zeros((3, 2, 4))), r'query has rank 3'),
+    'key_rank': (_pure(key=np.zeros((2, 6, 8))), r'key has rank 3'),
+    'kv_not_divisible': (_pure(memory_height=4), r'memory_height=4 does not divide'),
+    'mask_shape': (_pure(mask=np.ones((2, 1, 3, 5), bool)), r'mask has shape \(2, 1, 3, 5\)'),
+    'mask_rank': (_pure(mask=np.ones((1, 2, 1, 3, 6), bool)), r'mask has shape'),
+    'max_area_width': (_pure(max_area_width=0), r'max_area_width=0'),
+    'max_area_height': (_pure(max_area_height=-1), r'max_area_height=-1'),
+    'max_area_float': (_pure(max_area_width=2.0), r'max_area_width=2.0'),
+    'memory_height': (_pure(memory_height=0), r'memory_height=0'),
+    'dropout_rate': (_pure(dropout_rate=1.0), r'dropout_rate=1.0'),
+    'missing_rng': (_pure(dropout_rate=0.1, deterministic=False), r'rng=None'),
+    'key_value_mismatch': (_pure(value=np.zeros((2, 5, 2, 3))), r'value shape'),
+    'query_key_depth': (_pure(key=np.zeros((2, 6, 2, 5))), r'key shape'),
+    'scale': (_pure(scale=0.0), r'scale=0.0'),
+    'causal': (_pure(causal='yes'), r"causal='yes'"),
+}
+
+
+@pytest.mark.parametrize('name', list(PURE_ERRORS), ids=list(PURE_ERRORS))
+def test_pure_function_errors(name):
+  fn, match = PURE_ERRORS[name]
+  with pytest.raises(ValueError, match=match):
+    fn()
+
+
+def test_errors_raise_under_jit():
+  q, k, v = _qkv(3, 6)
+  with pytest.raises(ValueError, match='memory_height=4'):
+    jit(functools.partial(aa.dot_product_area_attention, memory_height=4))(q, k, v)
+
+
+def _module(x_shape=(2, 6, 8), kv_shape=None, mask=None, **fields):
+  fields = dict(dict(num_heads=2), **fields)
+  x = jnp.zeros(x_shape)
+  kv = None if kv_shape is None else jnp.zeros(kv_shape)
+  return lambda: jax.eval_shape(aa.AreaAttention(**fields).init, jax.random.key(0), x, kv, mask)
+
+
+MODULE_ERRORS = {
+    'key_mode': (_module(key_mode='mode'), r"AreaAttention.key_mode='mode'"),
+    'value_mode': (_module(value_mode='concat'), r"AreaAttention.value_mode='concat'"),
+    'inputs_rank': (_module(x_shape=(6, 8)), r'inputs_q has rank 2'),
+    'inputs_kv_rank': (_module(kv_shape=(1, 2, 6, 3, 8)), r'inputs_kv has rank 5'),
+    'kv_not_divisible': (_module(memory_height=4), r'memory_height=4 does not divide'),
+    'grid_memory_height': (_module(kv_shape=(2, 2, 3, 8), memory_height=3),
+                           r'memory_height=3 conflicts'),
+    'heads_divide': (_module(num_heads=3), r'qkv_features=8 is not divisible by num_heads=3'),
+    'num_heads': (_module(num_heads=0), r'num_heads=0'),
+    'max_area_width': (_module(max_area_width=0), r'max_area_width=0'),
+    'max_area_height': (_module(max_area_height=0), r'max_area_height=0'),
+    'mask_shape': (_module(mask=jnp.ones((2, 2, 6, 5), bool)), r'mask has shape'),
+    'dropout_rate': (_module(dropout_rate=-0.1), r'dropout_rate=-0.1'),
+    'embedding_dim_sum': (_module(key_mode='sum', area_embedding_dim=3),
+                          r"embedding_dim=3 is invalid for mode='sum'"),
+    'batch_mismatch': (_module(kv_shape=(3, 6, 8)), r'batch'),
+}
+
+
+@pytest.mark.parametrize('name', list(MODULE_ERRORS), ids=list(MODULE_ERRORS))
+def test_module_errors(name):
+  fn, match = MODULE_ERRORS[name]
+  with pytest.raises(ValueError, match=match):
+    fn()
+
+
+def test_helper_errors():
+  with pytest.raises(ValueError, match=r"features='median'"):
+    features(jnp.zeros((1, 4, 2)), features=('median',))
+  with pytest.raises(ValueError, match=r'x has rank 2'):
+    features(jnp.zeros((4, 2)))
+  with pytest.raises(ValueError, match=r"AreaKeyEncoder.mode='max'"):
+    enc = aa.AreaKeyEncoder(max_area_width=2, mode='max')
+    jax.eval_shape(enc.init, jax.random.key(0), jnp.zeros((1, 3, 1, 2)), jnp.zeros((1, 3, 1, 2)),
+             jnp.ones(3, jnp.int32), jnp.ones(3, jnp.int32))
