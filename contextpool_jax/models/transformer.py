@@ -1,0 +1,466 @@
+"""Transformers of the papers: encoder-decoder for translation, decoder-only character LM.
+
+* :class:`Transformer` -- the encoder-decoder of Vaswani et al. (2017) in the
+  sizes of the area attention paper (Li et al., 2019, Sec. 4.1): tiny (2
+  layers, 128 hidden, 512 filter, 4 heads), small (2, 256, 1024, 4), base (6,
+  512, 2048, 8), big (6, 1024, 4096, 16). Shared source/target/output
+  embeddings, sinusoidal positions, dropout.
+* :class:`TransformerLM` -- the decoder-only character LM of the ContextPool
+  paper (Sec. 4.1: 12 layers, 512 hidden, 8 heads, 2048 filter, 256 bytes; the
+  paper's 39M-parameter model), strictly causal everywhere.
+
+Attention kinds (field ``attention``): ``'standard'`` multi-head dot-product
+attention; ``'local'`` the same restricted to a window of ``local_window``
+tokens on each side (decoder: the previous ``local_window``), the area
+attention paper's local-attention baseline; ``'area'`` area attention (Li et
+al., 2019) with areas of up to ``max_area_width`` items in the first
+``num_area_layers`` layers -- encoder self-attention, decoder self-attention
+(causal: an area never contains a future item) and encoder-decoder attention,
+as in the paper's NMT experiments (max area 5, first two layers).
+
+ContextPool (field ``context_pool``; None = off, a mapping of ContextPool
+field overrides = on): "placed after each attention block, whose output token
+features are pooled to the same number of features for use in the next
+attention block" (Huang et al., Sec. 3.2, Fig. 2c). We read "attention block"
+as a whole Transformer layer (self-attention [+ cross-attention] + feed-forward,
+the paper's "self-attention module") and pool each layer's output, so the next
+layer's attention reads pooled features. Encoder: ContextPool with the source
+padding mask. Decoder and LM: ``causal=True`` (forced; a conflicting override
+raises) with the target padding mask.
+
+Layers are pre-LayerNorm (``x + f(LN(x))``, final LayerNorm), as in the
+tensor2tensor ``transformer_base`` recipes the area attention paper used and
+in flax's wmt example. Token id 0 is padding in the encoder-decoder; the LM
+treats every byte as a real token (its windows are never padded).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from contextpool_jax.layers import _validation as v
+from contextpool_jax.layers.area_attention import AreaAttention
+from contextpool_jax.models.common import make_context_pool
+
+Array = jax.Array
+Dtype = Any
+
+ATTENTIONS = ('standard', 'local', 'area')
+
+
+def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
+  """Sinusoidal position encodings ``[length, dim]`` (Vaswani et al., Sec. 3.5).
+
+  PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)),
+  interleaved. A static numpy constant: any length works (no maximum length).
+  """
+  position = np.arange(length, dtype=np.float64)[:, None]
+  div = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(10000.0) / dim))
+  pe = np.zeros((length, dim), np.float32)
+  pe[:, 0::2] = np.sin(position * div)
+  pe[:, 1::2] = np.cos(position * div)[:, :dim // 2]
+  return pe
+
+
+def causal_mask(length: int) -> Array:
+  """``[1, 1, length, length]`` bool, True where key j <= query i."""
+  return jnp.tril(jnp.ones((length, length), bool))[None, None]
+
+
+def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
+  """``[batch, 1, q_len, kv_len]`` bool from per-token validity."""
+  return q_valid[:, None, :, None] & kv_valid[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention; standard, local window or area (Li et al., 2019).
+
+  ``__call__(inputs_q, inputs_kv, mask, deterministic)`` with inputs
+  ``[batch, length, features]`` and a bool mask broadcastable to
+  ``[batch, heads, q_len, kv_len]``. Standard and local attention use
+  ``jax.nn.dot_product_attention`` (on GPU it can dispatch to cuDNN flash
+  attention); local attention passes ``local_window_size``.
+  """
+
+  num_heads: int
+  kind: str = 'standard'
+  causal: bool = False
+  local_window: int = 64
+  max_area_width: int = 5
+  dropout_rate: float = 0.0
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
+               deterministic: bool) -> Array:
+    features = inputs_q.shape[-1]
+    if self.kind == 'area':
+      return AreaAttention(
+          num_heads=self.num_heads, max_area_width=self.max_area_width,
+          causal=self.causal, dropout_rate=self.dropout_rate, dtype=self.dtype,
+          param_dtype=self.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
+    if features % self.num_heads:
+      raise ValueError(f'MultiHeadAttention: features={features} is not divisible by '
+                       f'num_heads={self.num_heads}.')
+    head_dim = features // self.num_heads
+    dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim),
+                              dtype=self.dtype, param_dtype=self.param_dtype)
+    q = dense(name='query')(inputs_q)
+    k = dense(name='key')(inputs_kv)
+    val = dense(name='value')(inputs_kv)
+    if self.causal:
+      cm = causal_mask(inputs_q.shape[1])
+      mask = cm if mask is None else mask & cm
+    window = None
+    if self.kind == 'local':
+      window = (self.local_window, 0 if self.causal else self.local_window)
+    if self.dropout_rate > 0.0 and not deterministic:
+      # jax.nn.dot_product_attention has no dropout on the probabilities.
+      y = _attention_with_dropout(q, k, val, mask, window, self.dropout_rate,
+                                  self.make_rng('dropout'))
+    else:
+      y = jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=window)
+    return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype,
+                           param_dtype=self.param_dtype, name='out')(y)
+
+
+def _attention_with_dropout(q, k, val, mask, window, rate, rng):
+  """Reference attention with dropout on the probabilities (training only)."""
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  logits = logits / math.sqrt(q.shape[-1])
+  allowed = jnp.ones(logits.shape[-2:], bool)
+  if window is not None:
+    i = jnp.arange(logits.shape[-2])[:, None]
+    j = jnp.arange(logits.shape[-1])[None, :]
+    allowed = (j >= i - window[0]) & (j <= i + window[1])
+  if mask is not None:
+    allowed = allowed & mask
+  logits = jnp.where(allowed, logits, -1e30)
+  p = jax.nn.softmax(logits, axis=-1)
+  keep = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
+  p = jnp.where(keep, p / (1.0 - rate), 0.0).astype(val.dtype)
+  return jnp.einsum('bhqk,bkhd->bqhd', p, val)
+
+
+class FeedForward(nn.Module):
+  """Position-wise feed-forward ``W2 relu(W1 x)`` (Vaswani et al., Eq. 2)."""
+
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  deterministic: bool = True
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    h = nn.relu(nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype,
+                         name='wi')(x))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+    return nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=self.param_dtype,
+                    name='wo')(h)
+
+
+class TransformerLayer(nn.Module):
+  """One pre-LN layer: self-attention, optional cross-attention, feed-forward, ContextPool.
+
+  ``__call__(x, x_valid, memory, memory_valid) -> x`` where ``x_valid`` is
+  ``[batch, length]`` (True = real token) and ``memory`` the encoder output
+  (None for encoder and LM layers).
+  """
+
+  num_heads: int
+  mlp_dim: int
+  attention: str = 'standard'
+  causal: bool = False
+  local_window: int = 64
+  max_area_width: int = 5
+  context_pool: Optional[Mapping[str, Any]] = None
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  deterministic: bool = True
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, x_valid: Array, memory: Optional[Array] = None,
+               memory_valid: Optional[Array] = None) -> Array:
+    attn = functools.partial(
+        MultiHeadAttention, num_heads=self.num_heads, local_window=self.local_window,
+        max_area_width=self.max_area_width, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = functools.partial(nn.LayerNorm, dtype=self.dtype, param_dtype=self.param_dtype)
+    drop = lambda h: nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+
+    h = norm(name='self_attention_norm')(x)
+    h = attn(kind=self.attention, causal=self.causal, name='self_attention')(
+        h, h, padding_mask(x_valid, x_valid), self.deterministic)
+    x = x + drop(h)
+    if memory is not None:
+      # Encoder-decoder attention: area over the source when attention='area';
+      # a local window is meaningless across languages, so 'local' uses standard.
+      kind = 'area' if self.attention == 'area' else 'standard'
+      h = norm(name='cross_attention_norm')(x)
+      h = attn(kind=kind, causal=False, name='cross_attention')(
+          h, memory, padding_mask(x_valid, memory_valid), self.deterministic)
+      x = x + drop(h)
+    h = norm(name='mlp_norm')(x)
+    h = FeedForward(self.mlp_dim, self.dropout_rate, self.deterministic, self.dtype,
+                    self.param_dtype, name='mlp')(h)
+    x = x + drop(h)
+    pool = make_context_pool(self.context_pool, dtype=self.dtype,
+                             param_dtype=self.param_dtype, name='context_pool',
+                             **({'causal': True} if self.causal else {}))
+    if pool is not None:
+      x = pool(x, x_valid, self.deterministic)
+    return x
+
+
+class _ScanBody(nn.Module):
+  """Adapts a layer to ``nn.scan``'s ``(carry, x) -> (carry, y)`` signature."""
+
+  layer: Callable[..., nn.Module]
+
+  @nn.compact
+  def __call__(self, x, *args):
+    return self.layer(name='layer')(x, *args), None
+
+
+class TransformerStack(nn.Module):
+  """``num_layers`` TransformerLayers and a final LayerNorm (an encoder, decoder or LM).
+
+  With ``attention='area'`` the first ``num_area_layers`` layers use area
+  attention and the rest standard attention (Li et al., 2019). With
+  ``scan_layers`` the identical layers after those are one ``nn.scan``
+  (parameters stacked on a leading axis), so one layer is compiled instead of
+  n. ``remat`` recomputes each layer's activations in the backward pass.
+
+  ``__call__(x, valid, memory=None, memory_valid=None, train=False)``.
+  """
+
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  attention: str = 'standard'
+  causal: bool = False
+  local_window: int = 64
+  num_area_layers: int = 2
+  max_area_width: int = 5
+  context_pool: Optional[Mapping[str, Any]] = None
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  scan_layers: bool = False
+  remat: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, valid: Array, memory: Optional[Array] = None,
+               memory_valid: Optional[Array] = None, train: bool = False) -> Array:
+    layer_cls = nn.remat(TransformerLayer) if self.remat else TransformerLayer
+    layer = functools.partial(
+        layer_cls, num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
+        local_window=self.local_window, max_area_width=self.max_area_width,
+        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, deterministic=not train,
+        dtype=self.dtype, param_dtype=self.param_dtype)
+    args = (valid,) if memory is None else (valid, memory, memory_valid)
+    num_area = min(self.num_area_layers, self.num_layers) if self.attention == 'area' else 0
+    for i in range(num_area):
+      x = layer(attention='area', name=f'layer_{i}')(x, *args)
+    rest_kind = 'standard' if self.attention == 'area' else self.attention
+    rest = self.num_layers - num_area
+    if self.scan_layers and rest > 1:
+      scanned = nn.scan(
+          _ScanBody, variable_axes={'params': 0, 'intermediates': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast,) * len(args), length=rest)
+      x, _ = scanned(functools.partial(layer, attention=rest_kind), name='scanned_layers')(
+          x, *args)
+    else:
+      for i in range(num_area, self.num_layers):
+        x = layer(attention=rest_kind, name=f'layer_{i}')(x, *args)
+    return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='norm')(x)
+
+
+def _check_common(owner: str, m: nn.Module) -> None:
+  v.check_choice(owner, 'attention', m.attention, ATTENTIONS)
+  for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
+                'local_window', 'max_area_width'):
+    v.check_positive(owner, field, getattr(m, field), integer=True)
+  v.check_positive(owner, 'num_area_layers', m.num_area_layers, integer=True, allow_zero=True)
+  v.check_probability(owner, 'dropout_rate', m.dropout_rate)
+  v.check_probability(owner, 'attention_dropout_rate', m.attention_dropout_rate)
+  if m.emb_dim % m.num_heads:
+    raise ValueError(f'{owner}.num_heads={m.num_heads!r} does not divide emb_dim={m.emb_dim!r}.')
+
+
+def _check_tokens(owner: str, name: str, tokens: Array) -> None:
+  v.check_rank(owner, name, tokens, (2,), '[batch, length] int32 token ids')
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f'{owner}: {name} has dtype {tokens.dtype}; expected integer token ids.')
+
+
+class _Embedder(nn.Module):
+  """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions."""
+
+  vocab_size: int
+  emb_dim: int
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = nn.Embed(
+        self.vocab_size, self.emb_dim, dtype=self.dtype, param_dtype=self.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=self.emb_dim ** -0.5), name='embedding')
+
+  def __call__(self, tokens: Array) -> Array:
+    x = self.embedding(tokens) * math.sqrt(self.emb_dim)
+    pe = sinusoidal_positions(tokens.shape[1], self.emb_dim)
+    return x + jnp.asarray(pe, x.dtype)[None]
+
+  def attend(self, x: Array) -> Array:
+    """Output logits with the (tied) embedding matrix, in float32."""
+    return self.embedding.attend(x).astype(jnp.float32)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer for translation (see the module docstring).
+
+  ``__call__(inputs, targets, train=False) -> logits [batch, target_len, vocab]``
+  with ``inputs [batch, source_len]`` and ``targets [batch, target_len]`` int
+  token ids (0 = padding); the decoder reads ``targets`` shifted right by one
+  (teacher forcing), so logits[:, t] predicts targets[:, t]. For inference,
+  ``encode(inputs)`` and ``decode(encoded, inputs, decoder_inputs)`` (the
+  decoder reads ``decoder_inputs`` as given; start with 0 = BOS/pad).
+  """
+
+  vocab_size: int = 32000
+  num_layers: int = 6
+  emb_dim: int = 512
+  mlp_dim: int = 2048
+  num_heads: int = 8
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  attention: str = 'standard'
+  local_window: int = 64
+  num_area_layers: int = 2
+  max_area_width: int = 5
+  context_pool: Optional[Mapping[str, Any]] = None
+  scan_layers: bool = False
+  remat: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  def setup(self):
+    _check_common('Transformer', self)
+    self.embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype)
+    stack = functools.partial(
+        TransformerStack, num_layers=self.num_layers, num_heads=self.num_heads,
+        mlp_dim=self.mlp_dim, attention=self.attention, local_window=self.local_window,
+        num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
+        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
+        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype)
+    self.encoder = stack(causal=False)
+    self.decoder = stack(causal=True)
+    self.embedding_dropout = nn.Dropout(self.dropout_rate)
+
+  def encode(self, inputs: Array, train: bool = False) -> Array:
+    """``[batch, source_len]`` ids -> ``[batch, source_len, emb_dim]``."""
+    _check_tokens('Transformer', 'inputs', inputs)
+    x = self.embedding_dropout(self.embedder(inputs), deterministic=not train)
+    return self.encoder(x, inputs != 0, train=train)
+
+  def decode(self, encoded: Array, inputs: Array, decoder_inputs: Array,
+             train: bool = False) -> Array:
+    """Logits ``[batch, len, vocab]`` (float32) for every decoder input position.
+
+    Every decoder input is a real token (the BOS at position 0 has id 0);
+    target padding only matters through the loss mask.
+    """
+    _check_tokens('Transformer', 'decoder_inputs', decoder_inputs)
+    valid = jnp.ones(decoder_inputs.shape, bool)
+    x = self.embedding_dropout(self.embedder(decoder_inputs), deterministic=not train)
+    x = self.decoder(x, valid, encoded, inputs != 0, train=train)
+    return self.embedder.attend(x)
+
+  def __call__(self, inputs: Array, targets: Array, train: bool = False) -> Array:
+    _check_tokens('Transformer', 'targets', targets)
+    encoded = self.encode(inputs, train)
+    decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    return self.decode(encoded, inputs, decoder_inputs, train)
+
+
+class TransformerLM(nn.Module):
+  """Decoder-only causal LM (the ContextPool paper's character-level model).
+
+  ``__call__(tokens, train=False) -> logits [batch, length, vocab]`` (float32),
+  where logits[:, t] predicts tokens[:, t + 1]: every position only reads
+  tokens <= t (attention, area attention and ContextPool are all causal).
+  """
+
+  vocab_size: int = 256
+  num_layers: int = 12
+  emb_dim: int = 512
+  mlp_dim: int = 2048
+  num_heads: int = 8
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  attention: str = 'standard'
+  local_window: int = 256
+  num_area_layers: int = 2
+  max_area_width: int = 5
+  context_pool: Optional[Mapping[str, Any]] = None
+  scan_layers: bool = False
+  remat: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens: Array, train: bool = False) -> Array:
+    _check_common('TransformerLM', self)
+    _check_tokens('TransformerLM', 'tokens', tokens)
+    embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype,
+                         name='embedder')
+    x = nn.Dropout(self.dropout_rate)(embedder(tokens), deterministic=not train)
+    x = TransformerStack(
+        num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+        attention=self.attention, causal=True, local_window=self.local_window,
+        num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
+        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
+        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype,
+        name='decoder')(x, jnp.ones(tokens.shape, bool), train=train)
+    return embedder.attend(x)
+
+
+# ----------------------------------------------------------------------------
+# Registry.
+# ----------------------------------------------------------------------------
+
+NMT_PRESETS = {  # Li et al. (2019), Sec. 4.1.
+    'tiny': dict(num_layers=2, emb_dim=128, mlp_dim=512, num_heads=4),
+    'small': dict(num_layers=2, emb_dim=256, mlp_dim=1024, num_heads=4),
+    'base': dict(num_layers=6, emb_dim=512, mlp_dim=2048, num_heads=8),
+    'big': dict(num_layers=6, emb_dim=1024, mlp_dim=4096, num_heads=16),
+}
+
+MODELS: dict[str, Callable[..., nn.Module]] = {}
+for _size, _preset in NMT_PRESETS.items():
+  MODELS[f'transformer_{_size}'] = functools.partial(Transformer, **_preset)
+  MODELS[f'cp_transformer_{_size}'] = functools.partial(Transformer, context_pool={},
+                                                        **_preset)
+  MODELS[f'area_transformer_{_size}'] = functools.partial(Transformer, attention='area',
+                                                          **_preset)
+  MODELS[f'local_transformer_{_size}'] = functools.partial(Transformer, attention='local',
+                                                           **_preset)
+MODELS['transformer_lm'] = TransformerLM
+MODELS['cp_transformer_lm'] = functools.partial(TransformerLM, context_pool={})

@@ -1,0 +1,33 @@
+"""The model registry: every name builds; errors name what is wrong."""
+
+import pytest
+
+from contextpool_jax import models
+
+
+def test_available_lists_every_family():
+  names = models.available()
+  assert names == sorted(names)
+  for name in ('transformer_base', 'cp_transformer_base', 'area_transformer_base',
+               'local_transformer_base', 'transformer_tiny', 'transformer_big',
+               'transformer_lm', 'cp_transformer_lm', 'vit_b16', 'cp_vit_b16', 'vit_ti16',
+               'resnet44', 'cp_resnet44', 'resnet46', 'resnet50', 'cp_resnet50', 'resnet101',
+               'lambda_resnet50', 'aa_resnet34', 'aa_resnet50'):
+    assert name in names, name
+
+
+def test_create_applies_overrides():
+  model = models.create('cp_transformer_lm', num_layers=3)
+  assert model.num_layers == 3 and model.context_pool == {}
+  assert models.create('transformer_lm').context_pool is None
+
+
+def test_unknown_name_suggests_close_matches():
+  with pytest.raises(ValueError, match=r"model='cp_transfomer_lm' is not registered\. "
+                                       r"Did you mean 'cp_transformer_lm'"):
+    models.create('cp_transfomer_lm')
+
+
+def test_unknown_override_is_an_error():
+  with pytest.raises(ValueError, match="model='vit_b16': invalid override"):
+    models.create('vit_b16', num_layerz=3)

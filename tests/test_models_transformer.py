@@ -1,0 +1,220 @@
+"""Transformer encoder-decoder and character LM: shapes, causality, padding, overfitting."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from contextpool_jax.models import transformer as T
+from contextpool_jax.models.common import count_params
+
+TINY = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
+KINDS = ('standard', 'local', 'area')
+
+
+def _tokens(shape, seed=0, low=1, high=50):
+  return jax.random.randint(jax.random.key(seed), shape, low, high, jnp.int32)
+
+
+def _init(model, *args):
+  return jax.jit(model.init)(jax.random.key(0), *args)
+
+
+@pytest.mark.parametrize('name', sorted(T.MODELS))
+def test_every_registered_transformer_builds_with_correct_shapes(name):
+  is_lm = name.endswith('_lm')
+  model = T.MODELS[name](num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=40)
+  if is_lm:
+    args = (_tokens((2, 12), high=40),)
+    want = (2, 12, 40)
+  else:
+    args = (_tokens((2, 9), high=40), _tokens((2, 7), high=40))
+    want = (2, 7, 40)
+  out = jax.eval_shape(lambda: model.apply(model.init(jax.random.key(0), *args), *args))
+  chex.assert_shape(out, want)
+
+
+def test_presets_match_the_area_attention_paper():
+  for size, (layers, hidden, filt, heads) in {
+      'tiny': (2, 128, 512, 4), 'small': (2, 256, 1024, 4), 'base': (6, 512, 2048, 8),
+      'big': (6, 1024, 4096, 16)}.items():
+    m = T.MODELS[f'transformer_{size}']()
+    assert (m.num_layers, m.emb_dim, m.mlp_dim, m.num_heads) == (layers, hidden, filt, heads)
+  assert T.MODELS['area_transformer_base']().max_area_width == 5
+  assert T.MODELS['area_transformer_base']().num_area_layers == 2
+
+
+def test_cp_transformer_lm_has_the_papers_39m_parameters():
+  shapes = jax.eval_shape(T.MODELS['cp_transformer_lm']().init, jax.random.key(0),
+                          jnp.ones((1, 8), jnp.int32))
+  n = count_params(shapes['params'])
+  base = count_params(jax.eval_shape(T.MODELS['transformer_lm']().init, jax.random.key(0),
+                                     jnp.ones((1, 8), jnp.int32))['params'])
+  print(f'cp_transformer_lm: {n / 1e6:.2f}M parameters (transformer_lm {base / 1e6:.2f}M; '
+        'paper: 39M)')
+  assert abs(n - 39e6) / 39e6 < 0.05
+  assert n > base
+
+
+CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
+    dict(context_pool={}), dict(context_pool={'size_norm': 'sigmoid'}, attention='area'),
+    dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'})]
+
+
+def _case_id(case):
+  return '-'.join(f'{k}={v}' for k, v in case.items()) or 'standard'
+
+
+@pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+def test_lm_changing_token_j_never_changes_earlier_outputs(case):
+  model = T.TransformerLM(**TINY, local_window=3, **case)
+  tokens = _tokens((1, 12))
+  params = _init(model, tokens)
+  apply = jax.jit(model.apply)
+  base = apply(params, tokens)
+  for j in (3, 7, 11):
+    changed = apply(params, tokens.at[:, j].set((tokens[0, j] % 49) + 1))
+    np.testing.assert_array_equal(np.asarray(changed[:, :j]), np.asarray(base[:, :j]))
+    assert not np.allclose(changed[:, j], base[:, j])  # position j does read token j
+
+
+@pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+def test_decoder_changing_target_j_never_changes_earlier_outputs(case):
+  model = T.Transformer(**TINY, local_window=3, **case)
+  inputs, targets = _tokens((1, 9)), _tokens((1, 10), seed=1)
+  params = _init(model, inputs, targets)
+  apply = jax.jit(model.apply)
+  base = apply(params, inputs, targets)
+  for j in (2, 6):
+    changed = apply(params, inputs, targets.at[:, j].set((targets[0, j] % 49) + 1))
+    # logits[t] reads targets[< t] (teacher forcing): positions <= j are unchanged.
+    np.testing.assert_array_equal(np.asarray(changed[:, :j + 1]), np.asarray(base[:, :j + 1]))
+    assert not np.allclose(changed[:, j + 1], base[:, j + 1])
+
+
+@pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+def test_encoder_padding_never_changes_real_outputs(case):
+  model = T.Transformer(**TINY, local_window=3, **case)
+  inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
+  padded = jnp.pad(inputs, ((0, 0), (0, 5)))  # id 0 = padding
+  params = _init(model, padded, targets)
+  enc = jax.jit(functools.partial(model.apply, method=model.encode))
+  chex.assert_trees_all_close(enc(params, padded)[:, :6], enc(params, inputs), atol=1e-5)
+  apply = jax.jit(model.apply)
+  chex.assert_trees_all_close(apply(params, padded, targets), apply(params, inputs, targets),
+                              atol=1e-5)
+
+
+def test_encode_decode_equals_call():
+  model = T.Transformer(**TINY, context_pool={})
+  inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
+  params = _init(model, inputs, targets)
+  encoded = model.apply(params, inputs, method=model.encode)
+  decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  logits = model.apply(params, encoded, inputs, decoder_inputs, method=model.decode)
+  chex.assert_trees_all_close(logits, model.apply(params, inputs, targets), atol=1e-6)
+
+
+def _restack(params, prefix_layers, num_layers):
+  """Unscanned {'layer_i': p} -> scanned {'scanned_layers': {'layer': stacked}}."""
+  out = {k: v for k, v in params.items() if not k.startswith('layer_')}
+  for i in range(prefix_layers):
+    out[f'layer_{i}'] = params[f'layer_{i}']
+  stacked = [params[f'layer_{i}'] for i in range(prefix_layers, num_layers)]
+  out['scanned_layers'] = {'layer': jax.tree.map(lambda *a: jnp.stack(a), *stacked)}
+  return out
+
+
+@pytest.mark.parametrize('case', [dict(), dict(context_pool={}, remat=True),
+                                  dict(attention='area', num_area_layers=1)], ids=_case_id)
+def test_scan_layers_matches_unrolled(case):
+  cfg = dict(TINY, num_layers=3)
+  tokens = _tokens((2, 10))
+  plain = T.TransformerLM(**cfg, **case)
+  scanned = T.TransformerLM(**cfg, scan_layers=True, **case)
+  params = _init(plain, tokens)['params']
+  prefix = 1 if case.get('attention') == 'area' else 0
+  sparams = dict(params, decoder=_restack(params['decoder'], prefix, 3))
+  chex.assert_trees_all_equal_shapes(sparams, _init(scanned, tokens)['params'])
+  chex.assert_trees_all_close(scanned.apply({'params': sparams}, tokens),
+                              plain.apply({'params': params}, tokens), atol=1e-5)
+
+
+def test_dropout_only_in_training():
+  model = T.TransformerLM(**TINY, dropout_rate=0.3, context_pool={})
+  tokens = _tokens((2, 10))
+  params = _init(model, tokens)
+  a = model.apply(params, tokens, train=True, rngs={'dropout': jax.random.key(1)})
+  b = model.apply(params, tokens, train=True, rngs={'dropout': jax.random.key(2)})
+  assert not np.allclose(a, b)
+  chex.assert_trees_all_close(model.apply(params, tokens), model.apply(params, tokens))
+
+
+def test_bfloat16_compute_float32_params():
+  model = T.Transformer(**TINY, context_pool={}, attention='area', dtype=jnp.bfloat16)
+  inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
+  params = _init(model, inputs, targets)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  logits = jax.jit(model.apply)(params, inputs, targets)
+  assert logits.dtype == jnp.float32
+  chex.assert_tree_all_finite(logits)
+
+
+def _overfit(model, batch, loss_fn, steps=40, lr=3e-3):
+  params = _init(model, *batch)
+  tx = optax.adam(lr)
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(params, opt):
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(model.apply(p, *batch), batch))(params)
+    updates, opt = tx.update(grads, opt)
+    return optax.apply_updates(params, updates), opt, loss
+
+  losses = []
+  for _ in range(steps):
+    params, opt, loss = step(params, opt)
+    losses.append(float(loss))
+  return losses
+
+
+@pytest.mark.parametrize('name', ['cp_transformer_lm', 'area_transformer_tiny',
+                                  'cp_transformer_tiny'])
+def test_overfits_one_batch(name):
+  model = T.MODELS[name](**TINY)
+  if name.endswith('_lm'):
+    tokens = _tokens((4, 16))
+    batch = (tokens,)
+    loss_fn = lambda logits, b: optax.softmax_cross_entropy_with_integer_labels(
+        logits[:, :-1], b[0][:, 1:]).mean()
+  else:
+    batch = (_tokens((4, 8)), _tokens((4, 8), seed=1))
+    loss_fn = lambda logits, b: optax.softmax_cross_entropy_with_integer_labels(
+        logits, b[1]).mean()
+  losses = _overfit(model, batch, loss_fn)
+  assert losses[-1] < 0.25 * losses[0], losses
+
+
+@pytest.mark.parametrize('field,value', [
+    ('attention', 'sparse'), ('num_layers', 0), ('num_heads', 3), ('dropout_rate', 1.5),
+    ('num_area_layers', -1), ('local_window', 0)])
+def test_bad_options_raise(field, value):
+  with pytest.raises(ValueError, match=field):
+    T.TransformerLM(**dict(TINY, **{field: value})).init(jax.random.key(0), _tokens((1, 4)))
+
+
+def test_bad_context_pool_override_raises():
+  with pytest.raises(ValueError, match='context_pool.causal=False conflicts'):
+    T.TransformerLM(**TINY, context_pool={'causal': False}).init(
+        jax.random.key(0), _tokens((1, 4)))
+  with pytest.raises(ValueError, match='unknown field'):
+    T.TransformerLM(**TINY, context_pool={'sigma': 1}).init(jax.random.key(0), _tokens((1, 4)))
+
+
+def test_float_tokens_raise():
+  with pytest.raises(ValueError, match='integer token ids'):
+    T.TransformerLM(**TINY).init(jax.random.key(0), jnp.ones((1, 4)))
