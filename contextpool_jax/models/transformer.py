@@ -53,6 +53,9 @@ Array = jax.Array
 Dtype = Any
 
 ATTENTIONS = ('standard', 'local', 'area')
+# Dense kernels: Glorot/Xavier uniform, as tensor2tensor and flax's wmt example;
+# embeddings N(0, d^-1/2) scaled by sqrt(d) on input (Vaswani et al., Sec. 3.4).
+_KERNEL_INIT = nn.initializers.xavier_uniform()
 
 
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
@@ -112,7 +115,8 @@ class MultiHeadAttention(nn.Module):
                        f'num_heads={self.num_heads}.')
     head_dim = features // self.num_heads
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim),
-                              dtype=self.dtype, param_dtype=self.param_dtype)
+                              dtype=self.dtype, param_dtype=self.param_dtype,
+                              kernel_init=_KERNEL_INIT)
     q = dense(name='query')(inputs_q)
     k = dense(name='key')(inputs_kv)
     val = dense(name='value')(inputs_kv)
@@ -129,7 +133,8 @@ class MultiHeadAttention(nn.Module):
     else:
       y = jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=window)
     return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype,
-                           param_dtype=self.param_dtype, name='out')(y)
+                           param_dtype=self.param_dtype, kernel_init=_KERNEL_INIT,
+                           name='out')(y)
 
 
 def _attention_with_dropout(q, k, val, mask, window, rate, rng):
@@ -161,11 +166,11 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    h = nn.relu(nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype,
-                         name='wi')(x))
+    dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=self.param_dtype,
+                              kernel_init=_KERNEL_INIT)
+    h = nn.relu(dense(self.mlp_dim, name='wi')(x))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
-    return nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=self.param_dtype,
-                    name='wo')(h)
+    return dense(x.shape[-1], name='wo')(h)
 
 
 class TransformerLayer(nn.Module):
