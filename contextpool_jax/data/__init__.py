@@ -1,0 +1,29 @@
+"""Input pipelines: TFDS (read through ``tfds.data_source`` + grain, no TensorFlow).
+
+Contract with the trainer (``contextpool_jax/training``):
+
+* ``make_train_dataset(config, *, process_index, process_count) -> grain.IterDataset``
+  yields *per-process* batches (``config.batch_size // process_count`` examples)
+  as dicts of numpy arrays, forever (repeated), deterministically from
+  ``config.seed``. Its iterator's state (``get_state``/``set_state``) is saved in
+  every checkpoint, so a resumed run continues at the exact data position.
+* ``make_eval_batches(config, split, *, process_index, process_count)`` returns a
+  finite, deterministic iterable of per-process batches, padded to a fixed batch
+  size with a per-example ``'mask'``/``'weights'`` so every batch has one shape.
+
+Batch formats:
+
+* language modelling: ``{'tokens': int32 [b, seq_len + 1], 'weights': float32 [b, seq_len]}``
+  (the model reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; ``weights``
+  marks the positions that count, e.g. only the last ``step`` of a BPC window);
+* translation: ``{'inputs': int32 [b, source_len], 'targets': int32 [b, target_len]}``
+  (0 = padding; the loss weights are ``targets != 0``);
+* classification: ``{'image': float32 [b, h, w, 3], 'label': int32 [b]}`` (eval
+  batches add ``'mask'`` for padded examples).
+* A missing dataset raises :class:`DatasetNotFoundError` with one message saying
+  how to prepare it.
+"""
+
+
+class DatasetNotFoundError(FileNotFoundError):
+  """A dataset is not prepared; the message says how to prepare it."""

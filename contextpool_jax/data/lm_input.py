@@ -1,0 +1,415 @@
+"""Byte-level language-modelling input pipelines (grain, no TensorFlow).
+
+Implements the contract of :mod:`contextpool_jax.data` for the corpora of
+:mod:`contextpool_jax.data.text_builders` (enwik8, text8, local text files);
+batches are ``{'tokens': int32 [b, n + 1], 'weights': float32 [b, n]}`` with
+byte values 0..255 as tokens (vocabulary :data:`VOCAB_SIZE` = 256).
+
+Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
+``config.dataset`` with these defaults):
+
+* ``config.seed`` (int): seeds the training order (shuffle and window phase).
+* ``config.batch_size`` (int): global training batch size; each of the
+  ``process_count`` processes yields ``batch_size // process_count`` rows.
+* ``config.dataset.name`` (``'enwik8'``): ``'enwik8'`` | ``'text8'`` |
+  ``'local_text'``.
+* ``config.dataset.data_dir`` (``None``): TFDS data directory (None = TFDS
+  default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+* ``config.dataset.manual_dir`` (``None``): directory holding ``enwik8.zip`` /
+  ``text8.zip`` (or the extracted file) for offline preparation; None =
+  ``<data_dir>/downloads/manual``.
+* ``config.dataset.files`` (``()``): local_text only: files, directories or glob
+  patterns (``**`` recursive); empty = the running Python's standard-library
+  ``*.py`` sources.
+* ``config.dataset.max_bytes`` (``16 * 2**20``): local_text only: cap on the
+  concatenated corpus in bytes, 0 = no cap.
+* ``config.dataset.seq_len`` (``1024``): training window: ``seq_len`` inputs
+  predicting ``seq_len`` targets (``tokens`` has ``seq_len + 1`` bytes).
+* ``config.dataset.eval_context`` (``32768``): evaluation window length (model
+  inputs per row; ``tokens`` has ``eval_context + 1`` bytes).
+* ``config.dataset.eval_step`` (``512``): bytes scored per evaluation window
+  (after the first one), 1 <= eval_step <= eval_context.
+* ``config.dataset.eval_batch_size`` (``8``): global evaluation batch size
+  (rows), divisible by ``process_count``.
+* ``config.dataset.eval_max_bytes`` (``0``): evaluate on only the first this
+  many bytes of the split (quick evaluation during training); 0 = all.
+* ``config.dataset.download`` (``True``): enwik8/text8: may download when not
+  prepared and no manual file is found (else DatasetNotFoundError).
+* ``config.dataset.read_threads`` (``2``) and ``config.dataset.prefetch``
+  (``4``): optional; grain reader threads and batches prefetched per process.
+
+Training order (:func:`make_train_dataset`): each epoch cuts the train split
+into ``N = len(train) // seq_len - 1`` non-overlapping windows of
+``seq_len + 1`` bytes (consecutive windows share one byte, so every target is
+predicted once per epoch) at a random phase ``0 <= phase < seq_len`` drawn per
+epoch, and visits them in an order shuffled per epoch (grain's index shuffle,
+reseeded each epoch). Everything is a pure function of ``config.seed`` and the
+position in the stream, so the iterator state is just a position and restores
+exactly. Sharding: the global stream is the same for any ``process_count``;
+process ``p`` takes its elements ``p, p + P, p + 2P, ...``, so the processes'
+shards are disjoint and, stacked in process order, each global batch holds
+stream elements ``[t * batch_size, (t + 1) * batch_size)`` (up to row order).
+
+Evaluation (:func:`make_eval_batches`) follows the BPC protocol of
+Transformer-XL / Longformer / ContextPool (Sec. 4.1: windows of 32k, step 512):
+overlapping windows of ``eval_context`` inputs; the first window scores all its
+targets (bytes ``1..eval_context``), every later window is shifted so that it
+ends ``eval_step`` bytes later and scores only those last ``eval_step``
+targets; the final window is aligned to end at the last byte and scores only
+the bytes not yet scored. So every byte of the split except the first (which
+has no context) is predicted exactly once, always with at least
+``eval_context - eval_step`` bytes of context (except in the first window).
+Windows are never padded inside (a split shorter than the window gives one
+zero-padded row); rows past the last window are all-zero padding with zero
+weights. BPC = sum of weighted NLL (nats) / (sum of weights * ln 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Iterator
+
+import grain
+import ml_collections
+import numpy as np
+
+from contextpool_jax.data import text_builders
+
+VOCAB_SIZE = text_builders.VOCAB_SIZE
+DATASET_NAMES = ('enwik8', 'text8', 'local_text')
+EVAL_SPLITS = ('train', 'validation', 'test')
+
+
+def default_dataset_config() -> ml_collections.ConfigDict:
+  """Defaults for ``config.dataset`` (see the module docstring)."""
+  return ml_collections.ConfigDict({
+      'name': 'enwik8',
+      'data_dir': None,
+      'manual_dir': None,
+      'files': (),
+      'max_bytes': text_builders.DEFAULT_MAX_BYTES,
+      'seq_len': 1024,
+      'eval_context': 32768,
+      'eval_step': 512,
+      'eval_batch_size': 8,
+      'eval_max_bytes': 0,
+      'download': True,
+      'read_threads': 2,
+      'prefetch': 4,
+  })
+
+
+def bits_per_byte(nll_sum_nats, count):
+  """Bits per byte (= bits per character for enwik8/text8)."""
+  return nll_sum_nats / (count * math.log(2.0))
+
+
+# ---------------------------------------------------------------------------
+# Config validation.
+# ---------------------------------------------------------------------------
+
+
+def _get(config, path: str, default: Any = ...):
+  node = config
+  for key in path.split('.'):
+    try:
+      node = node[key]
+    except (KeyError, AttributeError, TypeError):
+      if default is ...:
+        raise ValueError(f'config.{path} is missing.') from None
+      return default
+  return node
+
+
+def _int(config, path: str, minimum: int, default: Any = ...) -> int:
+  value = _get(config, path, default)
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f'config.{path} must be an int, got {value!r}.')
+  if value < minimum:
+    raise ValueError(f'config.{path} must be >= {minimum}, got {value}.')
+  return int(value)
+
+
+def _process(process_index, process_count) -> tuple[int, int]:
+  for name, value in (('process_index', process_index),
+                      ('process_count', process_count)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f'{name} must be an int, got {value!r}.')
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f'Need 0 <= process_index < process_count, got'
+                     f' {process_index} and {process_count}.')
+  return int(process_index), int(process_count)
+
+
+def _read_options(config) -> grain.ReadOptions:
+  return grain.ReadOptions(
+      num_threads=_int(config, 'dataset.read_threads', 0, 2),
+      prefetch_buffer_size=_int(config, 'dataset.prefetch', 0, 4),
+  )
+
+
+def _seed_words(config) -> int:
+  seed = _get(config, 'seed')
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f'config.seed must be an int, got {seed!r}.')
+  return int(seed) % 2**64
+
+
+def load_split(config, split: str) -> text_builders.ByteSplit:
+  """Prepares ``config.dataset`` if needed; returns one split's bytes."""
+  if split not in EVAL_SPLITS:
+    raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
+  name = _get(config, 'dataset.name')
+  if name not in DATASET_NAMES:
+    raise ValueError(
+        f'config.dataset.name must be one of {DATASET_NAMES}, got {name!r}.')
+  data_dir = _get(config, 'dataset.data_dir', None) or None
+  manual_dir = _get(config, 'dataset.manual_dir', None) or None
+  for path, value in (('dataset.data_dir', data_dir),
+                      ('dataset.manual_dir', manual_dir)):
+    if value is not None and not isinstance(value, str):
+      raise ValueError(f'config.{path} must be a str or None, got {value!r}.')
+  kwargs = {}
+  if name == 'local_text':
+    files = _get(config, 'dataset.files', ())
+    if files is None:
+      files = ()
+    elif isinstance(files, str):
+      files = (files,) if files else ()
+    if not isinstance(files, (tuple, list)) or not all(
+        isinstance(f, str) for f in files):
+      raise ValueError('config.dataset.files must be a str or a tuple of str'
+                       f' (files, directories, glob patterns), got {files!r}.')
+    kwargs = dict(
+        files=tuple(files),
+        max_bytes=_int(config, 'dataset.max_bytes', 0,
+                       text_builders.DEFAULT_MAX_BYTES),
+    )
+  download = _get(config, 'dataset.download', True)
+  if not isinstance(download, bool):
+    raise ValueError(f'config.dataset.download must be a bool, got'
+                     f' {download!r}.')
+  sources = text_builders.prepare_text_dataset(
+      name, data_dir, manual_dir=manual_dir, download=download, **kwargs)
+  return text_builders.ByteSplit(sources[split])
+
+
+# ---------------------------------------------------------------------------
+# Training.
+# ---------------------------------------------------------------------------
+
+
+def _with_index(index: int, window: int) -> tuple[int, int]:
+  return index, int(window)
+
+
+@functools.lru_cache(maxsize=64)
+def _epoch_phase(seed: int, epoch: int, seq_len: int) -> int:
+  return int(np.random.default_rng([seed, 1, epoch]).integers(seq_len))
+
+
+class _TrainWindow:
+  """(stream index, window id) -> example; a pure function (picklable)."""
+
+  def __init__(self, corpus, seq_len: int, num_windows: int, seed: int):
+    self.corpus = corpus
+    self.seq_len = seq_len
+    self.num_windows = num_windows
+    self.seed = seed
+
+  def start(self, index: int, window: int) -> int:
+    phase = _epoch_phase(self.seed, index // self.num_windows, self.seq_len)
+    return phase + int(window) * self.seq_len
+
+  def start_of(self, index_and_window: tuple[int, int]) -> int:
+    return self.start(*index_and_window)
+
+  def __call__(self, index_and_window: tuple[int, int]
+               ) -> dict[str, np.ndarray]:
+    start = self.start(*index_and_window)
+    tokens = self.corpus.read(start, start + self.seq_len + 1)
+    return {
+        'tokens': tokens.astype(np.int32),
+        'weights': np.ones((self.seq_len,), np.float32),
+    }
+
+
+def train_window_starts(config, num_bytes: int, *, process_index: int = 0,
+                        process_count: int = 1) -> grain.MapDataset:
+  """The start offsets of this process's training windows, in order.
+
+  A (lazy, infinite) view of the exact order :func:`make_train_dataset` reads,
+  for inspection and tests.
+  """
+  ds, fn = _train_index_dataset(config, num_bytes, None, process_index,
+                                process_count)
+  return ds.map(fn.start_of)
+
+
+def _train_index_dataset(config, num_bytes, corpus, process_index,
+                         process_count):
+  seq_len = _int(config, 'dataset.seq_len', 1)
+  num_windows = num_bytes // seq_len - 1
+  if num_windows < 1:
+    raise ValueError(
+        f'config.dataset.seq_len={seq_len} is too large for a train split of'
+        f' {num_bytes} bytes (need at least 2 * seq_len bytes).')
+  seed = _seed_words(config)
+  shuffle_seed = int(np.random.SeedSequence([seed, 0]).generate_state(
+      1, np.uint32)[0])
+  window = _TrainWindow(corpus, seq_len, num_windows, seed)
+  ds = grain.MapDataset.range(num_windows).shuffle(seed=shuffle_seed)
+  ds = ds.repeat()  # Passes the raw position on: a new shuffle each epoch.
+  ds = ds.map_with_index(_with_index)  # Global position.
+  ds = ds[process_index::process_count]
+  return ds, window
+
+
+def make_train_dataset(config, *, process_index: int,
+                       process_count: int) -> grain.IterDataset:
+  """Infinite per-process training batches (see the module docstring).
+
+  Returns:
+    A ``grain.IterDataset`` of ``{'tokens': int32 [b, seq_len + 1],
+    'weights': float32 [b, seq_len] (all ones)}`` with
+    ``b = config.batch_size // process_count``; its iterator's
+    ``get_state()``/``set_state()`` restore the exact position.
+  """
+  process_index, process_count = _process(process_index, process_count)
+  batch_size = _int(config, 'batch_size', 1)
+  if batch_size % process_count:
+    raise ValueError(f'config.batch_size={batch_size} is not divisible by'
+                     f' process_count={process_count}.')
+  _int(config, 'dataset.seq_len', 1)
+  read_options = _read_options(config)
+  corpus = load_split(config, 'train')
+  ds, window = _train_index_dataset(config, len(corpus), corpus,
+                                    process_index, process_count)
+  ds = ds.map(window)
+  ds = ds.batch(batch_size // process_count, drop_remainder=True)
+  return ds.to_iter_dataset(read_options)
+
+
+# ---------------------------------------------------------------------------
+# Evaluation.
+# ---------------------------------------------------------------------------
+
+
+def eval_windows(num_bytes: int, context: int,
+                 step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The BPC windows of a ``num_bytes`` split (see the module docstring).
+
+  Returns:
+    ``(starts, score_from, score_to)``, int64 [num_windows]: window ``i`` has
+    tokens ``x[starts[i] : starts[i] + context + 1]`` (zero-padded past the
+    end) and scores target positions ``score_from[i] <= j < score_to[i]``,
+    i.e. bytes ``starts[i] + 1 + j``.
+  """
+  if num_bytes < 2:
+    raise ValueError(f'Need at least 2 bytes to evaluate, got {num_bytes}.')
+  if context < 1 or not 1 <= step <= context:
+    raise ValueError(f'Need 1 <= step <= context, got {step} and {context}.')
+  last = num_bytes - 1  # Last target position (byte index).
+  if last <= context:
+    return (np.zeros(1, np.int64), np.zeros(1, np.int64),
+            np.full(1, last, np.int64))
+  # Window k >= 1 would end at context + k * step; the last one ends at `last`.
+  num_later = -(-(last - context) // step)
+  ends = np.minimum(context + step * np.arange(1, num_later + 1), last)
+  starts = np.concatenate([[0], ends - context]).astype(np.int64)
+  previous_ends = np.concatenate([[context], ends[:-1]])
+  first_target = np.concatenate([[1], previous_ends + 1])
+  score_from = (first_target - starts - 1).astype(np.int64)
+  score_to = np.full(len(starts), context, np.int64)
+  return starts, score_from, score_to
+
+
+class _EvalBatch:
+  """batch index -> this process's rows of that global batch (picklable)."""
+
+  def __init__(self, corpus, num_bytes, context, windows, global_batch,
+               process_index, process_rows):
+    self.corpus = corpus
+    self.num_bytes = num_bytes
+    self.context = context
+    self.starts, self.score_from, self.score_to = windows
+    self.global_batch = global_batch
+    self.process_index = process_index
+    self.process_rows = process_rows
+
+  def __call__(self, t: int) -> dict[str, np.ndarray]:
+    b, c = self.process_rows, self.context
+    rows = (t * self.global_batch + self.process_index * b + np.arange(b))
+    rows = rows[rows < len(self.starts)]
+    tokens = np.zeros((b, c + 1), np.int32)
+    weights = np.zeros((b, c), np.float32)
+    if len(rows):
+      lo = int(self.starts[rows[0]])
+      hi = min(int(self.starts[rows[-1]]) + c + 1, self.num_bytes)
+      span = self.corpus.read(lo, hi)
+      for i, r in enumerate(rows):
+        s = int(self.starts[r]) - lo
+        piece = span[s: s + c + 1]
+        tokens[i, :len(piece)] = piece
+        weights[i, self.score_from[r]: self.score_to[r]] = 1.0
+    return {'tokens': tokens, 'weights': weights}
+
+
+class EvalBatches:
+  """A finite, re-iterable sequence of per-process evaluation batches.
+
+  Attributes:
+    num_windows: windows in the whole split (all processes).
+    num_predicted_bytes: bytes scored over all processes (split length - 1).
+  """
+
+  def __init__(self, batches: grain.MapDataset, read_options, num_windows,
+               num_bytes):
+    self._batches = batches
+    self._read_options = read_options
+    self.num_windows = num_windows
+    self.num_predicted_bytes = num_bytes - 1
+
+  def __len__(self) -> int:
+    return len(self._batches)
+
+  def __getitem__(self, t: int) -> dict[str, np.ndarray]:
+    return self._batches[t]
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return iter(self._batches.to_iter_dataset(self._read_options))
+
+
+def make_eval_batches(config, split: str, *, process_index: int,
+                      process_count: int) -> EvalBatches:
+  """Per-process BPC evaluation batches of ``split`` (module docstring).
+
+  Every process yields the same number of batches, each
+  ``{'tokens': int32 [b, eval_context + 1], 'weights': float32
+  [b, eval_context]}`` with ``b = eval_batch_size // process_count``; process
+  ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
+  """
+  process_index, process_count = _process(process_index, process_count)
+  context = _int(config, 'dataset.eval_context', 1)
+  step = _int(config, 'dataset.eval_step', 1)
+  if step > context:
+    raise ValueError(f'config.dataset.eval_step={step} must be <='
+                     f' config.dataset.eval_context={context}.')
+  global_batch = _int(config, 'dataset.eval_batch_size', 1)
+  if global_batch % process_count:
+    raise ValueError(f'config.dataset.eval_batch_size={global_batch} is not'
+                     f' divisible by process_count={process_count}.')
+  max_bytes = _int(config, 'dataset.eval_max_bytes', 0, 0)
+  read_options = _read_options(config)
+  corpus = load_split(config, split)
+  num_bytes = len(corpus) if not max_bytes else min(len(corpus), max_bytes)
+  if num_bytes < 2:
+    raise ValueError(f'config.dataset.eval_max_bytes={max_bytes} leaves'
+                     f' {num_bytes} bytes of {split}; need at least 2.')
+  windows = eval_windows(num_bytes, context, step)
+  num_batches = -(-len(windows[0]) // global_batch)
+  fn = _EvalBatch(corpus, num_bytes, context, windows, global_batch,
+                  process_index, global_batch // process_count)
+  batches = grain.MapDataset.range(num_batches).map(fn)
+  return EvalBatches(batches, read_options, len(windows[0]), num_bytes)

@@ -1,0 +1,728 @@
+"""TFDS builders for byte-level language-modelling corpora (no TensorFlow).
+
+Three builders, all with a vocabulary of 256 (one token per byte):
+
+* :class:`Enwik8` -- the first 10^8 bytes of an English Wikipedia XML dump
+  (http://mattmahoney.net/dc/enwik8.zip), split into the first 90M / next 5M /
+  last 5M bytes as train / validation / test (the split of Transformer-XL,
+  Longformer and the ContextPool paper).
+* :class:`Text8` -- 10^8 characters of cleaned lowercase Wikipedia text (a-z and
+  space; http://mattmahoney.net/dc/text8.zip), with the same 90M/5M/5M split.
+  Tokens are still raw bytes (vocabulary 256): bits per byte equals bits per
+  character for text8.
+* :class:`LocalText` -- any local text files (or, by default, the running
+  Python's standard-library ``*.py`` sources), concatenated in sorted path
+  order and split by contiguous byte ranges: first 90% / next 5% / last 5%.
+
+Storage (all builders): each split is a sequence of records
+``{'offset': int64, 'bytes': uint8[n]}``, one per ``chunk_bytes`` (64 KiB by
+default) contiguous chunk of the split, in order (``disable_shuffling``):
+record ``i`` holds bytes ``[i * chunk_bytes, i * chunk_bytes + n)`` of the split
+(``offset`` is relative to the split start; only the last record is shorter).
+The pipeline reads any window by fetching just the one or few records that
+overlap it (:class:`ByteSplit`), so no split is ever loaded whole. Datasets are
+prepared in the ``array_record`` format and read with
+``builder.as_data_source()`` (random access, no TensorFlow).
+
+Use :func:`prepare_text_dataset` (which prepares on first use and returns the
+per-split data sources) rather than the builders directly. On a multi-host job,
+prepare once before training (e.g. from one process)::
+
+  python -c "from contextpool_jax.data import text_builders as t; \\
+             t.prepare_text_dataset('enwik8', '/path/to/tfds')"
+
+Without network access put ``enwik8.zip`` (or the extracted ``enwik8``) in the
+manual directory ``<data_dir>/downloads/manual/`` (or pass ``manual_dir=``);
+likewise ``text8.zip`` / ``text8`` for text8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import hashlib
+import inspect
+import json
+import os
+import sysconfig
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+import zipfile
+
+from etils import epath
+import numpy as np
+import tensorflow_datasets as tfds
+
+from contextpool_jax.data import DatasetNotFoundError
+
+VOCAB_SIZE = 256
+SPLITS = ('train', 'validation', 'test')
+CHUNK_BYTES = 64 * 1024
+# Standard enwik8/text8 split, in bytes of the full 10^8-byte corpus.
+STANDARD_SPLIT_BYTES = {
+    'train': 90_000_000,
+    'validation': 5_000_000,
+    'test': 5_000_000,
+}
+# LocalText: percentages of the (capped) concatenated corpus per split.
+LOCAL_SPLIT_PERCENT = {'train': 90, 'validation': 5, 'test': 5}
+DEFAULT_MAX_BYTES = 16 * 2**20
+ENWIK8_URL = 'http://mattmahoney.net/dc/enwik8.zip'
+TEXT8_URL = 'http://mattmahoney.net/dc/text8.zip'
+
+_GLOB_CHARS = frozenset('*?[')
+
+
+def _features() -> tfds.features.FeaturesDict:
+  return tfds.features.FeaturesDict({
+      'offset': tfds.features.Scalar(np.int64),
+      'bytes': tfds.features.Tensor(shape=(None,), dtype=np.uint8),
+  })
+
+
+# ---------------------------------------------------------------------------
+# Byte sources used during preparation.
+# ---------------------------------------------------------------------------
+
+
+class _FileSource:
+  """One plain file."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.size = os.path.getsize(path)
+
+  @contextlib.contextmanager
+  def open(self) -> Iterator[BinaryIO]:
+    with open(self.path, 'rb') as f:
+      yield f
+
+
+class _ZipMemberSource:
+  """One member of a zip archive, read without extracting it to disk."""
+
+  def __init__(self, zip_path: str, member: str):
+    self.path = zip_path
+    self.member = member
+    with zipfile.ZipFile(zip_path) as zf:
+      try:
+        self.size = zf.getinfo(member).file_size
+      except KeyError:
+        raise ValueError(
+            f'{zip_path} has no member {member!r} (it has {zf.namelist()[:5]}).'
+        ) from None
+
+  @contextlib.contextmanager
+  def open(self) -> Iterator[BinaryIO]:
+    with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as f:
+      yield f  # ZipExtFile is seekable (forward seeks decompress through).
+
+
+class _ConcatReader:
+  """Minimal seek/read over the concatenation of files, truncated at size."""
+
+  def __init__(self, paths: Sequence[str], sizes: Sequence[int], size: int):
+    self._paths = list(paths)
+    self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    self._size = size
+    self._pos = 0
+
+  def seek(self, pos: int) -> None:
+    self._pos = pos
+
+  def read(self, n: int) -> bytes:
+    n = max(0, min(n, self._size - self._pos))
+    out = []
+    while n > 0:
+      i = int(np.searchsorted(self._starts, self._pos, side='right')) - 1
+      with open(self._paths[i], 'rb') as f:
+        f.seek(self._pos - int(self._starts[i]))
+        piece = f.read(min(n, int(self._starts[i + 1]) - self._pos))
+      if not piece:
+        raise ValueError(f'{self._paths[i]} is shorter than when listed.')
+      out.append(piece)
+      self._pos += len(piece)
+      n -= len(piece)
+    return b''.join(out)
+
+
+class _ConcatSource:
+  """Sorted files concatenated without separators, capped at ``size`` bytes."""
+
+  def __init__(self, paths: Sequence[str], sizes: Sequence[int], size: int):
+    self.paths, self.sizes, self.size = list(paths), list(sizes), size
+
+  @contextlib.contextmanager
+  def open(self) -> Iterator[_ConcatReader]:
+    yield _ConcatReader(self.paths, self.sizes, self.size)
+
+
+# ---------------------------------------------------------------------------
+# Builders.
+# ---------------------------------------------------------------------------
+
+
+class _ByteCorpusBuilder(
+    tfds.core.GeneratorBasedBuilder, skip_registration=True
+):
+  """Shared logic: split ranges -> chunk records."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release: 64 KiB chunk records.'}
+  _HOMEPAGE = None
+  _DESCRIPTION = ''
+
+  # TFDS's own `code_path` probes `importlib_resources` (a backport that is
+  # only installed on Python < 3.9) for builders defined inside a package;
+  # this is its plain-file fallback. Used to look up the (absent) checksums.
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path | None:
+    try:
+      return epath.Path(inspect.getfile(cls))
+    except (TypeError, OSError):
+      return None
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self._DESCRIPTION,
+        features=_features(),
+        homepage=self._HOMEPAGE,
+        disable_shuffling=True,  # Records must stay in offset order.
+    )
+
+  def _split_ranges(self, size: int) -> dict[str, tuple[int, int]]:
+    raise NotImplementedError
+
+  def _open_source(self, dl_manager) -> Any:
+    raise NotImplementedError
+
+  def _split_generators(self, dl_manager):
+    source = self._open_source(dl_manager)
+    return {
+        split: self._generate_examples(source, start, stop)
+        for split, (start, stop) in self._split_ranges(source.size).items()
+    }
+
+  def _generate_examples(self, source, start: int, stop: int):
+    chunk = self.builder_config.chunk_bytes
+    with source.open() as f:
+      f.seek(start)
+      for i, offset in enumerate(range(0, stop - start, chunk)):
+        n = min(chunk, stop - start - offset)
+        data = f.read(n)
+        if len(data) != n:
+          raise ValueError(f'Source ended early at byte {start + offset}.')
+        yield i, {'offset': offset, 'bytes': np.frombuffer(data, np.uint8)}
+
+
+@dataclasses.dataclass(eq=False)
+class ByteSplitConfig(tfds.core.BuilderConfig):
+  """Split sizes (bytes, contiguous: train, then validation, then test).
+
+  The corpus must have exactly ``train_bytes + validation_bytes + test_bytes``
+  bytes (10^8 for enwik8/text8); a different size means a wrong or truncated
+  file and fails preparation.
+  """
+
+  train_bytes: int = STANDARD_SPLIT_BYTES['train']
+  validation_bytes: int = STANDARD_SPLIT_BYTES['validation']
+  test_bytes: int = STANDARD_SPLIT_BYTES['test']
+  chunk_bytes: int = CHUNK_BYTES
+
+
+_STANDARD_CONFIG_NAME = 'standard'
+
+
+def _byte_split_config(
+    train_bytes: int | None,
+    validation_bytes: int | None,
+    test_bytes: int | None,
+    chunk_bytes: int | None,
+) -> ByteSplitConfig:
+  """A config named after its values ('standard' for the standard split)."""
+  values = dict(
+      train_bytes=STANDARD_SPLIT_BYTES['train']
+      if train_bytes is None else train_bytes,
+      validation_bytes=STANDARD_SPLIT_BYTES['validation']
+      if validation_bytes is None else validation_bytes,
+      test_bytes=STANDARD_SPLIT_BYTES['test']
+      if test_bytes is None else test_bytes,
+      chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+  )
+  for key, value in values.items():
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'{key} must be a positive int, got {value!r}.')
+  standard = dict(STANDARD_SPLIT_BYTES.items())
+  is_standard = values['chunk_bytes'] == CHUNK_BYTES and all(
+      values[f'{s}_bytes'] == standard[s] for s in SPLITS
+  )
+  name = _STANDARD_CONFIG_NAME if is_standard else (
+      'split_{train_bytes}_{validation_bytes}_{test_bytes}'
+      '_chunk_{chunk_bytes}'.format(**values)
+  )
+  return ByteSplitConfig(
+      name=name,
+      description=(
+          'Contiguous byte ranges: train / validation / test = '
+          '{train_bytes} / {validation_bytes} / {test_bytes} bytes; '
+          'records of {chunk_bytes} bytes.'.format(**values)
+      ),
+      **values,
+  )
+
+
+class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
+  """A single-file 10^8-byte corpus distributed as ``<name>.zip``."""
+
+  URL: str = ''
+  FILE_NAME: str = ''
+  BUILDER_CONFIGS = [_byte_split_config(None, None, None, None)]
+
+  def __init__(
+      self,
+      *,
+      train_bytes: int | None = None,
+      validation_bytes: int | None = None,
+      test_bytes: int | None = None,
+      chunk_bytes: int | None = None,
+      allow_download: bool = True,
+      config: Any = None,
+      **kwargs,
+  ):
+    """Builder; split sizes default to the standard 90M / 5M / 5M bytes.
+
+    Args:
+      train_bytes: bytes of the train split (first), default 90_000_000.
+      validation_bytes: bytes of the validation split (next), default 5M.
+      test_bytes: bytes of the test split (last), default 5_000_000.
+      chunk_bytes: bytes per stored record, default 64 KiB.
+      allow_download: if False, never download: preparation needs the file in
+        the manual directory.
+      config: a ByteSplitConfig or config name (exclusive with the sizes).
+      **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).
+    """
+    sizes = (train_bytes, validation_bytes, test_bytes, chunk_bytes)
+    if any(v is not None for v in sizes):
+      if config is not None:
+        raise ValueError('Pass either config or split sizes, not both.')
+      config = _byte_split_config(*sizes)
+      if config.name == _STANDARD_CONFIG_NAME:
+        config = self.BUILDER_CONFIGS[0]
+    self.allow_download = allow_download
+    super().__init__(config=config, **kwargs)
+
+  @property
+  def default_manual_dir(self) -> str:
+    return os.path.join(os.fspath(self.data_dir_root), 'downloads', 'manual')
+
+  @property
+  def final_data_dir(self) -> str:
+    # (`self.data_dir` points to a temporary directory during preparation.)
+    return os.path.join(os.fspath(self.data_dir_root), self.name,
+                        self.builder_config.name, str(self.version))
+
+  def _split_ranges(self, size):
+    cfg = self.builder_config
+    expected = cfg.train_bytes + cfg.validation_bytes + cfg.test_bytes
+    if size != expected:
+      raise ValueError(
+          f'{self.name}: the source has {size} bytes but the split sizes'
+          f' ({cfg.train_bytes} + {cfg.validation_bytes} + {cfg.test_bytes})'
+          f' sum to {expected}; the file is wrong or truncated.'
+      )
+    a = cfg.train_bytes
+    b = a + cfg.validation_bytes
+    return {'train': (0, a), 'validation': (a, b), 'test': (b, expected)}
+
+  def _find_manual_file(self, manual_dir) -> Any:
+    if manual_dir is None or not os.path.isdir(manual_dir):
+      return None
+    raw = os.path.join(manual_dir, self.FILE_NAME)
+    if os.path.isfile(raw):
+      return _FileSource(raw)
+    archive = raw + '.zip'
+    if os.path.isfile(archive):
+      return _ZipMemberSource(archive, self.FILE_NAME)
+    return None
+
+  def _open_source(self, dl_manager):
+    try:
+      source = self._find_manual_file(os.fspath(dl_manager.manual_dir))
+    except AssertionError:  # The manual directory is missing or empty.
+      source = None
+    if source is not None:
+      return source
+    manual_dir = getattr(dl_manager, '_manual_dir', None)
+    where = os.path.join(
+        os.fspath(manual_dir or self.default_manual_dir), self.FILE_NAME
+    )
+    if not self.allow_download:
+      raise DatasetNotFoundError(
+          _missing_message(self.name, self.final_data_dir, self.URL, where,
+                           'downloading is disabled')
+      )
+    try:
+      archive = dl_manager.download(self.URL)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DatasetNotFoundError(
+          _missing_message(self.name, self.final_data_dir, self.URL, where,
+                           f'the download failed ({type(e).__name__}: {e})')
+      ) from e
+    return _ZipMemberSource(os.fspath(archive), self.FILE_NAME)
+
+
+def _missing_message(name, data_dir, url, where, reason) -> str:
+  return (
+      f'{name} is not prepared in {data_dir} and {reason}. Download {url} and'
+      f' put it at {where}.zip (or the extracted file at {where}), then run'
+      ' again; or pass manual_dir=<directory holding it> to'
+      ' prepare_text_dataset (config.dataset.manual_dir).'
+  )
+
+
+class Enwik8(_StandardCorpusBuilder):
+  """enwik8: 10^8 bytes of English Wikipedia XML; 90M / 5M / 5M bytes."""
+
+  name = 'enwik8'
+  URL = ENWIK8_URL
+  FILE_NAME = 'enwik8'
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      f'Download {ENWIK8_URL} and put it (or the extracted file enwik8) in the'
+      ' manual directory, by default <data_dir>/downloads/manual/.'
+  )
+  _HOMEPAGE = 'http://mattmahoney.net/dc/textdata.html'
+  _DESCRIPTION = (
+      'First 10^8 bytes of the English Wikipedia XML dump of Mar. 3, 2006'
+      ' (Hutter Prize). Byte-level (vocabulary 256); contiguous split of the'
+      ' first 90M / next 5M / last 5M bytes.'
+  )
+
+
+class Text8(_StandardCorpusBuilder):
+  """text8: 10^8 characters of lowercase a-z and space; 90M / 5M / 5M."""
+
+  name = 'text8'
+  URL = TEXT8_URL
+  FILE_NAME = 'text8'
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      f'Download {TEXT8_URL} and put it (or the extracted file text8) in the'
+      ' manual directory, by default <data_dir>/downloads/manual/.'
+  )
+  _HOMEPAGE = 'http://mattmahoney.net/dc/textdata.html'
+  _DESCRIPTION = (
+      'enwik8 cleaned to 27 characters (a-z, space). Byte-level tokens'
+      ' (vocabulary 256); contiguous split of the first 90M / next 5M / last'
+      ' 5M characters.'
+  )
+
+
+# ---------------------------------------------------------------------------
+# LocalText.
+# ---------------------------------------------------------------------------
+
+
+def stdlib_source_dir() -> str:
+  return sysconfig.get_paths()['stdlib']
+
+
+def _walk_files(root: str, suffix: str = '') -> list[str]:
+  """Regular files under root (no hidden or site/dist-packages dirs)."""
+  found = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = [
+        d for d in dirnames
+        if not d.startswith('.') and d not in ('site-packages', 'dist-packages')
+    ]
+    for f in filenames:
+      if f.startswith('.') or not f.endswith(suffix):
+        continue
+      path = os.path.join(dirpath, f)
+      if os.path.isfile(path):
+        found.append(path)
+  return found
+
+
+def resolve_files(patterns: Sequence[str]) -> list[str]:
+  """Sorted, de-duplicated absolute paths named by files/dirs/glob patterns.
+
+  An empty ``patterns`` means the standard library's ``*.py`` sources. A
+  directory means every (non-hidden) file under it, recursively; ``**`` in a
+  glob is recursive. A pattern naming nothing raises DatasetNotFoundError.
+  """
+  if not patterns:
+    root = stdlib_source_dir()
+    paths = _walk_files(root, '.py')
+    if not paths:
+      raise DatasetNotFoundError(
+          f'local_text: no *.py files under the standard library {root};'
+          ' name text files in config.dataset.files.'
+      )
+    return sorted({os.path.abspath(p) for p in paths})
+  paths = set()
+  for pattern in patterns:
+    expanded = os.path.expanduser(pattern)
+    if os.path.isdir(expanded):
+      matched = _walk_files(expanded)
+    elif _GLOB_CHARS & set(expanded):
+      matched = [p for p in glob.glob(expanded, recursive=True)
+                 if os.path.isfile(p)]
+    else:
+      matched = [expanded] if os.path.isfile(expanded) else []
+    if not matched:
+      raise DatasetNotFoundError(
+          f'local_text: {pattern!r} names no file (files, directories or glob'
+          ' patterns are accepted in config.dataset.files / files=).'
+      )
+    paths.update(os.path.abspath(p) for p in matched)
+  return sorted(paths)
+
+
+@dataclasses.dataclass(eq=False)
+class LocalTextConfig(tfds.core.BuilderConfig):
+  """Resolved input of LocalText; the name embeds a fingerprint of it.
+
+  ``inputs`` lists ``(path, size, mtime_ns)`` of the files that contribute
+  (sorted by path, up to the byte cap); any change of these, of ``max_bytes``
+  or of ``chunk_bytes`` changes the fingerprint, hence the config name and the
+  prepared-data directory.
+  """
+
+  patterns: tuple[str, ...] = ()
+  max_bytes: int = DEFAULT_MAX_BYTES
+  chunk_bytes: int = CHUNK_BYTES
+  inputs: tuple[tuple[str, int, int], ...] = dataclasses.field(
+      default=(), repr=False)
+  total_bytes: int = 0
+
+
+def _local_inputs(paths):
+  return tuple(
+      (p, st.st_size, st.st_mtime_ns) for p, st in
+      ((p, os.stat(p)) for p in paths)
+  )
+
+
+def make_local_text_config(
+    files: str | Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> LocalTextConfig:
+  """Resolves ``files`` and fingerprints them into a LocalTextConfig."""
+  if files is None:
+    files = ()
+  elif isinstance(files, (str, os.PathLike)):
+    files = (os.fspath(files),)
+  files = tuple(os.fspath(f) for f in files)
+  if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or (
+      max_bytes < 0):
+    raise ValueError(f'max_bytes must be an int >= 0 (0 = no cap), got'
+                     f' {max_bytes!r}.')
+  if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or (
+      chunk_bytes < 1):
+    raise ValueError(f'chunk_bytes must be a positive int, got'
+                     f' {chunk_bytes!r}.')
+  inputs, total = [], 0
+  for entry in _local_inputs(resolve_files(files)):
+    if max_bytes and total >= max_bytes:
+      break
+    if entry[1] == 0:
+      continue
+    inputs.append(entry)
+    total += entry[1]
+  if max_bytes:
+    total = min(total, max_bytes)
+  fingerprint = hashlib.sha256(json.dumps(
+      {'inputs': inputs, 'max_bytes': max_bytes, 'chunk_bytes': chunk_bytes},
+      sort_keys=True).encode()).hexdigest()[:16]
+  kind = 'files' if files else 'stdlib'
+  return LocalTextConfig(
+      name=f'{kind}_{fingerprint}',
+      description=(
+          f'{len(inputs)} files ({total} bytes) from'
+          f' {list(files) if files else stdlib_source_dir() + " (*.py)"},'
+          ' concatenated in sorted path order; contiguous 90/5/5% split.'
+      ),
+      patterns=files,
+      max_bytes=max_bytes,
+      chunk_bytes=chunk_bytes,
+      inputs=tuple(inputs),
+      total_bytes=total,
+  )
+
+
+class LocalText(_ByteCorpusBuilder):
+  """Local text files as a byte corpus (default: stdlib ``*.py`` sources).
+
+  The files (sorted by absolute path, so independent of how they were listed
+  or enumerated; duplicates removed) are concatenated without separators and
+  truncated to ``max_bytes`` (0 = no cap). The result is split into contiguous
+  byte ranges: first 90% train, next 5% validation, last 5% test -- the same
+  scheme as enwik8, so no byte is in two splits (a file may straddle a split
+  boundary; its two parts are disjoint text).
+  """
+
+  name = 'local_text'
+
+  def __init__(
+      self,
+      *,
+      files: str | Sequence[str] | None = None,
+      max_bytes: int = DEFAULT_MAX_BYTES,
+      chunk_bytes: int = CHUNK_BYTES,
+      config: LocalTextConfig | None = None,
+      **kwargs,
+  ):
+    """Builder for ``files`` (files, directories or glob patterns).
+
+    Args:
+      files: what to read; None/empty = the running Python's standard-library
+        ``*.py`` sources (``sysconfig.get_paths()['stdlib']``, without
+        site-packages).
+      max_bytes: cap on the concatenated corpus (0 = no cap), default 16 MiB.
+      chunk_bytes: bytes per stored record, default 64 KiB.
+      config: a ready LocalTextConfig (then the arguments above are unused).
+      **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).
+    """
+    if config is None:
+      config = make_local_text_config(files, max_bytes, chunk_bytes)
+    elif not isinstance(config, LocalTextConfig):
+      raise ValueError('LocalText needs a LocalTextConfig (or files=...).')
+    super().__init__(config=config, **kwargs)
+
+  def _split_ranges(self, size):
+    bounds, start = {}, 0
+    for split in SPLITS[:-1]:
+      stop = start + size * LOCAL_SPLIT_PERCENT[split] // 100
+      bounds[split] = (start, stop)
+      start = stop
+    bounds[SPLITS[-1]] = (start, size)
+    for split, (a, b) in bounds.items():
+      if b <= a:
+        raise ValueError(
+            f'local_text: the corpus has only {size} bytes, too few for a'
+            f' non-empty {split} split; name more text.'
+        )
+    return bounds
+
+  def _open_source(self, dl_manager):
+    del dl_manager
+    cfg = self.builder_config
+    if not cfg.inputs:
+      raise DatasetNotFoundError(
+          f'local_text: the files named by {list(cfg.patterns)} are all empty.'
+      )
+    paths = [p for p, _, _ in cfg.inputs]
+    try:
+      current = _local_inputs(paths)
+    except OSError as e:
+      raise DatasetNotFoundError(f'local_text: {e}') from e
+    if current != tuple(tuple(x) for x in cfg.inputs):
+      raise ValueError(
+          'local_text: input files changed since the builder was made;'
+          ' make a new builder (its config name will change).'
+      )
+    return _ConcatSource(paths, [s for _, s, _ in cfg.inputs], cfg.total_bytes)
+
+
+# ---------------------------------------------------------------------------
+# Reading.
+# ---------------------------------------------------------------------------
+
+
+class ByteSplit:
+  """Random access to the bytes of one prepared split (a chunk data source).
+
+  ``read(start, stop)`` returns ``uint8[stop - start]`` fetching only the
+  records that overlap the range; record offsets are checked on every read.
+  Picklable (for grain worker processes) if the data source is.
+  """
+
+  def __init__(self, source: Any):
+    self.source = source
+    n = len(source)
+    if n == 0:
+      raise ValueError('Empty split.')
+    first = source[0]
+    self.chunk_bytes = len(first['bytes'])
+    last = first if n == 1 else source[n - 1]
+    self.num_bytes = (n - 1) * self.chunk_bytes + len(last['bytes'])
+    if int(last['offset']) != (n - 1) * self.chunk_bytes:
+      raise ValueError('Records are not contiguous chunks in offset order.')
+
+  def __len__(self) -> int:
+    return self.num_bytes
+
+  def read(self, start: int, stop: int) -> np.ndarray:
+    if not 0 <= start <= stop <= self.num_bytes:
+      raise IndexError(f'[{start}, {stop}) outside [0, {self.num_bytes}).')
+    if start == stop:
+      return np.zeros((0,), np.uint8)
+    c = self.chunk_bytes
+    first, last = start // c, (stop - 1) // c
+    indices = list(range(first, last + 1))
+    # One __getitem__ per record: (array_record's __getitems__ is slower for
+    # the one or two records a window usually needs.)
+    records = [self.source[i] for i in indices]
+    for i, record in zip(indices, records):
+      if int(record['offset']) != i * c:
+        raise ValueError(f'Record {i} has offset {record["offset"]}, expected'
+                         f' {i * c}: the split is not stored in order.')
+    data = np.concatenate([np.asarray(r['bytes'], np.uint8) for r in records])
+    return data[start - first * c: stop - first * c]
+
+
+_BUILDERS = {'enwik8': Enwik8, 'text8': Text8, 'local_text': LocalText}
+
+
+def get_builder(
+    name: str, data_dir: str | None = None, **builder_kwargs
+) -> tfds.core.DatasetBuilder:
+  """The builder ``name`` ('enwik8' | 'text8' | 'local_text')."""
+  if name not in _BUILDERS:
+    raise ValueError(
+        f'Unknown text dataset {name!r}; expected one of {sorted(_BUILDERS)}.'
+    )
+  return _BUILDERS[name](data_dir=data_dir, **builder_kwargs)
+
+
+def prepare_text_dataset(
+    name: str,
+    data_dir: str | None = None,
+    *,
+    manual_dir: str | None = None,
+    download: bool = True,
+    **builder_kwargs,
+) -> Mapping[str, Any]:
+  """Prepares ``name`` if needed; returns ``{split: data_source}``.
+
+  Args:
+    name: 'enwik8' | 'text8' | 'local_text'.
+    data_dir: TFDS data directory (None = TFDS default,
+      ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``).
+    manual_dir: directory holding ``enwik8.zip``/``enwik8`` (or ``text8.zip``/
+      ``text8``); default ``<data_dir>/downloads/manual``. Ignored by
+      local_text.
+    download: enwik8/text8 only: may download when no manual file is found.
+    **builder_kwargs: for the builder: ``train_bytes``, ``validation_bytes``,
+      ``test_bytes``, ``chunk_bytes`` (enwik8/text8); ``files``, ``max_bytes``,
+      ``chunk_bytes`` (local_text).
+
+  Returns:
+    ``{'train': ..., 'validation': ..., 'test': ...}`` random-access data
+    sources of chunk records (wrap one in :class:`ByteSplit` to read bytes).
+
+  Raises:
+    DatasetNotFoundError: not prepared and cannot be (no network and no
+      manual file; local_text files missing); the message says what to do.
+  """
+  if name in ('enwik8', 'text8'):
+    builder_kwargs['allow_download'] = download
+  builder = get_builder(name, data_dir, **builder_kwargs)
+  if not builder.is_prepared():
+    download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+    builder.download_and_prepare(
+        file_format='array_record', download_config=download_config
+    )
+  return builder.as_data_source()
