@@ -1,0 +1,711 @@
+"""Image classification input: CIFAR-10 and ImageNet (ILSVRC-2012) through TFDS + grain.
+
+Implements the contract of :mod:`contextpool_jax.data` for ``config.task ==
+'classification'``. Examples are read with ``tfds.data_source`` (array_record
+files, random access, no TensorFlow), processed on the host with numpy and PIL
+inside grain, and batched per process:
+
+* ``make_train_dataset(config, *, process_index, process_count)`` -> an infinite
+  ``grain.IterDataset`` of ``{'image': float32 [b, s, s, 3], 'label': int32 [b]}``
+  with ``b = config.batch_size // process_count``;
+* ``make_eval_batches(config, split=None, *, process_index, process_count)`` ->
+  a finite, re-iterable ``grain.IterDataset`` of the same batches plus
+  ``'mask'`` (bool [b]; False for padding rows), every batch of size
+  ``config.dataset.eval_batch_size // process_count``;
+* ``mixup_cutmix(rng, images, labels_onehot, *, mixup_alpha, cutmix_alpha,
+  switch_prob)`` -> ``(images, soft_labels)``, jittable, for the train step.
+
+Pipeline (train): this process's shard (examples ``process_index::process_count``)
+-> global index shuffle, different every epoch -> repeat forever -> decode,
+augment and normalise (``grain`` ``random_map``: the RNG of an example is a
+function of the seed and its position in the stream) -> batch (remainder
+dropped; epochs run into each other). Shuffle and augmentation seeds are derived
+from ``(config.seed, process_index)``, so a run is a deterministic function of
+its config, and ``iter(ds).get_state()`` / ``set_state`` resume exactly.
+
+Augmentation:
+
+* CIFAR-10 (He et al. 2016, Sec. 4.2): pad 4 pixels of zeros on each side, take
+  a random 32x32 window of the 40x40 image, flip horizontally with probability
+  1/2. Evaluation uses the image as is.
+* ImageNet (Szegedy et al. 2015, "Inception"; as in ViT/DeiT): random resized
+  crop covering ``crop_area_min``..1 of the image area with aspect ratio in
+  [3/4, 4/3] (10 tries, then the largest central crop of an allowed ratio),
+  resized to ``image_size``; horizontal flip. Evaluation resizes the shorter
+  side to ``image_size / eval_crop_fraction`` (224 -> 256) and takes the
+  central ``image_size`` square (done as one resize of the matching box).
+* Optional RandAugment (Cubuk et al. 2020) on the uint8 crop, after the flip:
+  ``randaugment_num_ops`` ops drawn uniformly from :data:`RANDAUGMENT_OPS`,
+  each at ``randaugment_magnitude`` on the paper's 0..10 scale. DeiT's
+  ``rand-m9-mstd0.5-inc1`` is ``num_ops=2, magnitude=9, magnitude_std=0.5,
+  prob=0.5``.
+* Mixup (Zhang et al. 2018) / CutMix (Yun et al. 2019) run on device in the
+  train step (:func:`mixup_cutmix`); label smoothing is the trainer's.
+
+Normalisation: ``(pixel - mean) / std`` per channel, on 0..255 values:
+
+* CIFAR-10: the training set's statistics, mean (0.4914, 0.4822, 0.4465),
+  std (0.2470, 0.2435, 0.2616) (times 255);
+* ImageNet: the usual torchvision/DeiT values, mean (0.485, 0.456, 0.406),
+  std (0.229, 0.224, 0.225) (times 255).
+
+``config.dataset.mean``/``std`` (three numbers on the 0..255 scale) override them
+(e.g. 127.5/127.5 for the original ViT's [-1, 1] inputs).
+
+Config fields (``config.dataset``; ``None`` or absent = the default):
+
+================================  ==================================================
+``name``                          ``'cifar10'`` or ``'imagenet2012'`` (required)
+``data_dir``                      TFDS data dir (default: TFDS's, ``$TFDS_DATA_DIR``
+                                  or ``~/tensorflow_datasets``)
+``image_size``                    32 (CIFAR-10) / 224 (ImageNet); CIFAR images are
+                                  resized after augmentation if it is not 32
+``train_split``, ``eval_split``   ``'train'``; ``'test'`` (CIFAR) / ``'validation'``
+                                  (ImageNet); TFDS slicing (``'train[:1%]'``) works
+``eval_batch_size``               global; 1000 (CIFAR) / 256 (ImageNet)
+``crop_padding``                  4 (CIFAR zero padding per side)
+``crop_area_min``                 0.08 (ImageNet; in (0, 1])
+``eval_crop_fraction``            0.875 (ImageNet)
+``interpolation``                 ``'bilinear'`` or ``'bicubic'`` (DeiT uses bicubic)
+``randaugment_num_ops``           0 (= off)
+``randaugment_magnitude``         9 (0..10)
+``randaugment_magnitude_std``     0 (DeiT: 0.5; per-op Gaussian noise, clipped)
+``randaugment_prob``              1.0 (probability each drawn op is applied)
+``mean``, ``std``                 see above
+``num_threads``                   8 (grain reader threads per process)
+``prefetch_buffer_size``          256 (examples)
+``num_workers``                   0 (grain worker processes; 0 = none)
+================================  ==================================================
+
+With ``num_workers > 0`` each grain worker batches its own stride of the
+example stream, so the grouping into batches (not the per-example
+augmentation) depends on ``num_workers``: keep it fixed across a resume.
+
+Also read: ``config.batch_size`` (global), ``config.seed``. Mixup/CutMix fields
+are read by the trainer (``dataset.mixup_alpha``, ``cutmix_alpha``,
+``mixup_switch_prob``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image, ImageEnhance, ImageOps
+
+from contextpool_jax.data import DatasetNotFoundError
+
+DATASETS = ('cifar10', 'imagenet2012')
+
+# Per-channel (mean, std), 0..255 scale.
+NORMALIZATION = {
+    'cifar10': (tuple(255 * v for v in (0.4914, 0.4822, 0.4465)),
+                tuple(255 * v for v in (0.2470, 0.2435, 0.2616))),
+    'imagenet2012': (tuple(255 * v for v in (0.485, 0.456, 0.406)),
+                     tuple(255 * v for v in (0.229, 0.224, 0.225))),
+}
+
+_DATASET_DEFAULTS = {
+    'cifar10': dict(image_size=32, eval_split='test', eval_batch_size=1000),
+    'imagenet2012': dict(image_size=224, eval_split='validation', eval_batch_size=256),
+}
+
+_INTERPOLATION = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resampling.BICUBIC}
+
+CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
+
+_MAX_MAGNITUDE = 10.0  # RandAugment's magnitude scale is 0..10
+
+
+# --------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInputSpec:
+  """The validated ``config.dataset`` fields (see the module docstring)."""
+  name: str
+  data_dir: Optional[str]
+  image_size: int
+  train_split: str
+  eval_split: str
+  eval_batch_size: int
+  crop_padding: int = 4
+  crop_area_min: float = 0.08
+  eval_crop_fraction: float = 0.875
+  interpolation: str = 'bilinear'
+  randaugment_num_ops: int = 0
+  randaugment_magnitude: float = 9.0
+  randaugment_magnitude_std: float = 0.0
+  randaugment_prob: float = 1.0
+  mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+  std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+  num_threads: int = 8
+  prefetch_buffer_size: int = 256
+  num_workers: int = 0
+
+
+def _get(cfg: Any, field: str, default: Any = None) -> Any:
+  value = cfg.get(field, None) if hasattr(cfg, 'get') else getattr(cfg, field, None)
+  return default if value is None else value
+
+
+def _bad(field: str, value: Any, expected: str) -> ValueError:
+  return ValueError(f'config.dataset.{field}={value!r} is invalid; expected {expected}.')
+
+
+def _int(d: Any, field: str, default: int, minimum: int) -> int:
+  v = _get(d, field, default)
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+    raise _bad(field, v, f'an integer >= {minimum}')
+  return int(v)
+
+
+def _float(d: Any, field: str, default: float, lo: float, hi: float,
+           lo_open: bool = False) -> float:
+  v = _get(d, field, default)
+  ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+  ok = ok and (lo < v if lo_open else lo <= v) and v <= hi
+  if not ok:
+    raise _bad(field, v, f'a number in {"(" if lo_open else "["}{lo}, {hi}]')
+  return float(v)
+
+
+def _triple(d: Any, field: str, default: Sequence[float], positive: bool) -> tuple:
+  v = _get(d, field, default)
+  try:
+    t = tuple(float(x) for x in v)
+  except (TypeError, ValueError):
+    t = ()
+  if len(t) != 3 or (positive and min(t) <= 0):
+    raise _bad(field, v, f'three {"positive " if positive else ""}numbers (per channel, '
+               '0..255 scale)')
+  return t
+
+
+def resolve_spec(config: Any) -> ImageInputSpec:
+  """Reads and validates ``config.dataset``; raises ValueError naming a bad field."""
+  d = _get(config, 'dataset')
+  if d is None:
+    raise ValueError('config.dataset is missing.')
+  name = _get(d, 'name')
+  if name not in DATASETS:
+    raise _bad('name', name, f'one of {", ".join(map(repr, DATASETS))}')
+  dd = _DATASET_DEFAULTS[name]
+  for field in ('train_split', 'eval_split'):
+    v = _get(d, field, 'train' if field == 'train_split' else dd['eval_split'])
+    if not isinstance(v, str) or not v:
+      raise _bad(field, v, 'a TFDS split name')
+  interpolation = _get(d, 'interpolation', 'bilinear')
+  if interpolation not in _INTERPOLATION:
+    raise _bad('interpolation', interpolation, f'one of {", ".join(map(repr, _INTERPOLATION))}')
+  data_dir = _get(d, 'data_dir')
+  if data_dir is not None and not isinstance(data_dir, str):
+    data_dir = str(data_dir)
+  mean, std = NORMALIZATION[name]
+  return ImageInputSpec(
+      name=name,
+      data_dir=data_dir,
+      image_size=_int(d, 'image_size', dd['image_size'], 1),
+      train_split=_get(d, 'train_split', 'train'),
+      eval_split=_get(d, 'eval_split', dd['eval_split']),
+      eval_batch_size=_int(d, 'eval_batch_size', dd['eval_batch_size'], 1),
+      crop_padding=_int(d, 'crop_padding', 4, 0),
+      crop_area_min=_float(d, 'crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
+      eval_crop_fraction=_float(d, 'eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
+      interpolation=interpolation,
+      randaugment_num_ops=_int(d, 'randaugment_num_ops', 0, 0),
+      randaugment_magnitude=_float(d, 'randaugment_magnitude', 9.0, 0.0, _MAX_MAGNITUDE),
+      randaugment_magnitude_std=_float(d, 'randaugment_magnitude_std', 0.0, 0.0, math.inf),
+      randaugment_prob=_float(d, 'randaugment_prob', 1.0, 0.0, 1.0),
+      mean=_triple(d, 'mean', mean, positive=False),
+      std=_triple(d, 'std', std, positive=True),
+      num_threads=_int(d, 'num_threads', 8, 0),
+      prefetch_buffer_size=_int(d, 'prefetch_buffer_size', 256, 0),
+      num_workers=_int(d, 'num_workers', 0, 0),
+  )
+
+
+def _per_process(total: Any, field: str, process_index: int, process_count: int) -> int:
+  if (isinstance(process_count, bool) or not isinstance(process_count, int)
+      or process_count < 1 or not 0 <= process_index < process_count):
+    raise ValueError(f'process_index={process_index!r}, process_count={process_count!r} '
+                     'are invalid; expected 0 <= process_index < process_count.')
+  if (isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1
+      or total % process_count):
+    raise ValueError(f'config.{field}={total!r} is invalid; expected a positive integer '
+                     f'divisible by process_count={process_count}.')
+  return int(total) // process_count
+
+
+def _seed(config: Any, process_index: int, salt: int) -> int:
+  seed = _get(config, 'seed', 0)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f'config.seed={seed!r} is invalid; expected an integer.')
+  state = np.random.SeedSequence([int(seed) % 2**63, process_index, salt]).generate_state(1)
+  return int(state[0])
+
+
+# --------------------------------------------------------------------------
+# Source
+# --------------------------------------------------------------------------
+
+
+def _how_to_prepare(name: str, data_dir: Optional[str]) -> str:
+  if data_dir is None:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    data_dir = tfds.core.constants.get_default_data_dir()
+  build = (f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
+           f"(or in Python: tfds.builder('{name}', data_dir='{data_dir}')"
+           ".download_and_prepare(file_format='array_record'))")
+  if name == 'imagenet2012':
+    return (f'imagenet2012 is not prepared as array_record in {data_dir}. ImageNet needs a '
+            'manual download: get ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar '
+            f'(https://image-net.org/), put them in {data_dir}/downloads/manual/, then run '
+            f'{build}. Building (not reading) needs TensorFlow installed.')
+  return (f'{name} is not prepared as array_record in {data_dir}. Build it with {build}; '
+          'building (not reading) needs TensorFlow installed.')
+
+
+def open_source(spec: ImageInputSpec, split: str) -> Sequence[dict]:
+  """``tfds.data_source(name, split)``: random access to ``{'image', 'label', ...}``.
+
+  Raises:
+    DatasetNotFoundError: the dataset is not prepared as array_record in
+      ``spec.data_dir``; the message says how to prepare it.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    return tfds.data_source(spec.name, split=split, data_dir=spec.data_dir, download=False)
+  except (NotImplementedError, FileNotFoundError, AssertionError) as e:
+    raise DatasetNotFoundError(f'{_how_to_prepare(spec.name, spec.data_dir)} '
+                               f'(TFDS said: {e})') from e
+
+
+# --------------------------------------------------------------------------
+# Per-example transforms (uint8 HWC numpy in)
+# --------------------------------------------------------------------------
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+  image = np.asarray(image)
+  if image.ndim == 2:
+    image = image[..., None]
+  if image.shape[-1] == 1:
+    image = np.repeat(image, 3, axis=-1)
+  return image.astype(np.uint8, copy=False)
+
+
+def pad_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4
+                  ) -> np.ndarray:
+  """CIFAR augmentation (He et al. 2016): zero-pad, random crop of the input size, flip."""
+  h, w = image.shape[:2]
+  padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
+  y, x = rng.integers(0, 2 * padding + 1, size=2)
+  out = padded[y:y + h, x:x + w]
+  if rng.random() < 0.5:
+    out = out[:, ::-1]
+  return np.ascontiguousarray(out)
+
+
+def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
+                            area_range: tuple[float, float] = (0.08, 1.0),
+                            ratio_range: tuple[float, float] = CROP_ASPECT_RATIO,
+                            attempts: int = 10) -> tuple[int, int, int, int]:
+  """Inception-style crop ``(top, left, crop_height, crop_width)``.
+
+  Draws area fraction ~ U(area_range) and log aspect ratio (w/h) ~
+  U(log ratio_range) until the crop fits (``attempts`` tries); otherwise the
+  largest central crop whose ratio is clipped to ``ratio_range``.
+  """
+  area = height * width
+  log_lo, log_hi = math.log(ratio_range[0]), math.log(ratio_range[1])
+  for _ in range(attempts):
+    target = area * rng.uniform(*area_range)
+    ratio = math.exp(rng.uniform(log_lo, log_hi))
+    cw = int(round(math.sqrt(target * ratio)))
+    ch = int(round(math.sqrt(target / ratio)))
+    if 0 < cw <= width and 0 < ch <= height:
+      top = int(rng.integers(0, height - ch + 1))
+      left = int(rng.integers(0, width - cw + 1))
+      return top, left, ch, cw
+  ratio = width / height
+  if ratio < ratio_range[0]:
+    cw, ch = width, max(1, int(round(width / ratio_range[0])))
+  elif ratio > ratio_range[1]:
+    ch, cw = height, max(1, int(round(height * ratio_range[1])))
+  else:
+    ch, cw = height, width
+  return (height - ch) // 2, (width - cw) // 2, ch, cw
+
+
+def _resize_box(image: np.ndarray, box: tuple[float, float, float, float], size: int,
+                interpolation: str) -> np.ndarray:
+  """Resamples the ``(left, top, right, bottom)`` box of ``image`` to ``size`` x ``size``."""
+  out = Image.fromarray(image).resize((size, size), _INTERPOLATION[interpolation], box=box)
+  return np.array(out)
+
+
+def central_crop_box(height: int, width: int, image_size: int, crop_fraction: float
+                     ) -> tuple[float, float, float, float]:
+  """The box that "resize shorter side to image_size / crop_fraction, centre crop
+  image_size" takes from a ``height`` x ``width`` image, in input pixels."""
+  side = crop_fraction * min(height, width)  # = image_size / scale
+  top, left = (height - side) / 2, (width - side) / 2
+  return left, top, left + side, top + side
+
+
+def _finish(image: np.ndarray, spec: ImageInputSpec) -> np.ndarray:
+  mean = np.asarray(spec.mean, np.float32)
+  std = np.asarray(spec.std, np.float32)
+  return (image.astype(np.float32) - mean) / std
+
+
+def train_example(example: dict, rng: np.random.Generator, spec: ImageInputSpec) -> dict:
+  """Decoded TFDS example -> ``{'image': float32 [s, s, 3], 'label': int32 []}``."""
+  image = _rgb(example['image'])
+  s = spec.image_size
+  if spec.name == 'cifar10':
+    image = pad_crop_flip(image, rng, spec.crop_padding)
+  else:
+    top, left, ch, cw = random_resized_crop_box(rng, image.shape[0], image.shape[1],
+                                                (spec.crop_area_min, 1.0))
+    image = _resize_box(image, (left, top, left + cw, top + ch), s, spec.interpolation)
+    if rng.random() < 0.5:
+      image = np.ascontiguousarray(image[:, ::-1])
+  if spec.randaugment_num_ops:
+    image = randaugment(image, rng, num_ops=spec.randaugment_num_ops,
+                        magnitude=spec.randaugment_magnitude,
+                        magnitude_std=spec.randaugment_magnitude_std,
+                        prob=spec.randaugment_prob)
+  if image.shape[:2] != (s, s):
+    image = _resize_box(image, (0, 0, image.shape[1], image.shape[0]), s, spec.interpolation)
+  return {'image': _finish(image, spec), 'label': np.int32(example['label'])}
+
+
+def eval_example(example: dict, spec: ImageInputSpec) -> dict:
+  """Decoded TFDS example -> ``{'image', 'label', 'mask'=True}`` (no randomness)."""
+  image = _rgb(example['image'])
+  s = spec.image_size
+  h, w = image.shape[:2]
+  if spec.name == 'imagenet2012':
+    image = _resize_box(image, central_crop_box(h, w, s, spec.eval_crop_fraction), s,
+                        spec.interpolation)
+  elif (h, w) != (s, s):
+    image = _resize_box(image, (0, 0, w, h), s, spec.interpolation)
+  return {'image': _finish(image, spec), 'label': np.int32(example['label']),
+          'mask': np.bool_(True)}
+
+
+class _TrainTransform(grain.transforms.RandomMap):
+  """Picklable grain transform (for worker processes)."""
+
+  def __init__(self, spec: ImageInputSpec):
+    self.spec = spec
+
+  def random_map(self, element, rng):
+    return train_example(element, rng, self.spec)
+
+
+class _PaddedEvalExample(grain.transforms.Map):
+  """Index ``i`` of this process's padded eval stream -> an example or a padding row."""
+
+  def __init__(self, shard: Any, spec: ImageInputSpec):
+    self.shard = shard
+    self.spec = spec
+
+  def map(self, element):
+    i = int(element)
+    if i < len(self.shard):
+      return eval_example(self.shard[i], self.spec)
+    s = self.spec.image_size
+    return {'image': np.zeros((s, s, 3), np.float32), 'label': np.int32(0),
+            'mask': np.bool_(False)}
+
+
+# --------------------------------------------------------------------------
+# Pipelines
+# --------------------------------------------------------------------------
+
+
+def _read_options(spec: ImageInputSpec) -> grain.ReadOptions:
+  return grain.ReadOptions(num_threads=spec.num_threads,
+                           prefetch_buffer_size=spec.prefetch_buffer_size)
+
+
+def _maybe_workers(ds: grain.IterDataset, spec: ImageInputSpec) -> grain.IterDataset:
+  if spec.num_workers:
+    # grain 0.2.18 reads an absl flag in mp_prefetch and fails in scripts that
+    # never parsed flags (google/grain#1355, fixed upstream): use the defaults.
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.num_workers))
+  return ds
+
+
+def make_train_dataset(config: Any, *, process_index: int, process_count: int,
+                       source: Optional[Sequence[dict]] = None) -> grain.IterDataset:
+  """Infinite per-process training batches (see the module docstring).
+
+  Args:
+    config: with ``dataset`` (fields above), ``batch_size`` (global), ``seed``.
+    process_index, process_count: this process and the number of processes;
+      each reads the examples ``process_index::process_count``.
+    source: a random-access sequence of ``{'image': uint8 [h, w, 3], 'label'}``
+      used instead of ``tfds.data_source`` (tests, custom data).
+  """
+  spec = resolve_spec(config)
+  batch = _per_process(_get(config, 'batch_size'), 'batch_size', process_index, process_count)
+  if source is None:
+    source = open_source(spec, spec.train_split)
+  shard = grain.MapDataset.source(source)[process_index::process_count]
+  if len(shard) == 0:
+    raise ValueError(f'config.dataset.train_split={spec.train_split!r} has no examples for '
+                     f'process {process_index} of {process_count}.')
+  ds = (shard.shuffle(seed=_seed(config, process_index, 0))
+        .repeat(None)
+        .random_map(_TrainTransform(spec), seed=_seed(config, process_index, 1))
+        .to_iter_dataset(_read_options(spec))
+        .batch(batch, drop_remainder=True))
+  return _maybe_workers(ds, spec)
+
+
+def num_eval_batches(num_examples: int, local_batch: int, process_count: int) -> int:
+  """Batches per process: enough for the largest shard, the same on every process."""
+  return -(-(-(-num_examples // process_count)) // local_batch)
+
+
+def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index: int,
+                      process_count: int, source: Optional[Sequence[dict]] = None
+                      ) -> grain.IterDataset:
+  """Finite per-process eval batches with ``'mask'``; the same count on every process.
+
+  Args:
+    config: as for :func:`make_train_dataset` (``dataset.eval_batch_size`` is
+      the global eval batch size).
+    split: a TFDS split; ``None`` = ``config.dataset.eval_split``.
+    process_index, process_count: as for :func:`make_train_dataset`.
+    source: replaces ``tfds.data_source`` (tests, custom data).
+
+  Every example of the split appears exactly once across processes with
+  ``mask`` True; padding rows have zero images, label 0 and ``mask`` False.
+  """
+  spec = resolve_spec(config)
+  batch = _per_process(spec.eval_batch_size, 'dataset.eval_batch_size', process_index,
+                       process_count)
+  split = spec.eval_split if split is None else split
+  if source is None:
+    source = open_source(spec, split)
+  shard = grain.MapDataset.source(source)[process_index::process_count]
+  total = num_eval_batches(len(source), batch, process_count) * batch
+  ds = (grain.MapDataset.range(total)
+        .map(_PaddedEvalExample(shard, spec))
+        .to_iter_dataset(_read_options(spec))
+        .batch(batch, drop_remainder=True))
+  return _maybe_workers(ds, spec)
+
+
+# --------------------------------------------------------------------------
+# RandAugment (Cubuk et al. 2020) on uint8 images with PIL
+# --------------------------------------------------------------------------
+# Each op takes (PIL image, magnitude m in [0, 10], rng) and returns a PIL image
+# of the same size and mode. Magnitudes map linearly to the AutoAugment ranges,
+# "increasing" so that m = 0 is the identity for every op with a magnitude:
+# rotate up to 30 degrees, shear up to 0.3, translate up to 45% of the side
+# (signs random); enhance factors 1 +- 0.9 m/10; posterize to 8 - 4 m/10 bits;
+# solarize above 256 (1 - m/10). Uncovered pixels are filled with grey 128.
+
+_FILL = (128, 128, 128)
+_BILINEAR = Image.Resampling.BILINEAR
+
+
+def _signed(rng: np.random.Generator, value: float) -> float:
+  return value if rng.random() < 0.5 else -value
+
+
+def _affine(img: Image.Image, coeffs: tuple) -> Image.Image:
+  return img.transform(img.size, Image.Transform.AFFINE, coeffs, resample=_BILINEAR,
+                       fillcolor=_FILL)
+
+
+def ra_identity(img, m, rng):
+  """Identity."""
+  return img
+
+
+def ra_autocontrast(img, m, rng):
+  """Stretch each channel to the full 0..255 range (no magnitude)."""
+  return ImageOps.autocontrast(img)
+
+
+def ra_equalize(img, m, rng):
+  """Histogram equalisation per channel (no magnitude)."""
+  return ImageOps.equalize(img)
+
+
+def ra_rotate(img, m, rng):
+  """Rotate about the centre by +-30 m/10 degrees."""
+  return img.rotate(_signed(rng, 30.0 * m / _MAX_MAGNITUDE), resample=_BILINEAR,
+                    fillcolor=_FILL)
+
+
+def ra_solarize(img, m, rng):
+  """Invert pixels >= 256 (1 - m/10)."""
+  return ImageOps.solarize(img, threshold=int(round(256 * (1 - m / _MAX_MAGNITUDE))))
+
+
+def ra_posterize(img, m, rng):
+  """Keep the 8 - round(4 m/10) most significant bits."""
+  return ImageOps.posterize(img, 8 - int(round(4 * m / _MAX_MAGNITUDE)))
+
+
+def _enhance(enhancer: Callable) -> Callable:
+  def op(img, m, rng):
+    return enhancer(img).enhance(1.0 + _signed(rng, 0.9 * m / _MAX_MAGNITUDE))
+  op.__doc__ = f'PIL ImageEnhance.{enhancer.__name__} with factor 1 +- 0.9 m/10.'
+  return op
+
+
+ra_color = _enhance(ImageEnhance.Color)
+ra_contrast = _enhance(ImageEnhance.Contrast)
+ra_brightness = _enhance(ImageEnhance.Brightness)
+ra_sharpness = _enhance(ImageEnhance.Sharpness)
+
+
+def ra_shear_x(img, m, rng):
+  """x' = x + s y with s = +-0.3 m/10."""
+  return _affine(img, (1, _signed(rng, 0.3 * m / _MAX_MAGNITUDE), 0, 0, 1, 0))
+
+
+def ra_shear_y(img, m, rng):
+  """y' = y + s x with s = +-0.3 m/10."""
+  return _affine(img, (1, 0, 0, _signed(rng, 0.3 * m / _MAX_MAGNITUDE), 1, 0))
+
+
+def ra_translate_x(img, m, rng):
+  """Shift by +-0.45 m/10 of the width."""
+  return _affine(img, (1, 0, _signed(rng, 0.45 * m / _MAX_MAGNITUDE * img.size[0]), 0, 1, 0))
+
+
+def ra_translate_y(img, m, rng):
+  """Shift by +-0.45 m/10 of the height."""
+  return _affine(img, (1, 0, 0, 0, 1, _signed(rng, 0.45 * m / _MAX_MAGNITUDE * img.size[1])))
+
+
+# The 14 ops of the RandAugment paper (Sec. 3).
+RANDAUGMENT_OPS: dict[str, Callable] = {
+    'identity': ra_identity, 'autocontrast': ra_autocontrast, 'equalize': ra_equalize,
+    'rotate': ra_rotate, 'solarize': ra_solarize, 'color': ra_color,
+    'posterize': ra_posterize, 'contrast': ra_contrast, 'brightness': ra_brightness,
+    'sharpness': ra_sharpness, 'shear_x': ra_shear_x, 'shear_y': ra_shear_y,
+    'translate_x': ra_translate_x, 'translate_y': ra_translate_y,
+}
+_OP_NAMES = tuple(RANDAUGMENT_OPS)
+
+
+def randaugment(image: np.ndarray, rng: np.random.Generator, *, num_ops: int,
+                magnitude: float, magnitude_std: float = 0.0, prob: float = 1.0
+                ) -> np.ndarray:
+  """Applies ``num_ops`` ops drawn uniformly (with replacement) from RANDAUGMENT_OPS.
+
+  Each drawn op is applied with probability ``prob`` at magnitude ``magnitude``
+  (0..10), or, if ``magnitude_std > 0``, at N(magnitude, magnitude_std) clipped
+  to [0, 10] (timm's ``mstd``). uint8 [h, w, 3] in and out.
+  """
+  img = Image.fromarray(image)
+  for _ in range(num_ops):
+    op = RANDAUGMENT_OPS[_OP_NAMES[rng.integers(len(_OP_NAMES))]]
+    if prob < 1.0 and rng.random() >= prob:
+      continue
+    m = magnitude
+    if magnitude_std > 0:
+      m = float(np.clip(rng.normal(magnitude, magnitude_std), 0.0, _MAX_MAGNITUDE))
+    img = op(img, m, rng)
+  return np.array(img)
+
+
+# --------------------------------------------------------------------------
+# Mixup / CutMix (on device)
+# --------------------------------------------------------------------------
+
+
+def cutmix_box(rng: jax.Array, height: int, width: int, lam: jax.Array
+               ) -> tuple[jax.Array, jax.Array]:
+  """CutMix box (Yun et al. 2019): sides ``sqrt(1 - lam)`` of the image's, uniform
+  centre, clipped at the border. Returns ``(mask [h, w] bool, lam_adjusted)``
+  where ``lam_adjusted = 1 - box area / image area`` (after clipping)."""
+  ky, kx = jax.random.split(rng)
+  cut = jnp.sqrt(1.0 - lam)
+  ch = jnp.floor(height * cut).astype(jnp.int32)
+  cw = jnp.floor(width * cut).astype(jnp.int32)
+  cy = jax.random.randint(ky, (), 0, height)
+  cx = jax.random.randint(kx, (), 0, width)
+  y0, x0 = cy - ch // 2, cx - cw // 2
+  y1, y0 = jnp.clip(y0 + ch, 0, height), jnp.clip(y0, 0, height)
+  x1, x0 = jnp.clip(x0 + cw, 0, width), jnp.clip(x0, 0, width)
+  ys = jnp.arange(height)[:, None]
+  xs = jnp.arange(width)[None, :]
+  mask = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
+  lam_adjusted = 1.0 - ((y1 - y0) * (x1 - x0)).astype(jnp.float32) / (height * width)
+  return mask, lam_adjusted
+
+
+def mixup_cutmix(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
+                 mixup_alpha: float, cutmix_alpha: float, switch_prob: float = 0.5
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Batch-level Mixup or CutMix, as in DeiT (mixup 0.8, cutmix 1.0, switch 0.5).
+
+  Example ``i`` is mixed with example ``b - 1 - i`` (the batch reversed), with
+  one ``lam ~ Beta(alpha, alpha)`` per batch. With both alphas > 0, CutMix is
+  used with probability ``switch_prob``, else Mixup; an alpha of 0 disables
+  that method, both 0 return the inputs unchanged. CutMix's ``lam`` is the
+  kept area after clipping the box. Labels become ``lam y_i + (1 - lam)
+  y_{b-1-i}`` (float32, rows sum to 1 for one-hot input).
+
+  Args:
+    rng: a PRNG key.
+    images: [b, h, w, c] (any float dtype; kept).
+    labels_onehot: [b, num_classes].
+    mixup_alpha, cutmix_alpha, switch_prob: Python numbers (static).
+
+  Returns:
+    ``(images, soft_labels)``.
+  """
+  for field, v, hi in (('mixup_alpha', mixup_alpha, math.inf),
+                       ('cutmix_alpha', cutmix_alpha, math.inf),
+                       ('switch_prob', switch_prob, 1.0)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
+      raise ValueError(f'mixup_cutmix: {field}={v!r} is invalid; expected a number in '
+                       f'[0, {hi}].')
+  labels = labels_onehot.astype(jnp.float32)
+  if mixup_alpha <= 0 and cutmix_alpha <= 0:
+    return images, labels
+  k_switch, k_mix, k_cut, k_box = jax.random.split(rng, 4)
+  other_images, other_labels = images[::-1], labels[::-1]
+  h, w = images.shape[1:3]
+
+  def mixup():
+    lam = jax.random.beta(k_mix, mixup_alpha, mixup_alpha).astype(jnp.float32)
+    lam_x = lam.astype(images.dtype)
+    return lam_x * images + (1 - lam_x) * other_images, lam
+
+  def cutmix():
+    lam = jax.random.beta(k_cut, cutmix_alpha, cutmix_alpha).astype(jnp.float32)
+    box, lam = cutmix_box(k_box, h, w, lam)
+    return jnp.where(box[None, :, :, None], other_images, images), lam
+
+  if cutmix_alpha <= 0:
+    mixed, lam = mixup()
+  elif mixup_alpha <= 0:
+    mixed, lam = cutmix()
+  else:
+    use_cutmix = jax.random.uniform(k_switch) < switch_prob
+    mixed, lam = jax.lax.cond(use_cutmix, cutmix, mixup)
+  return mixed, lam * labels + (1 - lam) * other_labels
