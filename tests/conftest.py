@@ -12,3 +12,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 _flags = os.environ.get('XLA_FLAGS', '')
 if '--xla_backend_optimization_level' not in _flags:
   os.environ['XLA_FLAGS'] = f'{_flags} --xla_backend_optimization_level=0'.strip()
+
+import sys
+import pathlib
+
+# `configs/` lives at the repository root (not in the installed package).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

@@ -1,0 +1,1 @@
+"""Experiment configs (``get_config()``), one file per paper experiment family."""

@@ -1,0 +1,1 @@
+"""Training: the train loop, tasks, optimizers, sharding, checkpoints and evaluation."""

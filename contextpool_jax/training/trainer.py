@@ -1,0 +1,409 @@
+"""The one training loop: every experiment is a config (plus a small task piece).
+
+``train_and_evaluate(config, workdir)``:
+
+1. validates the config (before anything is built or compiled) and saves it
+   as ``<workdir>/config.json``;
+2. builds the task (model from the registry, data from TFDS + grain), the
+   optax optimizer and a 1D ``'data'`` mesh over every device;
+3. initialises the train state directly in its shardings, or restores the
+   latest checkpoint of ``<workdir>/checkpoints`` (params, optimizer state,
+   step and the grain iterator state: a resumed run continues at the exact data
+   position and gives bit-identical parameters to an uninterrupted run);
+4. runs one jitted, sharded train step per global batch (optional gradient
+   accumulation over micro-batches inside the step), logs to TensorBoard and a
+   console progress bar, evaluates every ``eval_every_steps`` and saves
+   checkpoints asynchronously (orbax ``CheckpointManager``, keep ``keep_checkpoints``).
+
+A step whose loss or gradient norm is not finite leaves the parameters
+unchanged and is recorded; the loop stops at the next check (every
+``nan_check_every_steps`` steps and before every checkpoint) with
+:class:`NonFiniteLossError` naming the step. Checkpoints are only written for
+good states, so the last checkpoint is the last good one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+import flax
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from contextpool_jax.layers import _validation as v
+from contextpool_jax.training import optim, sharding, tasks
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Training produced a NaN/inf loss or gradient."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint holds besides the data iterator."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  model_state: Any  # non-parameter collections, e.g. {'batch_stats': ...}
+  bad_step: jax.Array  # -1, or the first step whose loss/gradient was not finite
+
+
+# ----------------------------------------------------------------------------
+# Configuration.
+# ----------------------------------------------------------------------------
+
+_COMMON_INT_FIELDS = ('num_train_steps', 'batch_size', 'eval_every_steps',
+                      'checkpoint_every_steps', 'log_every_steps', 'keep_checkpoints',
+                      'grad_accum_steps')
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the field for any bad common value (before compiling)."""
+  for field in ('task', 'model', 'optimizer', 'dataset', 'seed', 'dtype', 'remat',
+                'param_sharding', *_COMMON_INT_FIELDS):
+    if field not in config:
+      raise ValueError(f'config.{field} is missing; every config needs it '
+                       '(see configs/default.py).')
+  for field in _COMMON_INT_FIELDS:
+    v.check_positive('config', field, config[field], integer=True)
+  v.check_choice('config', 'task', config.task, tasks.TASKS)
+  v.check_choice('config', 'param_sharding', config.param_sharding,
+                 sharding.PARAM_SHARDINGS)
+  tasks._dtype(config.dtype)  # pylint: disable=protected-access
+  if 'name' not in config.model:
+    raise ValueError('config.model.name is missing: the registry name of the model '
+                     '(contextpool_jax.models.available()).')
+  n_dev, n_proc = jax.device_count(), jax.process_count()
+  if config.batch_size % n_proc:
+    raise ValueError(f'config.batch_size={config.batch_size} is not divisible by the '
+                     f'{n_proc} processes.')
+  micro = config.batch_size // config.grad_accum_steps
+  if config.batch_size % config.grad_accum_steps or micro % n_dev:
+    raise ValueError(
+        f'config.batch_size={config.batch_size} with config.grad_accum_steps='
+        f'{config.grad_accum_steps} gives micro-batches of {config.batch_size} / '
+        f'{config.grad_accum_steps}; each must be a whole multiple of the {n_dev} devices.')
+
+
+# ----------------------------------------------------------------------------
+# Steps.
+# ----------------------------------------------------------------------------
+
+
+def _split_variables(variables: dict) -> tuple[Any, dict]:
+  variables = dict(variables)
+  params = variables.pop('params')
+  variables.pop('intermediates', None)
+  return params, variables
+
+
+def make_init_fn(task: tasks.Task, tx: optax.GradientTransformation):
+  batch = task.init_batch()
+
+  def init_fn(rng: jax.Array) -> TrainState:
+    variables = task.model.init({'params': rng, 'dropout': rng}, *task.model_args(batch),
+                                train=False)
+    params, model_state = _split_variables(variables)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), model_state=model_state,
+                      bad_step=jnp.full((), -1, jnp.int32))
+
+  return init_fn
+
+
+def make_train_step(task: tasks.Task, tx: optax.GradientTransformation, schedule,
+                    base_rng: jax.Array, grad_accum_steps: int):
+  """``(state, batch) -> (state, metric sums)``; pure, to be jitted with shardings."""
+  model = task.model
+
+  def micro_loss(params, model_state, batch, rng, total_weight):
+    mix_rng, dropout_rng = jax.random.split(rng)
+    batch = task.prepare_train_batch(batch, mix_rng)
+    variables = {'params': params, **model_state}
+    mutable = list(model_state)
+    out = model.apply(variables, *task.model_args(batch), train=True,
+                      rngs={'dropout': dropout_rng}, mutable=mutable or False)
+    logits, new_model_state = out if mutable else (out, model_state)
+    loss_sum, sums = task.loss(logits, batch, rng)
+    return loss_sum / total_weight, (sums, dict(new_model_state))
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    rng = jax.random.fold_in(base_rng, state.step)
+    total_weight = jnp.maximum(task.weight(batch), 1e-9)
+    if grad_accum_steps == 1:
+      (loss, (sums, model_state)), grads = grad_fn(state.params, state.model_state, batch,
+                                                   rng, total_weight)
+    else:
+      micro = jax.tree.map(
+          lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]),
+          batch)
+
+      def body(carry, inputs):
+        grads_acc, loss_acc, sums_acc, model_state = carry
+        i, mb = inputs
+        (loss, (sums, model_state)), grads = grad_fn(
+            state.params, model_state, mb, jax.random.fold_in(rng, i), total_weight)
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)
+        return (add(grads_acc, grads), loss_acc + loss, add(sums_acc, sums), model_state), None
+
+      zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+      first = jax.tree.map(lambda x: x[0], micro)
+      sums_shape = jax.eval_shape(
+          lambda: grad_fn(state.params, state.model_state, first, rng, total_weight)[0][1][0])
+      zeros_s = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
+      (grads, loss, sums, model_state), _ = jax.lax.scan(
+          body, (zeros_g, jnp.zeros((), jnp.float32), zeros_s, state.model_state),
+          (jnp.arange(grad_accum_steps), micro))
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+    new_state = state.replace(
+        step=state.step + 1, params=keep(params, state.params),
+        opt_state=keep(opt_state, state.opt_state),
+        model_state=keep(model_state, state.model_state),
+        bad_step=jnp.where((state.bad_step < 0) & ~ok, state.step, state.bad_step))
+    metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
+                   steps=jnp.ones((), jnp.float32))
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(task: tasks.Task):
+  def eval_step(state: TrainState, batch: dict) -> dict:
+    variables = {'params': state.params, **state.model_state}
+    logits = task.model.apply(variables, *task.model_args(batch), train=False)
+    return task.eval_sums(logits, batch)
+  return eval_step
+
+
+def make_probe(task: tasks.Task):
+  """ContextPool pooling sizes per layer on a batch (for the paper's Fig. 4 statistics)."""
+  def probe(state: TrainState, batch: dict) -> dict:
+    variables = {'params': state.params, **state.model_state}
+    _, inter = task.model.apply(variables, *task.model_args(batch), train=False,
+                                mutable=['intermediates'])
+    flat = flax.traverse_util.flatten_dict(inter.get('intermediates', {}), sep='/')
+    return {k[:-len('/pool_sigma')]: val[0] for k, val in flat.items()
+            if k.endswith('/pool_sigma')}
+  return probe
+
+
+# ----------------------------------------------------------------------------
+# Logging.
+# ----------------------------------------------------------------------------
+
+
+class _Writer:
+  """TensorBoard event files (tensorboardX) + ``metrics.jsonl``; process 0 only."""
+
+  def __init__(self, workdir: epath.Path, enabled: bool):
+    self.enabled = enabled
+    if enabled:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self.tb = tensorboardX.SummaryWriter(str(workdir / 'tensorboard'))
+      self.jsonl = open(workdir / 'metrics.jsonl', 'a')
+
+  def scalars(self, step: int, metrics: dict[str, float], prefix: str) -> None:
+    if not self.enabled:
+      return
+    for k, val in metrics.items():
+      self.tb.add_scalar(f'{prefix}/{k}', val, step)
+    self.jsonl.write(json.dumps({'step': step, 'split': prefix, **metrics}) + '\n')
+    self.jsonl.flush()
+
+  def histograms(self, step: int, values: dict[str, np.ndarray], prefix: str) -> None:
+    if not self.enabled:
+      return
+    for k, val in values.items():
+      self.tb.add_histogram(f'{prefix}/{k}', np.asarray(val, np.float32).ravel(), step)
+
+  def close(self) -> None:
+    if self.enabled:
+      self.tb.close()
+      self.jsonl.close()
+
+
+def _host_sums(metrics: list[dict]) -> dict[str, float]:
+  total = jax.tree.map(lambda *xs: sum(xs), *metrics)
+  return {k: float(val) for k, val in jax.device_get(total).items()}
+
+
+def _train_summary(sums: dict[str, float], seconds: float) -> dict[str, float]:
+  steps = max(sums['steps'], 1.0)
+  w = max(sums['weight'], 1e-9)
+  out = {'loss': sums['loss'] / w, 'accuracy': sums['accuracy'] / w,
+         'grad_norm': sums['grad_norm'] / steps, 'learning_rate': sums['learning_rate'] / steps,
+         'steps_per_sec': steps / max(seconds, 1e-9)}
+  return out
+
+
+# ----------------------------------------------------------------------------
+# The loop.
+# ----------------------------------------------------------------------------
+
+
+def evaluate(task: tasks.Task, eval_step, state: TrainState, split: str,
+             data_sharding) -> dict[str, float]:
+  sums = []
+  for batch in task.eval_batches(split, jax.process_index(), jax.process_count()):
+    sums.append(eval_step(state, sharding.put_batch(batch, data_sharding)))
+  if not sums:
+    raise ValueError(f'evaluation split {split!r} produced no batches.')
+  metrics = task.finalize(_host_sums(sums))
+  variables = {'params': state.params, **state.model_state}
+  metrics.update(task.extra_evaluation(task.model.apply, variables, split,
+                                       jax.process_index(), jax.process_count()))
+  return metrics
+
+
+def _checkpoint_manager(directory: epath.Path, config) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints,
+      enable_async_checkpointing=config.get('async_checkpointing', True))
+  return ocp.CheckpointManager(directory, options=options)
+
+
+def _abstract_with_shardings(abstract, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract, shardings)
+
+
+def _init_from(config, state_target) -> Optional[TrainState]:
+  """Params and model state of the latest checkpoint under ``config.init_from``."""
+  path = epath.Path(config.init_from)
+  if (path / 'checkpoints').exists():
+    path = path / 'checkpoints'
+  with ocp.CheckpointManager(path) as mgr:
+    step = mgr.latest_step()
+    if step is None:
+      raise ValueError(f'config.init_from={config.init_from!r} has no checkpoint.')
+    restored = mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(state_target)))
+  return restored['state']
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains and evaluates ``config`` in ``workdir``; returns the final metrics."""
+  validate_config(config)
+  workdir = epath.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  is_main = jax.process_index() == 0
+  if is_main:
+    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2))
+
+  task = tasks.make_task(config, str(workdir))
+  tx, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+  mesh = sharding.make_mesh()
+  data_sharding = sharding.batch_sharding(mesh)
+
+  rng = jax.random.key(config.seed)
+  init_rng, train_rng = jax.random.split(rng)
+  init_fn = make_init_fn(task, tx)
+  abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
+  shardings = sharding.state_shardings(abstract, mesh, config.param_sharding)
+  target = _abstract_with_shardings(abstract, shardings)
+
+  train_ds = task.train_dataset(jax.process_index(), jax.process_count())
+  train_iter = iter(train_ds)
+  manager = _checkpoint_manager(workdir / 'checkpoints', config)
+  latest = manager.latest_step()
+  if latest is not None:
+    restored = manager.restore(latest, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target),
+        data=grain.checkpoint.CheckpointRestore(train_iter)))
+    state = restored['state']
+    print(f'Resumed from {workdir / "checkpoints"} at step {int(state.step)}.', flush=True)
+  else:
+    state = jax.jit(init_fn, out_shardings=shardings)(init_rng)
+    if config.get('init_from', ''):
+      previous = _init_from(config, target)
+      state = state.replace(params=previous.params, model_state=previous.model_state)
+      print(f'Initialised params from {config.init_from}.', flush=True)
+
+  train_step = jax.jit(make_train_step(task, tx, schedule, train_rng, config.grad_accum_steps),
+                       in_shardings=(shardings, data_sharding),
+                       out_shardings=(shardings, None), donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(task), in_shardings=(shardings, data_sharding))
+  probe = jax.jit(make_probe(task), in_shardings=(shardings, data_sharding))
+  log_pool_sizes = config.get('log_pool_sizes', True) and bool(
+      config.model.get('context_pool', None) is not None)
+
+  writer = _Writer(workdir, is_main)
+  start = int(state.step)
+  total = config.num_train_steps
+  pbar = _progress_bar(start, total, enabled=is_main and config.get('progress_bar', True))
+  nan_every = config.get('nan_check_every_steps', 1)
+  history: list[dict] = []
+  pending: list[dict] = []
+  result: dict[str, Any] = {}
+  tick = time.time()
+
+  def check_finite():
+    bad = int(state.bad_step)
+    if bad >= 0:
+      manager.wait_until_finished()
+      raise NonFiniteLossError(
+          f'non-finite loss or gradient at step {bad}; training stopped. The last good '
+          f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.')
+
+  try:
+    for step in range(start, total):
+      batch = sharding.put_batch(next(train_iter), data_sharding)
+      state, metrics = train_step(state, batch)
+      pending.append(metrics)
+      done = step + 1
+      if done % nan_every == 0:
+        check_finite()
+      if done % config.log_every_steps == 0 or done == total:
+        check_finite()
+        summary = _train_summary(_host_sums(pending), time.time() - tick)
+        pending, tick = [], time.time()
+        writer.scalars(done, summary, 'train')
+        history.append({'step': done, **summary})
+        if log_pool_sizes:
+          sizes = jax.device_get(probe(state, batch))
+          writer.histograms(done, sizes, 'pool_sigma')
+          writer.scalars(done, {k: float(np.mean(s)) for k, s in sizes.items()},
+                         'pool_sigma_mean')
+        pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
+      if done % config.eval_every_steps == 0 or done == total:
+        for split in config.get('eval_splits', ('validation',)):
+          metrics_eval = evaluate(task, eval_step, state, split, data_sharding)
+          writer.scalars(done, metrics_eval, f'eval_{split}')
+          result[f'eval_{split}'] = metrics_eval
+          pbar.write(f'step {done}: {split} ' + ', '.join(
+              f'{k}={val:.4f}' for k, val in metrics_eval.items()))
+      if done % config.checkpoint_every_steps == 0 or done == total:
+        check_finite()
+        manager.save(done, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(train_iter)))
+      pbar.update(1)
+  finally:
+    pbar.close()
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
+  result.update(step=int(state.step), train_history=history, workdir=str(workdir))
+  return result
+
+
+def _progress_bar(start: int, total: int, enabled: bool):
+  """A console progress bar with steps/s and ETA (tqdm), or a no-op."""
+  import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.tqdm(total=total, initial=start, disable=not enabled, unit='step',
+                   dynamic_ncols=True, mininterval=2.0, smoothing=0.1)

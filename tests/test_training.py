@@ -1,0 +1,177 @@
+"""The training system end to end on small local data: resume, NaN stop, devices, errors."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from contextpool_jax.training import trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """A small text corpus (real text: this repository's Python sources)."""
+  root = tmp_path_factory.mktemp('corpus')
+  for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
+    (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
+  return root
+
+
+def tiny_config(corpus, data_dir, **overrides):
+  c = default_config.get_config()
+  c.num_train_steps = 4
+  c.batch_size = 4
+  c.log_every_steps = 2
+  c.eval_every_steps = 4
+  c.checkpoint_every_steps = 2
+  c.progress_bar = False
+  c.async_checkpointing = False
+  c.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2, dropout_rate=0.1)
+  c.optimizer.update(schedule='warmup_constant', warmup_steps=2, learning_rate=1e-3)
+  c.dataset.update(files=(str(corpus / '*.txt'),), data_dir=str(data_dir), max_bytes=0,
+                   seq_len=32, eval_context=32, eval_step=16, eval_batch_size=4,
+                   eval_max_bytes=2048)
+  for key, value in overrides.items():
+    target = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return c
+
+
+def _params(workdir):
+  """The latest checkpoint's params as numpy arrays."""
+  import orbax.checkpoint as ocp
+  with ocp.CheckpointManager(pathlib.Path(workdir) / 'checkpoints') as mgr:
+    step = mgr.latest_step()
+    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return step, jax.tree.map(np.asarray, restored['state']['params'])
+
+
+def test_trains_evaluates_and_logs(corpus, tmp_path):
+  config = tiny_config(corpus, tmp_path / 'data')
+  result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result['step'] == 4
+  evals = result['eval_validation']
+  assert np.isfinite(evals['bpc']) and evals['bpc'] > 0
+  np.testing.assert_allclose(evals['bpc'], evals['loss'] / np.log(2.0))
+  run = tmp_path / 'run'
+  assert json.loads((run / 'config.json').read_text())['model']['name'] == 'cp_transformer_lm'
+  lines = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
+  assert {l['split'] for l in lines} >= {'train', 'eval_validation', 'pool_sigma_mean'}
+  assert any(p.name.startswith('events.out.tfevents') for p in (run / 'tensorboard').iterdir())
+  train = [l for l in lines if l['split'] == 'train']
+  assert [l['step'] for l in train] == [2, 4]
+  assert all(np.isfinite(l['loss']) and l['steps_per_sec'] > 0 for l in train)
+
+
+def test_resume_gives_the_same_params_as_an_uninterrupted_run(corpus, tmp_path):
+  data_dir = tmp_path / 'data'
+  full = tiny_config(corpus, data_dir, num_train_steps=6, eval_every_steps=100)
+  trainer.train_and_evaluate(full, str(tmp_path / 'full'))
+  half = tiny_config(corpus, data_dir, num_train_steps=3, eval_every_steps=100,
+                     checkpoint_every_steps=3)
+  trainer.train_and_evaluate(half, str(tmp_path / 'resumed'))
+  resumed = trainer.train_and_evaluate(full, str(tmp_path / 'resumed'))
+  assert resumed['step'] == 6
+  step_a, params_a = _params(tmp_path / 'full')
+  step_b, params_b = _params(tmp_path / 'resumed')
+  assert step_a == step_b == 6
+  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+
+
+def test_gradient_accumulation_matches_the_full_batch(corpus, tmp_path):
+  data_dir = tmp_path / 'data'
+  # SGD: the update is linear in the gradient (Adam's first steps are ~sign(g), which
+  # float rounding can flip for near-zero gradients).
+  kw = dict(num_train_steps=2, eval_every_steps=100,
+            **{'model.dropout_rate': 0.0, 'optimizer.name': 'sgd', 'optimizer.momentum': 0.0,
+               'optimizer.learning_rate': 0.5})
+  trainer.train_and_evaluate(tiny_config(corpus, data_dir, **kw), str(tmp_path / 'a'))
+  trainer.train_and_evaluate(tiny_config(corpus, data_dir, grad_accum_steps=2, **kw),
+                             str(tmp_path / 'b'))
+  _, a = _params(tmp_path / 'a')
+  _, b = _params(tmp_path / 'b')
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5), a, b)
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
+    corpus, tmp_path):
+  # A learning rate this large makes the parameters overflow within a few steps.
+  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=40, checkpoint_every_steps=1,
+                       eval_every_steps=1000,
+                       **{'optimizer.learning_rate': 1e30, 'optimizer.schedule': 'constant'})
+  with pytest.raises(trainer.NonFiniteLossError, match=r'at step (\d+)') as err:
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  bad = int(err.value.args[0].split('at step ')[1].split(';')[0])
+  step, params = _params(tmp_path / 'run')
+  assert step == bad  # the checkpoint after the last good update (steps 0..bad-1)
+  assert all(np.isfinite(p).all() for p in jax.tree.leaves(params))
+
+
+def test_bad_config_fails_before_compiling(corpus, tmp_path):
+  with pytest.raises(ValueError, match='config.batch_size=6 with config.grad_accum_steps=4'):
+    trainer.train_and_evaluate(tiny_config(corpus, tmp_path, batch_size=6, grad_accum_steps=4),
+                               str(tmp_path / 'run'))
+  with pytest.raises(ValueError, match="config.task='vision'"):
+    trainer.train_and_evaluate(tiny_config(corpus, tmp_path, task='vision'), str(tmp_path / 'r'))
+  with pytest.raises(ValueError, match="model='cp_transformer_lmx' is not registered"):
+    trainer.train_and_evaluate(tiny_config(corpus, tmp_path, **{'model.name': 'cp_transformer_lmx'}),
+                               str(tmp_path / 'r'))
+
+
+_MULTI_DEVICE_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, {repo!r})
+sys.path.insert(0, {tests!r})
+import jax
+from test_training import tiny_config
+from contextpool_jax.training import trainer
+import pathlib
+config = tiny_config(pathlib.Path({corpus!r}), {data!r}, num_train_steps=4, log_every_steps=1,
+                     eval_every_steps=100, checkpoint_every_steps=100)
+config.param_sharding = {sharding!r}
+result = trainer.train_and_evaluate(config, {workdir!r})
+print(json.dumps({{'devices': jax.device_count(),
+                  'losses': [h['loss'] for h in result['train_history']]}}))
+'''
+
+
+def _run_on_devices(n, corpus, tmp_path, sharding):
+  env = dict(os.environ)
+  flags = env.get('XLA_FLAGS', '')
+  env['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={n}'.strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  script = _MULTI_DEVICE_SCRIPT.format(
+      repo=str(REPO), tests=str(REPO / 'tests'), corpus=str(corpus),
+      data=str(tmp_path / 'data'), sharding=sharding, workdir=str(tmp_path / f'run{n}{sharding}'))
+  out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('sharding', ['replicated', 'fsdp'])
+def test_four_devices_give_the_same_losses_as_one(corpus, tmp_path, sharding):
+  one = _run_on_devices(1, corpus, tmp_path, 'replicated')
+  four = _run_on_devices(4, corpus, tmp_path, sharding)
+  assert one['devices'] == 1 and four['devices'] == 4
+  np.testing.assert_allclose(four['losses'], one['losses'], rtol=2e-5)
+
+
+def test_command_line_rejects_unknown_keys(tmp_path):
+  out = subprocess.run(
+      [sys.executable, str(REPO / 'train.py'), '--config', str(REPO / 'configs/default.py'),
+       '--workdir', str(tmp_path), '--config.num_train_stepz=3'],
+      capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert out.returncode != 0
+  assert 'num_train_stepz' in out.stderr
