@@ -1,0 +1,201 @@
+"""Autoregressive decoding (greedy, beam search) for the encoder-decoder Transformer.
+
+* :func:`greedy_decode` -- argmax at every step.
+* :func:`beam_search` -- beam search with the GNMT length penalty
+  ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016; used by Vaswani et al.,
+  2017 with beam 4, alpha 0.6), ``|Y|`` counting the generated tokens including EOS.
+
+Both return int32 ids ``[batch, max_len]``: the tokens up to and including
+EOS, then 0. A sequence that has no EOS after ``max_len`` tokens is returned
+as it is (``max_len`` tokens, no EOS).
+
+The model is used only through ``model.apply(params, inputs, method=model.encode)``
+and ``model.apply(params, encoded, inputs, decoder_inputs, method=model.decode)``
+(logits ``[b, len, vocab]`` for every decoder input position; position 0
+reads the BOS id 0). Any object with ``apply``, ``encode`` and ``decode`` works,
+e.g. a toy Flax module in tests; ``encoded`` may be any pytree with a leading
+batch axis.
+
+No incremental cache: ContextPool and area attention read the whole prefix, so
+step ``t`` re-runs ``decode`` on the decoded prefix padded to a static width
+and reads the logits at position ``t``. That is exact because the decoder is
+causal (position t only sees decoder inputs 0..t), so zeros after t change
+nothing. To save work the steps run in segments of static width
+``min_segment, 2 * min_segment, ...`` (step t uses the smallest width > t),
+each a ``lax.while_loop`` that stops as soon as every sequence has finished;
+``min_segment=None`` uses one width ``max_len``. Everything has static shapes:
+wrap in ``jax.jit`` with ``model``, ``max_len``, ``beam_size``, ``alpha``,
+``eos_id`` static (e.g. via ``functools.partial``).
+
+Beam search (a decision): each step scores all ``k * vocab`` extensions of
+the ``k`` live hypotheses and takes the best ``2k``. Those among the best ``k``
+that end in EOS are finished, scored ``logp / lp(len)`` (as in fairseq); the
+best ``k`` that do not end in EOS stay live. A sentence stops when it has ``k``
+finished hypotheses and none of its live ones, were it to end now, would score
+above the worst of them (``max live logp / lp(t) <= k-th finished score``, the
+same kind of test as Hugging Face transformers' beam search with
+``early_stopping=False``), or at ``max_len``, where the best ``k`` candidates
+are finished as they are. The result is the best finished hypothesis. With
+``alpha = 0`` the rule is exact (log-probabilities only fall); with
+``alpha > 0`` a longer continuation could still have won, a usual
+approximation (tensor2tensor's bound ``logp / lp(max_len)`` is exact but
+stops later). Because EOS only
+finishes from the best ``k`` and the stop test compares equal lengths,
+``beam_size=1`` is exactly greedy decoding for every ``alpha``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic NaN-free
+
+
+def length_penalty(length, alpha: float):
+  """GNMT length penalty ``((5 + length) / 6) ** alpha``."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _segments(max_len: int, min_segment: Optional[int]) -> list[tuple[int, int]]:
+  """``[(end, width)]``: steps ``t < end`` (after the previous end) use width ``width``."""
+  if max_len <= 0:
+    raise ValueError(f'max_len={max_len} must be positive.')
+  if min_segment is None or min_segment >= max_len:
+    return [(max_len, max_len)]
+  if min_segment <= 0:
+    raise ValueError(f'min_segment={min_segment} must be positive or None.')
+  out, width = [], min_segment
+  while True:
+    end = min(width, max_len)
+    out.append((end, end))
+    if end == max_len:
+      return out
+    width *= 2
+
+
+def _shift_right(x: Array, width: int) -> Array:
+  """Decoder inputs of width ``width``: BOS (0) then ``x[:, :width - 1]``."""
+  return jnp.pad(x[:, :width - 1], ((0, 0), (1, 0)))
+
+
+def _step_logits(model, params, encoded, inputs, tokens: Array, t: Array, width: int) -> Array:
+  """float32 logits ``[n, vocab]`` for output position ``t`` given ``tokens[:, :t]``."""
+  logits = model.apply(params, encoded, inputs, _shift_right(tokens, width), method=model.decode)
+  return lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False).astype(jnp.float32)
+
+
+def _check(inputs, max_len):
+  if inputs.ndim != 2:
+    raise ValueError(f'inputs must be [batch, source_len] token ids; got shape {inputs.shape}.')
+  if not isinstance(max_len, int) or max_len <= 0:
+    raise ValueError(f'max_len={max_len!r} must be a positive Python int (a static size).')
+
+
+def greedy_decode(model, params, inputs: Array, *, max_len: int, eos_id: int = 1,
+                  min_segment: Optional[int] = 16) -> Array:
+  """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS."""
+  _check(inputs, max_len)
+  inputs = jnp.asarray(inputs)
+  batch = inputs.shape[0]
+  encoded = model.apply(params, inputs, method=model.encode)
+  state = (jnp.int32(0), jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool))
+  for end, width in _segments(max_len, min_segment):
+
+    def cond(s, end=end):
+      t, _, done = s
+      return (t < end) & ~jnp.all(done)
+
+    def body(s, width=width):
+      t, tokens, done = s
+      logits = _step_logits(model, params, encoded, inputs, tokens, t, width)
+      tok = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+      tokens = lax.dynamic_update_index_in_dim(tokens, tok, t, axis=1)
+      return t + 1, tokens, done | (tok == eos_id)
+
+    state = lax.while_loop(cond, body, state)
+  return state[1]
+
+
+def beam_search(model, params, inputs: Array, *, beam_size: int = 4, alpha: float = 0.6,
+                max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16) -> Array:
+  """Beam search (module docstring): the best hypothesis, int32 ``[batch, max_len]``."""
+  seqs, _ = beam_search_all(model, params, inputs, beam_size=beam_size, alpha=alpha,
+                            max_len=max_len, eos_id=eos_id, min_segment=min_segment)
+  return seqs[:, 0]
+
+
+def _gather_beams(x: Array, idx: Array) -> Array:
+  """``x [b, n, ...]``, ``idx [b, m]`` -> ``[b, m, ...]``."""
+  return jax.vmap(lambda xb, ib: xb[ib])(x, idx)
+
+
+def _tile(tree: Any, k: int) -> Any:
+  """Repeats every leaf's batch rows k times: ``[b, ...] -> [b * k, ...]`` (row-major)."""
+  return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), tree)
+
+
+def beam_search_all(model, params, inputs: Array, *, beam_size: int = 4, alpha: float = 0.6,
+                    max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16
+                    ) -> tuple[Array, Array]:
+  """All finished hypotheses: ids ``[batch, beam_size, max_len]`` and scores
+  ``[batch, beam_size]`` (``logp / lp``), best first; empty slots score ``NEG_INF``."""
+  _check(inputs, max_len)
+  if not isinstance(beam_size, int) or beam_size < 1:
+    raise ValueError(f'beam_size={beam_size!r} must be a positive int.')
+  inputs = jnp.asarray(inputs)
+  b, k = inputs.shape[0], beam_size
+  encoded = _tile(model.apply(params, inputs, method=model.encode), k)
+  tiled_inputs = _tile(inputs, k)
+  rank = jnp.arange(2 * k)
+
+  state = dict(
+      t=jnp.int32(0),
+      alive_seq=jnp.zeros((b, k, max_len), jnp.int32),
+      # Only beam 0 is live at the start, so the first step expands one hypothesis.
+      alive_logp=jnp.tile(jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF)[None], (b, 1)),
+      fin_seq=jnp.zeros((b, k, max_len), jnp.int32),
+      fin_score=jnp.full((b, k), NEG_INF, jnp.float32),
+      num_fin=jnp.zeros((b,), jnp.int32),
+      done=jnp.zeros((b,), bool),
+  )
+
+  def step(s, width):
+    t = s['t']
+    logits = _step_logits(model, params, encoded, tiled_inputs,
+                          s['alive_seq'].reshape(b * k, max_len), t, width)
+    vocab = logits.shape[-1]
+    if vocab < 2:
+      raise ValueError(f'beam search needs a vocabulary of at least 2 ids; got {vocab}.')
+    logp = jax.nn.log_softmax(logits).reshape(b, k, vocab)
+    cand = (s['alive_logp'][:, :, None] + logp).reshape(b, k * vocab)
+    top_logp, top_idx = lax.top_k(cand, 2 * k)                      # [b, 2k], best first
+    tok = (top_idx % vocab).astype(jnp.int32)
+    seq = _gather_beams(s['alive_seq'], top_idx // vocab)          # [b, 2k, max_len]
+    seq = jax.vmap(lambda x, v: lax.dynamic_update_index_in_dim(x, v, t, axis=1))(seq, tok)
+    real = top_logp > NEG_INF / 2
+    finish = (rank < k) & real & ((tok == eos_id) | (t == max_len - 1)) & ~s['done'][:, None]
+    # Finished: merge the new ones into the k best so far (earlier ones win ties).
+    new_score = jnp.where(finish, top_logp / length_penalty(t + 1, alpha), NEG_INF)
+    fin_score, fin_idx = lax.top_k(jnp.concatenate([s['fin_score'], new_score], 1), k)
+    fin_seq = _gather_beams(jnp.concatenate([s['fin_seq'], seq], 1), fin_idx)
+    # Alive: the k best candidates that do not end in EOS.
+    alive_logp, alive_idx = lax.top_k(jnp.where(tok == eos_id, NEG_INF, top_logp), k)
+    alive_logp = jnp.maximum(alive_logp, NEG_INF)
+    num_fin = s['num_fin'] + jnp.sum(finish, axis=1, dtype=jnp.int32)
+    # Stop test at equal length t + 1; sticky, so a stopped sentence stays frozen.
+    done = s['done'] | ((num_fin >= k) &
+                        (fin_score[:, -1] >= alive_logp[:, 0] / length_penalty(t + 1, alpha)))
+    return dict(t=t + 1, alive_seq=_gather_beams(seq, alive_idx), alive_logp=alive_logp,
+                fin_seq=fin_seq, fin_score=fin_score, num_fin=num_fin, done=done)
+
+  for end, width in _segments(max_len, min_segment):
+    state = lax.while_loop(
+        lambda s, end=end: (s['t'] < end) & ~jnp.all(s['done']),
+        lambda s, width=width: step(s, width), state)
+  return state['fin_seq'], state['fin_score']
