@@ -8,6 +8,9 @@ reduced context (256 bytes, step 128; the paper uses 32k, step 512). Not a paper
 (``configs/enwik8.py``) that exercises every part of the training system.
 
   python train.py --config configs/default.py --workdir /tmp/cp
+  python train.py --config configs/default.py:baseline --workdir /tmp/base   # no ContextPool
+  python train.py --config configs/default.py --workdir /tmp/cp2 \
+      --config.model.context_pool.size_norm=sigmoid          # an ablation (README: A1)
 """
 
 import ml_collections
@@ -15,7 +18,10 @@ import ml_collections
 from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str = '') -> ml_collections.ConfigDict:
+  """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
+  if variant not in ('', 'baseline'):
+    raise ValueError(f"configs/default.py variant {variant!r} is not one of '', 'baseline'.")
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500
@@ -25,7 +31,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 250
   c.model = ml_collections.ConfigDict(dict(
       name='cp_transformer_lm', num_layers=2, emb_dim=256, mlp_dim=1024, num_heads=4,
-      dropout_rate=0.0, context_pool={}))
+      dropout_rate=0.0,
+      # The ContextPool fields an ablation changes (ContextPool defaults otherwise).
+      context_pool=dict(size_norm='softmax', residual=False, weights='learned',
+                        locality='gaussian', mapping='cnn')))
+  if variant == 'baseline':
+    c.model.name = 'transformer_lm'
+    c.model.context_pool = None
   c.optimizer.update(name='adamw', learning_rate=2e-3, schedule='cosine', warmup_steps=50,
                      weight_decay=0.01, grad_clip_norm=1.0)
   c.dataset = ml_collections.ConfigDict(dict(

@@ -62,3 +62,11 @@ def test_clipping_bounds_the_update():
 def test_bad_values_raise_naming_the_field(field, value):
   with pytest.raises(ValueError, match=f'config.optimizer.{field}'):
     optim.make_optimizer(_cfg(**{field: value}), 10)
+
+
+def test_piecewise_is_he_et_als_step_schedule():
+  cfg = _cfg(schedule='piecewise', warmup_steps=0, learning_rate=0.1,
+             boundaries=(32000, 48000), decay_factor=0.1)
+  schedule = optim.make_schedule(cfg, 64000)
+  for step, want in [(0, 0.1), (31999, 0.1), (32001, 0.01), (47999, 0.01), (48001, 0.001)]:
+    np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-6)

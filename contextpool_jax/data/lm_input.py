@@ -33,6 +33,8 @@ Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
   (rows), divisible by ``process_count``.
 * ``config.dataset.eval_max_bytes`` (``0``): evaluate on only the first this
   many bytes of the split (quick evaluation during training); 0 = all.
+* ``config.dataset.split_bytes`` (unset): enwik8/text8 only: (train, validation,
+  test) sizes in bytes; unset = the standard 90M/5M/5M.
 * ``config.dataset.download`` (``True``): enwik8/text8: may download when not
   prepared and no manual file is found (else DatasetNotFoundError).
 * ``config.dataset.read_threads`` (``2``) and ``config.dataset.prefetch``
@@ -186,6 +188,13 @@ def load_split(config, split: str) -> text_builders.ByteSplit:
         max_bytes=_int(config, 'dataset.max_bytes', 0,
                        text_builders.DEFAULT_MAX_BYTES),
     )
+  elif _get(config, 'dataset.split_bytes', None):
+    # enwik8/text8 with non-standard split sizes (tests on small files).
+    split_bytes = tuple(_get(config, 'dataset.split_bytes'))
+    if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
+      raise ValueError('config.dataset.split_bytes must be 3 positive ints (train, '
+                       f'validation, test bytes), got {split_bytes!r}.')
+    kwargs = dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), split_bytes))
   download = _get(config, 'dataset.download', True)
   if not isinstance(download, bool):
     raise ValueError(f'config.dataset.download must be a bool, got'

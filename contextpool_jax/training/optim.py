@@ -8,7 +8,9 @@
   linear warm-up, then ``lr * sqrt(warmup / step)``) | ``'cosine'`` (linear
   warm-up, cosine decay to ``end_learning_rate`` at ``num_train_steps``) |
   ``'linear'`` (linear warm-up, linear decay to ``end_learning_rate``) |
-  ``'warmup_constant'`` (linear warm-up, then constant).
+  ``'warmup_constant'`` (linear warm-up, then constant) | ``'piecewise'``
+  (linear warm-up, then the rate times ``decay_factor`` at each step in
+  ``boundaries``: He et al.'s ResNet schedule).
 * ``warmup_steps``, ``end_learning_rate``.
 * ``b1``, ``b2``, ``eps`` (Adam/AdamW), ``momentum``, ``nesterov`` (SGD).
 * ``weight_decay``: decoupled (AdamW) or L2 added to the gradient (SGD/Adam);
@@ -29,7 +31,7 @@ import optax
 from contextpool_jax.layers import _validation as v
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
-SCHEDULES = ('constant', 'inverse_sqrt', 'cosine', 'linear', 'warmup_constant')
+SCHEDULES = ('constant', 'inverse_sqrt', 'cosine', 'linear', 'warmup_constant', 'piecewise')
 _OWNER = 'config.optimizer'
 
 
@@ -52,6 +54,15 @@ def make_schedule(cfg: ml_collections.ConfigDict, num_train_steps: int) -> optax
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak)],
         [max(warmup, 1)])
+  if cfg.schedule == 'piecewise':
+    boundaries = tuple(cfg.get('boundaries', ()))
+    factor = float(cfg.get('decay_factor', 0.1))
+    if not all(isinstance(b, int) and b > warmup for b in boundaries):
+      raise ValueError(f'{_OWNER}.boundaries={boundaries!r} must be steps > warmup_steps.')
+    after = optax.piecewise_constant_schedule(peak, {b - warmup: factor for b in boundaries})
+    if warmup == 0:
+      return optax.piecewise_constant_schedule(peak, {b: factor for b in boundaries})
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
   decay_steps = max(num_train_steps - warmup, 1)
   if cfg.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup, 1),

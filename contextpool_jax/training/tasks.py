@@ -233,14 +233,14 @@ class Classification(Task):
   def _targets(self, batch):
     if 'soft_label' in batch:
       return batch['soft_label']
-    return jax.nn.one_hot(batch['label'], self.config.num_classes)
+    return jax.nn.one_hot(batch['label'], self.model.num_classes)
 
   def prepare_train_batch(self, batch, rng):
     d = self.config.dataset
     if d.get('mixup_alpha', 0.0) <= 0 and d.get('cutmix_alpha', 0.0) <= 0:
       return batch
     from contextpool_jax.data import image_input
-    onehot = jax.nn.one_hot(batch['label'], self.config.num_classes)
+    onehot = jax.nn.one_hot(batch['label'], self.model.num_classes)
     images, soft = image_input.mixup_cutmix(
         rng, batch['image'], onehot, mixup_alpha=d.get('mixup_alpha', 0.0),
         cutmix_alpha=d.get('cutmix_alpha', 0.0), switch_prob=d.get('mixup_switch_prob', 0.5))

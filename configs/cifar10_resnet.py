@@ -1,0 +1,37 @@
+r"""CIFAR-10 ResNets (He et al. 2016) with and without ContextPool (ContextPool App. B, Table S1).
+
+Targets (accuracy): ResNet-44 92.9 (0.66M), CP-ResNet-44 93.4 (0.68M),
+CP-ResNet-46 93.7 (0.70M).
+
+  python train.py --config configs/cifar10_resnet.py:cp_resnet44 --workdir /tmp/cp_resnet44
+
+Recipe (He et al. Sec. 4.2): SGD, momentum 0.9, weight decay 1e-4, batch 128,
+learning rate 0.1 divided by 10 at 32k and 48k iterations, 64k iterations;
+4-pixel padding + random 32x32 crop + horizontal flip.
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
+  names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
+  if arg not in names:
+    raise ValueError(f'configs/cifar10_resnet.py:{arg!r}: expected one of {names}.')
+  c = common.base_config()
+  c.task = 'classification'
+  c.num_train_steps = 64_000
+  c.batch_size = 128
+  c.eval_every_steps = 4_000
+  c.checkpoint_every_steps = 4_000
+  c.log_every_steps = 100
+  c.eval_splits = ('test',)
+  c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=10))
+  c.optimizer.update(name='sgd', learning_rate=0.1, schedule='piecewise', warmup_steps=0,
+                     boundaries=(32_000, 48_000), decay_factor=0.1, momentum=0.9,
+                     nesterov=False, weight_decay=1e-4)
+  c.dataset = ml_collections.ConfigDict(dict(
+      name='cifar10', data_dir='', image_size=32, train_split='train', eval_split='test',
+      eval_batch_size=1000))
+  return c

@@ -1,0 +1,169 @@
+"""Every config is valid, and every config family trains a few steps at reduced size.
+
+Data: synthetic enwik8/text8 zips in ``manual_dir`` (small split sizes),
+``tfds.testing.mock_data`` for cifar10 / imagenet2012, and a mocked WMT'14 data
+source with small sentence pairs. Reduced size means the same config with a
+small model and batch (set as overrides, like a user would on the command line).
+"""
+
+import contextlib
+import importlib
+import io
+import pathlib
+import zipfile
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from contextpool_jax import models
+from contextpool_jax.training import tasks, trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+CONFIGS = {
+    'default': ['', 'baseline'],
+    'wmt14': [f'{p},{s},{k}' for p in ('en-de', 'en-fr') for s in ('tiny', 'small', 'base', 'big')
+              for k in ('standard', 'local', 'area', 'cp')],
+    'enwik8': ['stage1', 'stage2', 'stage3', 'stage1,baseline'],
+    'text8': ['stage1', 'stage3,baseline'],
+    'imagenet_vit': ['vit_b16', 'cp_vit_b16'],
+    'cifar10_resnet': ['resnet44', 'cp_resnet44', 'cp_resnet46', 'resnet20'],
+    'imagenet_resnet': ['resnet50', 'cp_resnet50', 'resnet101', 'cp_resnet101',
+                        'lambda_resnet50', 'aa_resnet34', 'aa_resnet50'],
+}
+
+
+def _load(name, arg):
+  module = importlib.import_module(f'configs.{name}')
+  return module.get_config(arg) if arg else module.get_config()
+
+
+@pytest.mark.parametrize('name,arg', [(n, a) for n, args in CONFIGS.items() for a in args])
+def test_every_config_is_valid(name, arg):
+  config = _load(name, arg)
+  trainer.validate_config(config)
+  assert config.model.name in models.available()
+  model = tasks.build_model(config)  # every override is a field of the model
+  assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
+
+
+def test_bad_config_argument_is_a_clear_error():
+  with pytest.raises(ValueError, match='configs/wmt14.py'):
+    _load('wmt14', 'en-de,huge,cp')
+
+
+def _shrink(config, workdir_steps=3):
+  config.num_train_steps = workdir_steps
+  config.log_every_steps = 1
+  config.eval_every_steps = workdir_steps
+  config.checkpoint_every_steps = workdir_steps
+  config.progress_bar = False
+  config.async_checkpointing = False
+  config.dtype = 'float32'
+  config.remat = False
+  return config
+
+
+def _run(config, tmp_path):
+  result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result['step'] == config.num_train_steps
+  losses = [h['loss'] for h in result['train_history']]
+  assert all(np.isfinite(losses))
+  evals = [v for k, v in result.items() if k.startswith('eval_')]
+  assert evals and all(np.isfinite(x) for e in evals for x in e.values())
+  return result
+
+
+@pytest.mark.parametrize('name', ['enwik8', 'text8'])
+def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
+  manual = tmp_path / 'manual'
+  manual.mkdir()
+  rng = np.random.default_rng(0)
+  alphabet = (np.frombuffer(b'abcdefghij klmnop\n<>', np.uint8) if name == 'enwik8'
+              else np.frombuffer(b'abcdefghijklmnopqrstuvwxyz ', np.uint8))
+  data = alphabet[rng.integers(0, len(alphabet), 30_000)].tobytes()
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, 'w') as z:
+    z.writestr(name, data)
+  (manual / f'{name}.zip').write_bytes(buf.getvalue())
+  config = _shrink(_load(name, 'stage1'))
+  config.batch_size = 4
+  config.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2)
+  config.dataset.update(data_dir=str(tmp_path / 'data'), manual_dir=str(manual), seq_len=64,
+                        eval_context=64, eval_step=32, eval_batch_size=4, eval_max_bytes=512,
+                        download=False)
+  with config.unlocked():
+    config.dataset.split_bytes = (27_000, 1_500, 1_500)
+  result = _run(config, tmp_path)
+  assert result['eval_validation']['bpc'] > 0
+
+
+EN = 'the a house cat dog is small big green red sees runs and old new'.split()
+DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
+
+
+@contextlib.contextmanager
+def _mock_wmt(n=200):
+  rng = np.random.default_rng(0)
+  records = []
+  for _ in range(n):
+    w = rng.integers(0, len(EN), int(rng.integers(2, 9)))
+    records.append({'en': ' '.join(EN[j] for j in w), 'de': ' '.join(DE[j] for j in w)})
+
+  def as_data_source(self, split, decoders=None, deserialize_method=None, **kwargs):
+    del self, decoders, deserialize_method, kwargs
+    return records if split == 'train' else records[:16]
+
+  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
+                              as_data_source_fn=as_data_source):
+    yield
+
+
+@pytest.mark.parametrize('kind', ['cp', 'area'])
+def test_wmt14_config_trains_and_reports_bleu(kind, tmp_path):
+  config = _shrink(_load('wmt14', f'en-de,tiny,{kind}'))
+  config.batch_size = 8
+  config.model.update(vocab_size=48)
+  config.dataset.update(vocab_size=48, max_source_len=16, max_target_len=16, eval_batch_size=8)
+  config.eval_bleu_batches = 1
+  config.beam_size = 2
+  with _mock_wmt():
+    result = _run(config, tmp_path)
+  assert 0.0 <= result['eval_validation']['bleu'] <= 100.0
+
+
+def _mock_images():
+  return tfds.testing.mock_data(num_examples=16, policy=tfds.testing.MockPolicy.USE_CODE)
+
+
+def test_cifar10_resnet_config_trains(tmp_path):
+  config = _shrink(_load('cifar10_resnet', 'cp_resnet20'))
+  config.batch_size = 4
+  config.dataset.update(eval_batch_size=8)
+  with _mock_images():
+    result = _run(config, tmp_path)
+  assert 0.0 <= result['eval_test']['top1'] <= 1.0
+
+
+@pytest.mark.parametrize('arg,overrides', [
+    ('cp_vit_b16', dict(image_size=32, num_layers=2, hidden_size=32, num_heads=2, mlp_dim=64)),
+    ('cp_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=8)),
+    ('lambda_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=16, lambda_scope_size=3)),
+    ('aa_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=16, aa_heads=2,
+                         aa_min_key_depth_per_head=0)),
+], ids=lambda x: x if isinstance(x, str) else '')
+def test_imagenet_configs_train(arg, overrides, tmp_path):
+  family = 'imagenet_vit' if 'vit' in arg else 'imagenet_resnet'
+  config = _shrink(_load(family, arg))
+  config.batch_size = 4
+  config.model.update(num_classes=1000)
+  with config.unlocked():
+    config.model.update(overrides)
+  config.dataset.update(image_size=32, eval_batch_size=8)
+  if 'randaugment_num_ops' in config.dataset:
+    config.dataset.update(randaugment_num_ops=1)
+  with _mock_images():
+    result = _run(config, tmp_path)
+  assert 0.0 <= result['eval_validation']['top5'] <= 1.0
