@@ -89,6 +89,7 @@ def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
     z.writestr(name, data)
   (manual / f'{name}.zip').write_bytes(buf.getvalue())
   config = _shrink(_load(name, 'stage1'))
+  config.dtype, config.remat = 'bfloat16', True  # the paper configs' compute settings
   config.batch_size = 4
   config.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2)
   config.dataset.update(data_dir=str(tmp_path / 'data'), manual_dir=str(manual), seq_len=64,

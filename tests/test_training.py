@@ -175,3 +175,17 @@ def test_command_line_rejects_unknown_keys(tmp_path):
       capture_output=True, text=True, timeout=300, cwd=REPO)
   assert out.returncode != 0
   assert 'num_train_stepz' in out.stderr
+
+
+def test_bpc_of_a_uniform_model_is_eight_bits(corpus, tmp_path):
+  """Known input: a model that puts 1/256 on every byte costs exactly log2(256) = 8 bits."""
+  import jax.numpy as jnp
+  from contextpool_jax.training import tasks
+  task = tasks.LanguageModelling(tiny_config(corpus, tmp_path), str(tmp_path))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 17)), jnp.int32)
+  weights = jnp.ones((3, 16)).at[2, :8].set(0.0)  # unscored positions do not count
+  batch = {'tokens': tokens, 'weights': weights}
+  sums = task.eval_sums(jnp.zeros((3, 16, 256)), batch)
+  metrics = task.finalize({k: float(v) for k, v in sums.items()})
+  np.testing.assert_allclose(metrics['bpc'], 8.0, rtol=1e-6)
+  assert float(sums['weight']) == 40.0
