@@ -336,16 +336,8 @@ class _Embedder(nn.Module):
     return self.embedding.attend(x).astype(jnp.float32)
 
 
-class Transformer(nn.Module):
-  """Encoder-decoder Transformer for translation (see the module docstring).
-
-  ``__call__(inputs, targets, train=False) -> logits [batch, target_len, vocab]``
-  with ``inputs [batch, source_len]`` and ``targets [batch, target_len]`` int
-  token ids (0 = padding); the decoder reads ``targets`` shifted right by one
-  (teacher forcing), so logits[:, t] predicts targets[:, t]. For inference,
-  ``encode(inputs)`` and ``decode(encoded, inputs, decoder_inputs)`` (the
-  decoder reads ``decoder_inputs`` as given; start with 0 = BOS/pad).
-  """
+class _TransformerFields(nn.Module):
+  """Fields shared by :class:`Transformer` and :class:`TransformerLM` (the configuration)."""
 
   vocab_size: int = 32000
   num_layers: int = 6
@@ -364,18 +356,33 @@ class Transformer(nn.Module):
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
-  def setup(self):
-    _check_common('Transformer', self)
-    self.embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype)
-    stack = functools.partial(
-        TransformerStack, num_layers=self.num_layers, num_heads=self.num_heads,
-        mlp_dim=self.mlp_dim, attention=self.attention, local_window=self.local_window,
+  def make_stack(self, causal: bool, **kwargs) -> TransformerStack:
+    """A :class:`TransformerStack` with this model's fields."""
+    return TransformerStack(
+        num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+        attention=self.attention, causal=causal, local_window=self.local_window,
         num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
         context_pool=self.context_pool, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
-        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype)
-    self.encoder = stack(causal=False)
-    self.decoder = stack(causal=True)
+        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype, **kwargs)
+
+
+class Transformer(_TransformerFields):
+  """Encoder-decoder Transformer for translation (see the module docstring).
+
+  ``__call__(inputs, targets, train=False) -> logits [batch, target_len, vocab]``
+  with ``inputs [batch, source_len]`` and ``targets [batch, target_len]`` int
+  token ids (0 = padding); the decoder reads ``targets`` shifted right by one
+  (teacher forcing), so logits[:, t] predicts targets[:, t]. For inference,
+  ``encode(inputs)`` and ``decode(encoded, inputs, decoder_inputs)`` (the
+  decoder reads ``decoder_inputs`` as given; start with 0 = BOS/pad).
+  """
+
+  def setup(self):
+    _check_common('Transformer', self)
+    self.embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype)
+    self.encoder = self.make_stack(causal=False)
+    self.decoder = self.make_stack(causal=True)
     self.embedding_dropout = nn.Dropout(self.dropout_rate)
 
   def encode(self, inputs: Array, train: bool = False) -> Array:
@@ -404,30 +411,18 @@ class Transformer(nn.Module):
     return self.decode(encoded, inputs, decoder_inputs, train)
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(_TransformerFields):
   """Decoder-only causal LM (the ContextPool paper's character-level model).
 
   ``__call__(tokens, train=False) -> logits [batch, length, vocab]`` (float32),
   where logits[:, t] predicts tokens[:, t + 1]: every position only reads
   tokens <= t (attention, area attention and ContextPool are all causal).
+  Defaults: the paper's 12 x 512 model over 256 bytes.
   """
 
   vocab_size: int = 256
   num_layers: int = 12
-  emb_dim: int = 512
-  mlp_dim: int = 2048
-  num_heads: int = 8
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  attention: str = 'standard'
   local_window: int = 256
-  num_area_layers: int = 2
-  max_area_width: int = 5
-  context_pool: Optional[Mapping[str, Any]] = None
-  scan_layers: bool = False
-  remat: bool = False
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, tokens: Array, train: bool = False) -> Array:
@@ -436,14 +431,8 @@ class TransformerLM(nn.Module):
     embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype,
                          name='embedder')
     x = nn.Dropout(self.dropout_rate)(embedder(tokens), deterministic=not train)
-    x = TransformerStack(
-        num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-        attention=self.attention, causal=True, local_window=self.local_window,
-        num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
-        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
-        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype,
-        name='decoder')(x, jnp.ones(tokens.shape, bool), train=train)
+    x = self.make_stack(causal=True, name='decoder')(
+        x, jnp.ones(tokens.shape, bool), train=train)
     return embedder.attend(x)
 
 
