@@ -25,24 +25,33 @@ _WORKDIR = flags.DEFINE_string('workdir', '/tmp/contextpool_ablation', 'Output d
 _STEPS = flags.DEFINE_integer('steps', 500, 'Training steps per run.')
 _SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds (one run per seed and variant).')
 _VARIANTS = flags.DEFINE_list(
-    'variants', ['baseline', 'softmax', 'sigmoid', 'softmax_residual', 'sigmoid_residual'],
+    'variants', ['baseline', 'softmax', 'sigmoid', 'softmax_residual', 'sigmoid_residual',
+                 'softmax_attention_input', 'sigmoid_attention_input'],
     'Variants to run.')
 
+# variant: (ContextPool overrides or None for no ContextPool, model overrides)
 VARIANTS = {
-    'baseline': None,  # no ContextPool
-    'softmax': dict(size_norm='softmax', residual=False),
-    'sigmoid': dict(size_norm='sigmoid', residual=False),
-    'softmax_residual': dict(size_norm='softmax', residual=True),
-    'sigmoid_residual': dict(size_norm='sigmoid', residual=True),
+    'baseline': (None, {}),
+    'softmax': (dict(size_norm='softmax', residual=False), {}),
+    'sigmoid': (dict(size_norm='sigmoid', residual=False), {}),
+    'softmax_residual': (dict(size_norm='softmax', residual=True), {}),
+    'sigmoid_residual': (dict(size_norm='sigmoid', residual=True), {}),
+    'softmax_attention_input': (dict(size_norm='softmax', residual=False),
+                                dict(context_pool_position='attention_input')),
+    'sigmoid_attention_input': (dict(size_norm='sigmoid', residual=False),
+                                dict(context_pool_position='attention_input')),
 }
 
 
 def make_config(variant: str, seed: int, steps: int):
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   from configs import default  # pylint: disable=g-import-not-at-top
-  c = default.get_config('baseline' if VARIANTS[variant] is None else '')
-  if VARIANTS[variant] is not None:
-    c.model.context_pool.update(VARIANTS[variant])
+  pool, model = VARIANTS[variant]
+  c = default.get_config('baseline' if pool is None else '')
+  if pool is not None:
+    c.model.context_pool.update(pool)
+  with c.unlocked():
+    c.model.update(model)
   c.seed = seed
   c.num_train_steps = steps
   c.eval_every_steps = steps

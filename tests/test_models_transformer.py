@@ -62,7 +62,8 @@ def test_cp_transformer_lm_has_the_papers_39m_parameters():
 
 CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(context_pool={}), dict(context_pool={'size_norm': 'sigmoid'}, attention='area'),
-    dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'})]
+    dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'}),
+    dict(context_pool={'size_norm': 'sigmoid'}, context_pool_position='attention_input')]
 
 
 def _case_id(case):
@@ -201,7 +202,7 @@ def test_overfits_one_batch(name):
 
 @pytest.mark.parametrize('field,value', [
     ('attention', 'sparse'), ('num_layers', 0), ('num_heads', 3), ('dropout_rate', 1.5),
-    ('num_area_layers', -1), ('local_window', 0)])
+    ('num_area_layers', -1), ('local_window', 0), ('context_pool_position', 'before')])
 def test_bad_options_raise(field, value):
   with pytest.raises(ValueError, match=field):
     T.TransformerLM(**dict(TINY, **{field: value})).init(jax.random.key(0), _tokens((1, 4)))

@@ -176,6 +176,12 @@ class FeedForward(nn.Module):
 class TransformerLayer(nn.Module):
   """One pre-LN layer: self-attention, optional cross-attention, feed-forward, ContextPool.
 
+  ``context_pool_position``: ``'output'`` pools the layer's output (the
+  residual stream the next layer reads); ``'attention_input'`` pools the
+  normalised input of the self-attention, ``x + Attn(CP(LN(x)))``, so the
+  attention reads pooled features while the residual stream keeps every
+  token's own features.
+
   ``__call__(x, x_valid, memory, memory_valid) -> x`` where ``x_valid`` is
   ``[batch, length]`` (True = real token) and ``memory`` the encoder output
   (None for encoder and LM layers).
@@ -188,6 +194,7 @@ class TransformerLayer(nn.Module):
   local_window: int = 64
   max_area_width: int = 5
   context_pool: Optional[Mapping[str, Any]] = None
+  context_pool_position: str = 'output'
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   deterministic: bool = True
@@ -204,7 +211,12 @@ class TransformerLayer(nn.Module):
     norm = functools.partial(nn.LayerNorm, dtype=self.dtype, param_dtype=self.param_dtype)
     drop = lambda h: nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
 
+    pool = make_context_pool(self.context_pool, dtype=self.dtype,
+                             param_dtype=self.param_dtype, name='context_pool',
+                             **({'causal': True} if self.causal else {}))
     h = norm(name='self_attention_norm')(x)
+    if pool is not None and self.context_pool_position == 'attention_input':
+      h = pool(h, x_valid, self.deterministic)  # attention reads pooled features
     h = attn(kind=self.attention, causal=self.causal, name='self_attention')(
         h, h, padding_mask(x_valid, x_valid), self.deterministic)
     x = x + drop(h)
@@ -220,10 +232,7 @@ class TransformerLayer(nn.Module):
     h = FeedForward(self.mlp_dim, self.dropout_rate, self.deterministic, self.dtype,
                     self.param_dtype, name='mlp')(h)
     x = x + drop(h)
-    pool = make_context_pool(self.context_pool, dtype=self.dtype,
-                             param_dtype=self.param_dtype, name='context_pool',
-                             **({'causal': True} if self.causal else {}))
-    if pool is not None:
+    if pool is not None and self.context_pool_position == 'output':
       x = pool(x, x_valid, self.deterministic)
     return x
 
@@ -259,6 +268,7 @@ class TransformerStack(nn.Module):
   num_area_layers: int = 2
   max_area_width: int = 5
   context_pool: Optional[Mapping[str, Any]] = None
+  context_pool_position: str = 'output'
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   scan_layers: bool = False
@@ -273,7 +283,8 @@ class TransformerStack(nn.Module):
     layer = functools.partial(
         layer_cls, num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
         local_window=self.local_window, max_area_width=self.max_area_width,
-        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
+        context_pool=self.context_pool, context_pool_position=self.context_pool_position,
+        dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, deterministic=not train,
         dtype=self.dtype, param_dtype=self.param_dtype)
     args = (valid,) if memory is None else (valid, memory, memory_valid)
@@ -295,8 +306,13 @@ class TransformerStack(nn.Module):
     return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='norm')(x)
 
 
+CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
+
+
 def _check_common(owner: str, m: nn.Module) -> None:
   v.check_choice(owner, 'attention', m.attention, ATTENTIONS)
+  v.check_choice(owner, 'context_pool_position', m.context_pool_position,
+                 CONTEXT_POOL_POSITIONS)
   for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
                 'local_window', 'max_area_width'):
     v.check_positive(owner, field, getattr(m, field), integer=True)
@@ -351,6 +367,7 @@ class _TransformerFields(nn.Module):
   num_area_layers: int = 2
   max_area_width: int = 5
   context_pool: Optional[Mapping[str, Any]] = None
+  context_pool_position: str = 'output'
   scan_layers: bool = False
   remat: bool = False
   dtype: Optional[Dtype] = None
@@ -362,7 +379,8 @@ class _TransformerFields(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         attention=self.attention, causal=causal, local_window=self.local_window,
         num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
-        context_pool=self.context_pool, dropout_rate=self.dropout_rate,
+        context_pool=self.context_pool, context_pool_position=self.context_pool_position,
+        dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
         remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype, **kwargs)
 
