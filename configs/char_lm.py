@@ -45,7 +45,11 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   c.dtype = 'bfloat16'
   c.model = ml_collections.ConfigDict(dict(
       name='cp_transformer_lm' if kind == 'cp' else 'transformer_lm', num_layers=12,
-      emb_dim=512, mlp_dim=2048, num_heads=8, vocab_size=256, dropout_rate=0.2))
+      emb_dim=512, mlp_dim=2048, num_heads=8, vocab_size=256, dropout_rate=0.2,
+      # nn.scan over layers: with remat, XLA then runs one layer's backward at a
+      # time; unrolled, the CPU backend keeps every layer's [heads, n, n]
+      # attention alive (80 GB at n = 8192; benchmarks/contextpool_memory.py).
+      scan_layers=True))
   if kind == 'baseline':
     c.model.context_pool = None
   c.optimizer.update(name='adamw', learning_rate=lr, schedule='warmup_constant',

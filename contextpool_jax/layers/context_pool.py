@@ -34,12 +34,39 @@ how ``l_ij`` is built:
 
 Choices the paper leaves open (papers README, A1-A5) are fields, documented on
 :class:`ContextPool` and in the README table.
+
+Two implementations compute the same ``y`` (field ``implementation``):
+
+* ``'dense'`` builds the ``[batch, m, n]`` pooling matrix (m outputs, n inputs)
+  and lets autodiff differentiate it: O(m n) memory.
+* ``'blockwise'`` never materialises it. Since every variant's ``l_ij`` is a
+  query term plus a key term plus a function of the two positions (the
+  non-local ``theta_i . phi_j`` included), Eq. 4 is an attention with one head,
+  and it is computed flash-attention style: queries and keys in blocks of
+  ``block_size``, an online (running max / running sum) float32 softmax in the
+  forward pass, and a ``jax.custom_vjp`` whose backward pass recomputes each
+  block's probabilities from the saved per-row (max, sum) and differentiates
+  the block's logits with ``jax.vjp``. Memory per example is
+  O((m + n) d + block_size^2).
+  Causal pooling skips the key blocks above the diagonal, a fixed window the
+  key blocks out of its reach. Every weights x locality x mapping variant is
+  supported and gives the dense result up to float32 rounding; the hard
+  adaptive window is exact too (its straight-through gradient only needs the
+  final row max, which the backward pass has).
+* ``'auto'`` (default) is ``'blockwise'`` when the number of input positions n
+  exceeds :data:`AUTO_BLOCKWISE_THRESHOLD` (1024), else ``'dense'``.
+
+Randomness is counter-based in both implementations, so they agree exactly:
+the ``'random_sparse'`` support and the dropout mask on the pooling weights
+are a 32-bit integer hash (murmur3's finaliser) of (seed, centre index, input
+index), evaluated elementwise wherever needed.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
@@ -55,6 +82,17 @@ WEIGHTS = ('learned', 'unnormalized', 'uniform', 'nonlocal')
 LOCALITIES = ('gaussian', 'none', 'fixed_window', 'adaptive_window', 'random_sparse')
 MAPPINGS = ('cnn', 'mlp', 'attention')
 SIZE_NORMS = ('softmax', 'sigmoid')
+IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
+# implementation='auto' uses 'blockwise' when the number of input positions n
+# is larger than this. Measured on CPU (benchmarks/contextpool_memory.py: batch
+# 1, 512 features, cnn mapping, block_size 512, compiled forward+backward temp
+# memory, dense / blockwise): n = 512: 6.2 / 9.2 MiB, 768: 13.0 / 13.3,
+# 1024: 20.3 / 11.3, 2048: 64.6 / 17.7, 4096: 225 / 33, 8192: 835 / 67
+# (12.5x). Blockwise starts to win between 768 and 1024 positions; at 1024
+# the difference is small and dense is as fast (non-causal), from 2048 on
+# blockwise is ~2x faster on CPU too. So: 32 x 32 grids and shorter stay
+# dense, the enwik8/text8 stages (2048, 4096, 8192) are blockwise.
+AUTO_BLOCKWISE_THRESHOLD = 1024
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     'relu': nn.relu,
     'gelu': nn.gelu,
@@ -173,6 +211,74 @@ def _normalise_rows(log_w: Array, allowed: Array) -> Array:
 
 
 # ----------------------------------------------------------------------------
+# Counter-based randomness: the random sparse support and the dropout mask.
+# ----------------------------------------------------------------------------
+
+_SALT_SUPPORT = 0x2C1B3C6D
+_SALT_DROPOUT = 0x297A2D39
+
+
+def _fmix32(h: Array) -> Array:
+  """murmur3's 32-bit finaliser: a bijective avalanche mix of uint32 values."""
+  h = h ^ (h >> 16)
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _row_hash(seed: Any, salt: int, row: Array) -> Array:
+  """The per-row half of :func:`_pair_hash`: a uint32 mix of (seed, salt, row)."""
+  seed = jnp.asarray(seed, jnp.uint32)
+  h = _fmix32(seed ^ np.uint32(salt))
+  return _fmix32(h ^ jnp.asarray(row).astype(jnp.uint32))
+
+
+def _pair_hash(row_hash: Array, col: Array) -> Array:
+  """uint32 hash of (row hash, column index); broadcasts."""
+  return _fmix32(row_hash + jnp.asarray(col).astype(jnp.uint32) * np.uint32(0x9E3779B9))
+
+
+def _threshold(prob: float) -> int:
+  """uint32 threshold t with P(hash < t) = prob (for prob < 1)."""
+  return min(int(round(prob * 2.0 ** 32)), 2 ** 32 - 1)
+
+
+def _support_probability(spatial: Sequence[int], window: int, causal: bool) -> float:
+  """Keep probability of a ``'random_sparse'`` off-centre position.
+
+  ``K / (n - 1)``, where K is the number of other positions in a fixed window
+  of radius ``window`` (causal: K and n - 1 are halved, as only earlier
+  positions count), so that on average the support is as large as the fixed
+  window's.
+  """
+  n = math.prod(spatial)
+  offsets = np.arange(-window, window + 1)
+  grid = np.stack(np.meshgrid(*([offsets] * len(spatial)), indexing='ij'), -1)
+  k = int(np.sum(np.sum(grid ** 2, -1) <= window ** 2)) - 1
+  others = n - 1
+  if causal:  # half the window lies before the token, and so do half the others
+    k, others = k // 2, others / 2
+  return min(1.0, k / max(others, 1))
+
+
+def _random_keep(seed: int, prob: float, q_index: Array, k_index: Array) -> Array:
+  """``'random_sparse'`` keep bits ``[len(q_index), len(k_index)]`` (before the
+  centre itself is added): ``hash(seed, i, j) < prob * 2^32`` elementwise."""
+  if prob >= 1.0:
+    return jnp.ones((q_index.shape[0], k_index.shape[0]), bool)
+  rows = _row_hash(np.uint32(seed & 0xFFFFFFFF), _SALT_SUPPORT, q_index)
+  return _pair_hash(rows[:, None], k_index[None, :]) < np.uint32(_threshold(prob))
+
+
+def _dropout_keep(seeds: Array, rate: float, q_index: Array, k_index: Array) -> Array:
+  """Dropout keep bits ``[batch, len(q_index), len(k_index)]`` from per-example
+  uint32 ``seeds [batch]``: ``hash(seed_b, i, j) >= rate * 2^32``."""
+  rows = _row_hash(seeds[:, None], _SALT_DROPOUT, q_index[None, :])
+  return _pair_hash(rows[:, :, None], k_index[None, None, :]) >= np.uint32(_threshold(rate))
+
+
+# ----------------------------------------------------------------------------
 # The pooling itself.
 # ----------------------------------------------------------------------------
 
@@ -215,6 +321,264 @@ def _apply_pool(p: Array, x: Array) -> Array:
   y = jnp.einsum('bmn,bnd->bmd', p.astype(x.dtype), x,
                  preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------
+# Blockwise pooling: an online softmax over key blocks and a recomputing VJP.
+# ----------------------------------------------------------------------------
+
+
+class _BlockSpec(NamedTuple):
+  """Static description of a blockwise pooling (a ``custom_vjp`` nondiff arg).
+
+  ``k_ranges[q]`` is the half-open range of key blocks query block q reads
+  (causal: none above the diagonal; fixed window: none out of reach).
+  """
+  spatial: tuple[int, ...]
+  block_q: int
+  block_k: int
+  k_ranges: tuple[tuple[int, int], ...]
+  causal: bool
+  locality: str
+  window: int
+  window_softness: float
+  support_seed: int
+  support_prob: float
+  dropout_rate: float
+  nonlocal_features: int  # 0: no non-local term
+
+
+def _flat_coordinates(index: Array, spatial: Sequence[int]) -> list[Array]:
+  """Float32 row-major coordinates of flat indices, one array per axis."""
+  coords = []
+  for size in reversed(spatial[1:]):
+    coords.append(index % size)
+    index = index // size
+  coords.append(index)
+  return [c.astype(jnp.float32) for c in reversed(coords)]
+
+
+def _block_geometry(spec: _BlockSpec, q_idx: Array, k_idx: Array) -> Array:
+  """Squared grid distances ``[Bq, Bk]`` between centres and inputs."""
+  q = _flat_coordinates(q_idx, spec.spatial)
+  k = _flat_coordinates(k_idx, spec.spatial)
+  return sum(jnp.square(a[:, None] - b[None, :]) for a, b in zip(q, k))
+
+
+def _block_logits(spec: _BlockSpec, q_diff: dict[str, Array], k_diff: dict[str, Array],
+                  d2: Array, shape: tuple[int, int, int]) -> tuple[Array, Optional[Array]]:
+  """Differentiable part of one block: ``l [b, Bq, Bk]`` and the soft window.
+
+  ``q_diff``: ``'sigma' [b, Bq]``, ``'theta' [b, Bq, k]``; ``k_diff``:
+  ``'a' [b, Bk]``, ``'phi' [b, Bk, k]`` (each present only if the variant
+  uses it). Same operations as the dense path.
+  """
+  logits = None
+  if 'a' in k_diff:
+    logits = k_diff['a'][:, None, :]
+  if spec.nonlocal_features:
+    nl = jnp.einsum('bmk,bnk->bmn', q_diff['theta'], k_diff['phi'],
+                    preferred_element_type=jnp.float32) / math.sqrt(spec.nonlocal_features)
+    logits = nl if logits is None else logits + nl
+  soft = None
+  if spec.locality in ('gaussian', 'adaptive_window'):
+    sigma_q = q_diff['sigma'][:, :, None]
+    if spec.locality == 'gaussian':
+      bias = -d2[None] / (2.0 * jnp.square(sigma_q) + _MIN_TWO_VARIANCE)
+      logits = bias if logits is None else logits + bias
+    else:
+      soft = jax.nn.sigmoid((sigma_q - jnp.sqrt(d2)[None]) / spec.window_softness)
+  if logits is None:
+    logits = jnp.zeros((), jnp.float32)
+  return jnp.broadcast_to(logits, shape), soft
+
+
+def _block_support(spec: _BlockSpec, q_valid: Array, k_valid: Array, q_idx: Array,
+                   k_idx: Array, d2: Array, sigma: Optional[Array]
+                   ) -> tuple[Array, Optional[Array]]:
+  """Non-differentiable part of one block: ``allowed`` and the hard window."""
+  allowed = q_valid[:, :, None] & k_valid[:, None, :]
+  if spec.causal:
+    allowed = allowed & (k_idx[None, :] <= q_idx[:, None])[None]
+  if spec.locality == 'fixed_window':
+    allowed = allowed & (d2 <= float(spec.window) ** 2)[None]
+  elif spec.locality == 'random_sparse':
+    keep = _random_keep(spec.support_seed, spec.support_prob, q_idx, k_idx)
+    allowed = allowed & (keep | (d2 == 0))[None]
+  in_window = None
+  if spec.locality == 'adaptive_window':
+    in_window = d2[None] <= jnp.square(sigma)[:, :, None]
+  return allowed, in_window
+
+
+def _slice(a: Array, start: Array, size: int, axis: int = 1) -> Array:
+  return jax.lax.dynamic_slice_in_dim(a, start, size, axis)
+
+
+def _loop_bounds(spec: _BlockSpec, qb: Array) -> tuple[Any, Any]:
+  """Key block range of query block ``qb``: Python ints when all blocks agree."""
+  lo, hi = np.asarray(spec.k_ranges, np.int32).T
+  if (lo == lo[0]).all() and (hi == hi[0]).all():
+    return int(lo[0]), int(hi[0])
+  return jnp.asarray(lo)[qb], jnp.asarray(hi)[qb]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blockwise_pool(spec: _BlockSpec, q_diff: dict[str, Array], k_diff: dict[str, Array],
+                    x: Array, q_valid: Array, q_idx: Array, k_valid: Array,
+                    dropout_seeds: Array) -> Array:
+  """``y [b, m_pad, d]`` float32 = softmax-pooling of x, block by block.
+
+  Shapes are padded to whole blocks: ``q_*`` ``[b, m_pad, ...]``, ``k_*`` and
+  ``x`` ``[b, n_pad, ...]``; ``q_idx [m_pad]`` are the centres' flat input
+  indices; the inputs' are ``arange(n_pad)``. ``dropout_seeds [b]`` uint32.
+  """
+  return _blockwise_forward(spec, q_diff, k_diff, x, q_valid, q_idx, k_valid,
+                            dropout_seeds)[0]
+
+
+def _blockwise_forward(spec, q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds):
+  batch, m_pad = q_valid.shape
+  features = x.shape[-1]
+  bq, bk = spec.block_q, spec.block_k
+
+  def query_block(qb, carry):
+    y_all, max_all, sum_all = carry
+    q0 = qb * bq
+    q_d = {k: _slice(v, q0, bq) for k, v in q_diff.items()}
+    qv, qi = _slice(q_valid, q0, bq), _slice(q_idx, q0, bq, 0)
+
+    def key_block(kb, state):
+      row_max, row_sum, acc = state
+      k0 = kb * bk
+      k_d = {k: _slice(v, k0, bk) for k, v in k_diff.items()}
+      ki = k0 + jnp.arange(bk, dtype=jnp.int32)
+      d2 = _block_geometry(spec, qi, ki)
+      logits, _ = _block_logits(spec, q_d, k_d, d2, (batch, bq, bk))
+      allowed, in_window = _block_support(spec, qv, _slice(k_valid, k0, bk), qi, ki, d2,
+                                          q_d.get('sigma'))
+      # Forward values: the hard window is exactly in_window (the STE only
+      # changes gradients), so the support is allowed & in_window.
+      support = allowed if in_window is None else allowed & in_window
+      new_max = jnp.maximum(row_max, jnp.max(jnp.where(support, logits, _NEG), axis=-1))
+      # min(., 0): XLA may evaluate the logits twice, with different rounding,
+      # for the max and for the exponent; a huge transient max (a tiny sigma,
+      # before the block holding the centre) must not overflow exp.
+      e = jnp.exp(jnp.where(support, jnp.minimum(logits - new_max[..., None], 0.0), _NEG))
+      rescale = jnp.exp(row_max - new_max)
+      row_sum = row_sum * rescale + jnp.sum(e, axis=-1)
+      if spec.dropout_rate > 0.0:
+        keep = _dropout_keep(dropout_seeds, spec.dropout_rate, qi, ki)
+        e = jnp.where(keep, e / (1.0 - spec.dropout_rate), 0.0)
+      acc = acc * rescale[..., None] + jnp.einsum(
+          'bmn,bnd->bmd', e.astype(x.dtype), _slice(x, k0, bk),
+          preferred_element_type=jnp.float32)
+      return new_max, row_sum, acc
+
+    init = (jnp.full((batch, bq), _NEG, jnp.float32), jnp.zeros((batch, bq), jnp.float32),
+            jnp.zeros((batch, bq, features), jnp.float32))
+    lo, hi = _loop_bounds(spec, qb)
+    row_max, row_sum, acc = jax.lax.fori_loop(lo, hi, key_block, init)
+    y = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
+    put = lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1)
+    return put(y_all, y), put(max_all, row_max), put(sum_all, row_sum)
+
+  init = (jnp.zeros((batch, m_pad, features), jnp.float32),
+          jnp.zeros((batch, m_pad), jnp.float32), jnp.zeros((batch, m_pad), jnp.float32))
+  y, row_max, row_sum = jax.lax.fori_loop(0, m_pad // bq, query_block, init)
+  residuals = (q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds, y, row_max,
+               row_sum)
+  return y, residuals
+
+
+def _blockwise_backward(spec, residuals, dy):
+  (q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds, y, row_max,
+   row_sum) = residuals
+  batch, bq, bk = q_valid.shape[0], spec.block_q, spec.block_k
+  dy = dy.astype(jnp.float32)
+  # sum_j p_ij dp_ij = dy_i . y_i (dropout included: y is the dropped-out output).
+  delta = jnp.sum(dy * y, axis=-1)
+  denom = jnp.where(row_sum > 0, row_sum, 1.0)
+  zeros = lambda tree: {k: jnp.zeros(v.shape, jnp.float32) for k, v in tree.items()}
+
+  def query_block(qb, carry):
+    dq_all, dk_all, dx_all = carry
+    q0 = qb * bq
+    q_d = {k: _slice(v, q0, bq) for k, v in q_diff.items()}
+    qv, qi = _slice(q_valid, q0, bq), _slice(q_idx, q0, bq, 0)
+    dy_q = _slice(dy, q0, bq)
+    dy_x = dy_q.astype(x.dtype)
+    delta_q, max_q, denom_q = (_slice(a, q0, bq) for a in (delta, row_max, denom))
+
+    def key_block(kb, state):
+      dq, dk_all, dx_all = state
+      k0 = kb * bk
+      k_d = {k: _slice(v, k0, bk) for k, v in k_diff.items()}
+      ki = k0 + jnp.arange(bk, dtype=jnp.int32)
+      d2 = _block_geometry(spec, qi, ki)
+      (logits, soft), logits_vjp = jax.vjp(
+          lambda a, b: _block_logits(spec, a, b, d2, (batch, bq, bk)), q_d, k_d)
+      allowed, in_window = _block_support(spec, qv, _slice(k_valid, k0, bk), qi, ki, d2,
+                                          q_d.get('sigma'))
+      # masked_pool's probabilities, from the final row max and sum. Inside
+      # the support logits <= max, so min(., 0) only changes rounding there;
+      # outside the hard window it is masked_pool's clamp.
+      shifted = jnp.minimum(logits - max_q[..., None], 0.0)
+      ex = jnp.exp(jnp.where(allowed, shifted, _NEG))
+      e = ex if in_window is None else jnp.where(in_window, ex, 0.0)
+      p = e / denom_q[..., None]
+      dp = jnp.einsum('bmd,bnd->bmn', dy_x, _slice(x, k0, bk),
+                      preferred_element_type=jnp.float32)
+      if spec.dropout_rate > 0.0:
+        keep = _dropout_keep(dropout_seeds, spec.dropout_rate, qi, ki)
+        p = jnp.where(keep, p / (1.0 - spec.dropout_rate), 0.0)
+        dp = jnp.where(keep, dp / (1.0 - spec.dropout_rate), 0.0)
+      dx = jnp.einsum('bmn,bmd->bnd', p, dy_q)
+      # p = e / sum(e): d/de_ij = (dp_ij - delta_i) / sum_i.
+      de = (dp - delta_q[..., None]) / denom_q[..., None]
+      d_logits = de * e  # e = exp(logits - max) where it is not 0
+      d_soft = None if soft is None else de * ex  # the STE: e = ex * window
+      dq_blk, dk_blk = logits_vjp((d_logits, d_soft))
+      dq = {k: dq[k] + dq_blk[k].astype(jnp.float32) for k in dq}
+      add = lambda a, u: jax.lax.dynamic_update_slice_in_dim(
+          a, _slice(a, k0, bk) + u.astype(jnp.float32), k0, 1)
+      dk_all = {k: add(dk_all[k], dk_blk[k]) for k in dk_all}
+      return dq, dk_all, add(dx_all, dx)
+
+    lo, hi = _loop_bounds(spec, qb)
+    dq, dk_all, dx_all = jax.lax.fori_loop(lo, hi, key_block,
+                                           (zeros(q_d), dk_all, dx_all))
+    dq_all = {k: jax.lax.dynamic_update_slice_in_dim(dq_all[k], dq[k], q0, 1)
+              for k in dq_all}
+    return dq_all, dk_all, dx_all
+
+  init = (zeros(q_diff), zeros(k_diff), jnp.zeros(x.shape, jnp.float32))
+  dq, dk, dx = jax.lax.fori_loop(0, q_valid.shape[1] // bq, query_block, init)
+  cast = lambda grads, like: {k: grads[k].astype(like[k].dtype) for k in grads}
+  return (cast(dq, q_diff), cast(dk, k_diff), dx.astype(x.dtype), None, None, None, None)
+
+
+_blockwise_pool.defvjp(_blockwise_forward, _blockwise_backward)
+
+
+def _key_block_ranges(q_index: np.ndarray, block_q: int, block_k: int, num_k_blocks: int,
+                      causal: bool, reach: Optional[int]) -> tuple[tuple[int, int], ...]:
+  """Static key block range per query block (see :class:`_BlockSpec`).
+
+  ``reach``: the largest flat-index distance of a key a query can read (None:
+  unbounded).
+  """
+  ranges = []
+  for start in range(0, len(q_index), block_q):
+    idx = q_index[start:start + block_q]
+    lo, hi = 0, num_k_blocks
+    if causal:
+      hi = min(hi, int(idx.max()) // block_k + 1)
+    if reach is not None:
+      lo = max(lo, (int(idx.min()) - reach) // block_k)
+      hi = min(hi, (int(idx.max()) + reach) // block_k + 1)
+    ranges.append((lo, hi))
+  return tuple(ranges)
 
 
 # ----------------------------------------------------------------------------
@@ -277,7 +641,28 @@ class ContextPool(nn.Module):
     random_seed: seed of the ``'random_sparse'`` support (fixed, not an rng).
     nonlocal_features: width of theta/phi for ``weights='nonlocal'``; None
       means the input width (the paper's d x d projections).
-    dropout_rate: dropout on the normalised pooling weights.
+    dropout_rate: dropout on the normalised pooling weights. The keep mask is
+      a counter-based hash of (a per-example seed drawn from the ``'dropout'``
+      rng, centre index, input index), the same in both implementations (and
+      for any ``block_size``), so they give identical outputs for one rng.
+    implementation: ``'auto' | 'dense' | 'blockwise'`` (see the module
+      docstring). ``'dense'`` materialises the ``[batch, m, n]`` pooling
+      matrix; ``'blockwise'`` never does (flash-attention style online softmax
+      and a recomputing ``custom_vjp``), for every variant, with the same
+      result up to float32 rounding. ``'auto'``: ``'blockwise'`` when the
+      number of input positions n > :data:`AUTO_BLOCKWISE_THRESHOLD` (1024),
+      else ``'dense'`` (measured: where blockwise starts to need less compiled
+      forward + backward memory, and is no slower on CPU). Blockwise
+      limitations: reverse-mode autodiff only (``jax.grad``/``vjp``/``jacrev``;
+      ``jax.jvp``/``jacfwd`` raise a TypeError, the price of the custom VJP:
+      use ``'dense'`` for forward mode); ``mapping='attention'`` is itself a
+      flax self-attention over all positions and stays O(n^2) whatever the
+      implementation; with ``weights='nonlocal'`` and a mutable
+      ``'intermediates'`` collection the sown pairwise weights are
+      ``[batch, m, n]`` (only built when sown, in both implementations).
+    block_size: query and key block length of ``'blockwise'`` (clipped to the
+      number of outputs / inputs; other lengths are padded internally and the
+      padding masked). Temporaries are O(batch * block_size^2).
     dtype: compute dtype (None: the input's); the pooling softmax is always
       computed in float32.
     param_dtype: parameter dtype.
@@ -300,6 +685,8 @@ class ContextPool(nn.Module):
   random_seed: int = 0
   nonlocal_features: Optional[int] = None
   dropout_rate: float = 0.0
+  implementation: str = 'auto'
+  block_size: int = 512
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -312,6 +699,8 @@ class ContextPool(nn.Module):
     v.check_choice(_OWNER, 'mapping', self.mapping, MAPPINGS)
     v.check_choice(_OWNER, 'size_norm', self.size_norm, SIZE_NORMS)
     v.check_choice(_OWNER, 'activation', self.activation, tuple(ACTIVATIONS))
+    v.check_choice(_OWNER, 'implementation', self.implementation, IMPLEMENTATIONS)
+    v.check_positive(_OWNER, 'block_size', self.block_size, integer=True)
     v.check_positive(_OWNER, 'ratio', self.ratio, allow_none=True)
     v.check_positive(_OWNER, 'kernel_size', self.kernel_size, integer=True)
     v.check_positive(_OWNER, 'hidden_features', self.hidden_features, integer=True)
@@ -387,6 +776,12 @@ class ContextPool(nn.Module):
 
   # -- forward ---------------------------------------------------------------
 
+  def resolved_implementation(self, num_inputs: int) -> str:
+    """``'dense'`` or ``'blockwise'``: what ``implementation`` means for n inputs."""
+    if self.implementation != 'auto':
+      return self.implementation
+    return 'blockwise' if num_inputs > AUTO_BLOCKWISE_THRESHOLD else 'dense'
+
   @nn.compact
   def __call__(self, x: Array, mask: Optional[Array] = None,
                deterministic: bool = True) -> Array:
@@ -398,6 +793,7 @@ class ContextPool(nn.Module):
     ratio = self.ratio if self.ratio is not None else DEFAULT_RATIO[ndim]
     window_shape = (strides if self.window_shape is None else
                     v.as_tuple(_OWNER, 'window_shape', self.window_shape, ndim))
+    implementation = self.resolved_implementation(n)
 
     valid = (jnp.ones((batch, n), bool) if mask is None
              else jnp.asarray(mask).reshape(batch, n).astype(bool))
@@ -406,13 +802,7 @@ class ContextPool(nn.Module):
     centres = pool_centres(spatial, strides, window_shape)
     out_spatial = tuple(len(c) for c in centres)
     q_index = _query_indices(spatial, centres)  # [m] (static)
-    m = len(q_index)
-    key_index = jnp.arange(n)
-
-    # Which (centre, input) pairs may be pooled: real inputs, and j <= i if causal.
-    allowed = valid[:, None, :] & valid[:, q_index][:, :, None]  # [b, m, n]
-    if self.causal:
-      allowed = allowed & (key_index[None, :] <= jnp.asarray(q_index)[:, None])[None]
+    valid_q = valid[:, q_index]  # [b, m]
 
     # m(X): raw weight and/or raw size channels, only those the variant uses.
     uses_weight = self.weights in ('learned', 'unnormalized')
@@ -420,39 +810,93 @@ class ContextPool(nn.Module):
     channels = int(uses_weight) + int(uses_size)
     raw = self._mapping(x, valid, channels, dtype) if channels else None
 
-    # Log pooling weights a: [b, 1, n] or, for non-local weights, [b, m, n].
+    # Log pooling weights: a query-independent a [b, n] (None: uniform, a = 0)
+    # or, for non-local weights, theta [b, m, k] and phi [b, n, k].
+    log_w = theta = phi = None
     if self.weights == 'learned':
-      log_w = raw[..., 0][:, None, :]
-      sown_w = _normalise_rows(log_w[:, 0], valid)
+      log_w = raw[..., 0]
+      sown_w = lambda: _normalise_rows(log_w, valid)
     elif self.weights == 'unnormalized':
-      log_w = _log_softplus(raw[..., 0])[:, None, :]
-      sown_w = jnp.where(valid, jax.nn.softplus(raw[..., 0]), 0.0)
+      log_w = _log_softplus(raw[..., 0])
+      sown_w = lambda: jnp.where(valid, jax.nn.softplus(raw[..., 0]), 0.0)
     elif self.weights == 'uniform':
-      log_w = jnp.zeros((batch, 1, n), jnp.float32)
-      sown_w = _normalise_rows(log_w[:, 0], valid)
+      sown_w = lambda: _normalise_rows(jnp.zeros((batch, n), jnp.float32), valid)
     else:  # 'nonlocal' (Eq. 3)
       k = self.nonlocal_features or features
       proj = lambda name: nn.DenseGeneral(k, dtype=dtype, param_dtype=self.param_dtype,
                                           name=name)
       theta = proj('nonlocal_theta')(tokens[:, q_index])
       phi = proj('nonlocal_phi')(tokens)
-      log_w = jnp.einsum('bmk,bnk->bmn', theta, phi,
-                         preferred_element_type=jnp.float32) / math.sqrt(k)
-      sown_w = _normalise_rows(log_w, allowed).reshape(batch, *out_spatial, *spatial)
 
-    # Locality: a log-space bias and/or a hard support.
-    in_window = window_ste = None
-    bias = 0.0
+    sigma_q = None
     if uses_size:
       sigma = pooling_sigma(raw[..., -1], valid, size_norm=self.size_norm,
                             causal=self.causal, ratio=ratio,
                             grid_extent=(sum(spatial) / 2 if ndim == 2 else None))
       self.sow('intermediates', 'pool_sigma', sigma.reshape(batch, *spatial))
-      sigma_q = sigma[:, q_index][:, :, None]  # [b, m, 1]
+      sigma_q = sigma[:, q_index]  # [b, m]
+
+    dropout_seeds = None
+    if self.dropout_rate > 0.0 and not deterministic:
+      dropout_seeds = jax.random.bits(self.make_rng('dropout'), (batch,), jnp.uint32)
+
+    if self.weights == 'nonlocal':
+      if self.is_mutable_collection('intermediates'):
+        # The pairwise weights are [b, m, n]; only built when they are sown.
+        allowed = valid[:, None, :] & valid_q[:, :, None]
+        if self.causal:
+          allowed = allowed & (np.arange(n)[None, :] <= q_index[:, None])[None]
+        nl = self._nonlocal_logits(theta, phi)
+        self.sow('intermediates', 'pool_weights',
+                 _normalise_rows(nl, allowed).reshape(batch, *out_spatial, *spatial))
+    else:
+      self.sow('intermediates', 'pool_weights', sown_w().reshape(batch, *spatial))
+
+    if implementation == 'dense':
+      y = self._pool_dense(tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
+                           sigma_q, dropout_seeds)
+    else:
+      y = self._pool_blockwise(tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
+                               sigma_q, dropout_seeds)
+
+    x_centres = tokens[:, q_index]
+    if self.residual:
+      y = x_centres + y
+    # Padded positions are passed through unchanged.
+    y = jnp.where(valid_q[..., None], y, x_centres)
+    return y.reshape(batch, *out_spatial, features)
+
+  def _nonlocal_logits(self, theta: Array, phi: Array) -> Array:
+    return jnp.einsum('bmk,bnk->bmn', theta, phi,
+                      preferred_element_type=jnp.float32) / math.sqrt(theta.shape[-1])
+
+  def _pool_dense(self, tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
+                  sigma_q, dropout_seeds) -> Array:
+    """``implementation='dense'``: the ``[b, m, n]`` pooling matrix. Returns ``[b, m, d]``."""
+    batch, n = valid.shape
+    key_index = jnp.arange(n)
+
+    # Which (centre, input) pairs may be pooled: real inputs, and j <= i if causal.
+    allowed = valid[:, None, :] & valid_q[:, :, None]  # [b, m, n]
+    if self.causal:
+      allowed = allowed & (key_index[None, :] <= jnp.asarray(q_index)[:, None])[None]
+
+    # Log pooling weights a: [b, 1, n] or, for non-local weights, [b, m, n].
+    if self.weights == 'nonlocal':
+      logits = self._nonlocal_logits(theta, phi)
+    elif log_w is None:  # 'uniform'
+      logits = jnp.zeros((batch, 1, n), jnp.float32)
+    else:
+      logits = log_w[:, None, :]
+
+    # Locality: a log-space bias and/or a hard support.
+    in_window = window_ste = None
     if self.locality != 'none':
       d2 = squared_distances(spatial, q_index)[None]  # [1, m, n]
+    if sigma_q is not None:
+      sigma_q = sigma_q[:, :, None]  # [b, m, 1]
     if self.locality == 'gaussian':
-      bias = -d2 / (2.0 * jnp.square(sigma_q) + _MIN_TWO_VARIANCE)
+      logits = logits + -d2 / (2.0 * jnp.square(sigma_q) + _MIN_TWO_VARIANCE)
     elif self.locality == 'fixed_window':
       allowed = allowed & (d2 <= float(self.window) ** 2)
     elif self.locality == 'adaptive_window':
@@ -466,21 +910,51 @@ class ContextPool(nn.Module):
     elif self.locality == 'random_sparse':
       allowed = allowed & self._random_support(spatial, q_index, d2)
 
-    logits = log_w + bias
-    p = masked_pool(logits, allowed, in_window=in_window,
-                       window_ste=window_ste)
-    self.sow('intermediates', 'pool_weights', sown_w if self.weights == 'nonlocal'
-             else sown_w.reshape(batch, *spatial))
-    if self.dropout_rate > 0.0:
-      p = nn.Dropout(rate=self.dropout_rate)(p, deterministic=deterministic)
-    y = _apply_pool(p, tokens)  # [b, m, d]
+    p = masked_pool(logits, allowed, in_window=in_window, window_ste=window_ste)
+    if dropout_seeds is not None:
+      keep = _dropout_keep(dropout_seeds, self.dropout_rate, jnp.asarray(q_index), key_index)
+      p = jnp.where(keep, p / (1.0 - self.dropout_rate), 0.0)
+    return _apply_pool(p, tokens)
 
-    x_centres = tokens[:, q_index]
-    if self.residual:
-      y = x_centres + y
-    # Padded positions are passed through unchanged.
-    y = jnp.where(valid[:, q_index][..., None], y, x_centres)
-    return y.reshape(batch, *out_spatial, features)
+  def _pool_blockwise(self, tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
+                      sigma_q, dropout_seeds) -> Array:
+    """``implementation='blockwise'``: :func:`_blockwise_pool`. Returns ``[b, m, d]``."""
+    batch, n = valid.shape
+    m = len(q_index)
+    block_q, block_k = min(self.block_size, m), min(self.block_size, n)
+    m_pad, n_pad = -(-m // block_q) * block_q, -(-n // block_k) * block_k
+    pad_q = lambda a, value=0: jnp.pad(a, [(0, 0), (0, m_pad - m)] + [(0, 0)] * (a.ndim - 2),
+                                       constant_values=value)
+    pad_k = lambda a, value=0: jnp.pad(a, [(0, 0), (0, n_pad - n)] + [(0, 0)] * (a.ndim - 2),
+                                       constant_values=value)
+    q_diff, k_diff = {}, {}
+    if sigma_q is not None:
+      q_diff['sigma'] = pad_q(sigma_q, 1.0)
+    if log_w is not None:
+      k_diff['a'] = pad_k(log_w)
+    if theta is not None:
+      q_diff['theta'], k_diff['phi'] = pad_q(theta), pad_k(phi)
+    q_idx = np.pad(q_index, (0, m_pad - m), mode='edge').astype(np.int32)
+
+    reach = None
+    if self.locality == 'fixed_window':  # |d flat index| <= window * sum of axis strides
+      reach = self.window * sum(math.prod(spatial[a + 1:]) for a in range(len(spatial)))
+    spec = _BlockSpec(
+        spatial=tuple(spatial), block_q=block_q, block_k=block_k,
+        k_ranges=_key_block_ranges(q_index, block_q, block_k, n_pad // block_k,
+                                   self.causal, reach),
+        causal=self.causal, locality=self.locality, window=self.window,
+        window_softness=float(self.window_softness),
+        support_seed=self.random_seed & 0xFFFFFFFF,
+        support_prob=(_support_probability(spatial, self.window, self.causal)
+                      if self.locality == 'random_sparse' else 1.0),
+        dropout_rate=float(self.dropout_rate) if dropout_seeds is not None else 0.0,
+        nonlocal_features=0 if theta is None else theta.shape[-1])
+    seeds = (dropout_seeds if dropout_seeds is not None
+             else jnp.zeros((batch,), jnp.uint32))
+    y = _blockwise_pool(spec, q_diff, k_diff, pad_k(tokens), pad_q(valid_q, False),
+                        jnp.asarray(q_idx), pad_k(valid, False), seeds)
+    return y[:, :m].astype(tokens.dtype)
 
   def _random_support(self, spatial: Sequence[int], q_index: np.ndarray,
                       d2: Array) -> Array:
@@ -488,16 +962,11 @@ class ContextPool(nn.Module):
     position with probability ``p = K / (n - 1)``, where K is the number of other
     positions in a fixed window of radius ``window`` (causal: K and n - 1 are
     halved, as only earlier positions count), so that on average the support is
-    as large as the fixed window's. Drawn from ``random_seed`` for the static
-    ``[m, n]`` shape: the same for every batch element and every step."""
+    as large as the fixed window's. A counter-based hash of (``random_seed``,
+    centre index, input index), so the blockwise implementation can evaluate it
+    block by block: the same for every batch element and every step, and for
+    strided grids the same as the stride-1 support at the centres."""
     n = math.prod(spatial)
-    offsets = np.arange(-self.window, self.window + 1)
-    grid = np.stack(np.meshgrid(*([offsets] * len(spatial)), indexing='ij'), -1)
-    k = int(np.sum(np.sum(grid ** 2, -1) <= self.window ** 2)) - 1
-    others = n - 1
-    if self.causal:  # half the window lies before the token, and so do half the others
-      k, others = k // 2, others / 2
-    prob = min(1.0, k / max(others, 1))
-    keep = jax.random.bernoulli(jax.random.key(self.random_seed), prob,
-                                (len(q_index), n))
+    prob = _support_probability(spatial, self.window, self.causal)
+    keep = _random_keep(self.random_seed, prob, jnp.asarray(q_index), jnp.arange(n))
     return (keep | (d2[0] == 0))[None]

@@ -1,0 +1,314 @@
+"""ContextPool(implementation='blockwise'): the dense result, its gradients, 'auto', memory.
+
+Every comparison runs both implementations on the same parameters and checks
+outputs and the gradients of a loss with respect to the input and every
+parameter (so also sigma's path through the mapping) to float32 tolerance.
+Most comparisons run op by op (no ``jax.jit``): with tiny shapes, compiling
+each variant's whole program twice would dominate the run time; one-off shapes
+and ``test_vmap_and_jit`` use jit.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contextpool_jax.layers import context_pool as cp
+from contextpool_jax.layers.context_pool import ContextPool
+
+D = 3
+# Op-by-op execution compiles each primitive once per shape: every comparison
+# uses one of these two input shapes, so most of them reuse compiled kernels.
+SEQ = (2, 37, D)  # 37: not a multiple of any block size used below but 37
+GRID = (2, 6, 7, D)
+WEIGHTS = ('learned', 'unnormalized', 'uniform', 'nonlocal')
+LOCALITIES = ('gaussian', 'none', 'fixed_window', 'adaptive_window', 'random_sparse')
+
+
+def _x(shape, seed=0, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def _right_pad_mask(n, lengths):
+  return jnp.arange(n)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def _value_and_grads(module, params, x, mask, jit=False, **apply_kwargs):
+  """Outputs, and gradients of a fixed random projection of them (float32)."""
+  def loss(p, z):
+    y = module.apply(p, z, mask, **apply_kwargs)
+    probe = jax.random.normal(jax.random.key(99), y.shape, jnp.float32)
+    return jnp.sum(jnp.sin(y.astype(jnp.float32)) * probe), y
+  step = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  (_, y), grads = (jax.jit(step) if jit else step)(params, x)
+  return y, grads
+
+
+def _assert_grads_close(got, want, rtol=2e-5):
+  """Per leaf: |got - want| <= rtol * max(1, max |want|) (float32 tolerance; some
+  leaves, e.g. the bias of the softmax weight channel, are 0 in exact arithmetic)."""
+  for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+    w, g = np.asarray(w, np.float32), np.asarray(g, np.float32)
+    tol = rtol * max(1.0, float(np.abs(w).max()))
+    err = float(np.abs(g - w).max())
+    assert err <= tol, f'{jax.tree_util.keystr(path)}: max error {err} > {tol}'
+
+
+def _check_blockwise_matches_dense(x, mask=None, block_size=8, spread=2.0, seed=1,
+                                   apply_kwargs=None, jit=False, **fields):
+  """jit: compile instead of running op by op (cheaper for a one-off output shape)."""
+  apply_kwargs = apply_kwargs or {}
+  dense = ContextPool(implementation='dense', **fields)
+  block = ContextPool(implementation='blockwise', block_size=block_size, **fields)
+  params = jax.tree.map(lambda p: p * spread, dense.init(jax.random.key(seed), x, mask))
+  y_d, g_d = _value_and_grads(dense, params, x, mask, jit, **apply_kwargs)
+  y_b, g_b = _value_and_grads(block, params, x, mask, jit, **apply_kwargs)
+  chex.assert_trees_all_close(y_b, y_d, atol=1e-5, rtol=1e-5)
+  _assert_grads_close(g_b, g_d)
+  return params, y_b
+
+
+# ----------------------------------------------------------------------------
+# blockwise == dense, outputs and gradients.
+# ----------------------------------------------------------------------------
+
+# Every weights x locality pair; causal alternates so each pair is checked once
+# and both settings cover every weights and every locality. n = 37 with blocks
+# of 8: padded queries and keys, several blocks, skipped causal blocks.
+SEQ_CASES = [(w, l, (i + j) % 2 == 1) for i, w in enumerate(WEIGHTS)
+             for j, l in enumerate(LOCALITIES)]
+
+
+@pytest.mark.parametrize('weights,locality,causal', SEQ_CASES)
+def test_sequence_variants_match_dense(weights, locality, causal):
+  x = _x(SEQ)
+  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 23]), weights=weights,
+                                 locality=locality, causal=causal, window=3,
+                                 size_norm='sigmoid', ratio=0.3)
+
+
+@pytest.mark.parametrize('mapping,causal', [('mlp', False), ('attention', True)])
+def test_mapping_variants_match_dense(mapping, causal):
+  x = _x(SEQ)
+  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 13]), mapping=mapping,
+                                 causal=causal, block_size=5, jit=mapping == 'attention')
+
+
+@pytest.mark.parametrize('block_size', [4, 7, 37, 64])
+def test_block_sizes_match_dense(block_size):
+  """Many small blocks, an odd size, exactly n, one block larger than n."""
+  x = _x(SEQ)
+  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 18]), causal=True,
+                                 block_size=block_size, size_norm='softmax')
+
+
+@pytest.mark.parametrize('fields', [
+    dict(),  # gaussian, learned, softmax sizes
+    dict(locality='fixed_window', window=2, weights='unnormalized'),
+    dict(locality='adaptive_window', size_norm='sigmoid', weights='uniform'),
+    dict(locality='random_sparse', window=2, weights='nonlocal'),
+], ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default')
+def test_grid_variants_match_dense(fields):
+  """42 positions in blocks of 8 (padded) or of 14 (whole rows, no padding)."""
+  x = _x(GRID)
+  mask = jnp.ones(GRID[:-1], bool).at[1, 3:, 4:].set(False)
+  _check_blockwise_matches_dense(x, mask, block_size=14 if fields else 8, **fields)
+
+
+@pytest.mark.parametrize('strides,window_shape,locality', [
+    (2, None, 'gaussian'), (2, 3, 'random_sparse'), ((3, 2), None, 'adaptive_window')])
+def test_strided_grids_match_dense(strides, window_shape, locality):
+  x = _x(GRID)
+  mask = jnp.ones(GRID[:-1], bool).at[1, -2:, :].set(False)
+  _check_blockwise_matches_dense(x, mask, block_size=4, jit=True, strides=strides,
+                                 window_shape=window_shape, locality=locality, window=2,
+                                 size_norm='sigmoid')
+
+
+def test_residual_and_rows_without_support_match_dense():
+  """An example with no real token: every row has no allowed position (0 weight,
+  passed-through outputs), no NaN in the forward or the backward pass."""
+  x = _x(SEQ)
+  _, y = _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 0]), residual=True,
+                                        causal=True, block_size=8)
+  chex.assert_trees_all_close(y[1], x[1])
+
+
+def test_tiny_sigma_is_identity_and_finite():
+  """sigma -> 0: huge logits (-d^2 / 1e-12) in the key blocks read before the one
+  holding the centre must not overflow the running softmax."""
+  x = _x(SEQ)
+  module = ContextPool(implementation='blockwise', block_size=8, ratio=1e-7,
+                       size_norm='sigmoid', weights='uniform')
+  params = module.init(jax.random.key(0), x)
+  y, grads = _value_and_grads(module, params, x, None)
+  chex.assert_trees_all_close(y, x, atol=1e-6)
+  chex.assert_tree_all_finite(grads)
+
+
+def test_dropout_is_identical_in_both_implementations_and_unbiased():
+  x = _x(SEQ)
+  mask = _right_pad_mask(37, [37, 17])
+  rngs = {'dropout': jax.random.key(7)}
+  params, drop = _check_blockwise_matches_dense(
+      x, mask, causal=True, dropout_rate=0.3, block_size=8,
+      apply_kwargs=dict(deterministic=False, rngs=rngs))
+  module = ContextPool(implementation='blockwise', block_size=8, dropout_rate=0.3,
+                       causal=True)
+  assert not np.allclose(drop, module.apply(params, x, mask))
+  with pytest.raises(Exception, match='dropout'):
+    module.apply(params, x, mask, deterministic=False)
+  # The keep mask has the right rate, and it is independent across examples.
+  keep = cp._dropout_keep(jnp.array([1, 2], jnp.uint32), 0.3, jnp.arange(512), jnp.arange(512))
+  assert abs(float(keep.mean()) - 0.7) < 0.005
+  assert abs(float(jnp.mean(keep[0] == keep[1])) - (0.7 ** 2 + 0.3 ** 2)) < 0.005
+
+
+def test_sown_intermediates_match_dense():
+  x = _x(SEQ)
+  mask = _right_pad_mask(37, [37, 9])
+  for weights in ('learned', 'nonlocal'):
+    dense = ContextPool(implementation='dense', weights=weights, causal=True)
+    block = ContextPool(implementation='blockwise', block_size=4, weights=weights, causal=True)
+    params = dense.init(jax.random.key(0), x, mask)
+    _, s_d = dense.apply(params, x, mask, mutable=['intermediates'])
+    _, s_b = block.apply(params, x, mask, mutable=['intermediates'])
+    chex.assert_trees_all_close(s_b, s_d, atol=1e-6)
+
+
+def test_bfloat16_compute_is_finite_and_close():
+  x = _x((2, 30, 8))
+  fields = dict(causal=True, weights='nonlocal')
+  bf16 = ContextPool(implementation='blockwise', block_size=8, dtype=jnp.bfloat16, **fields)
+  params = bf16.init(jax.random.key(0), x)
+  y32 = jax.jit(ContextPool(implementation='dense', **fields).apply)(params, x)
+  y16 = jax.jit(bf16.apply)(params, x)
+  grads = jax.jit(jax.grad(
+      lambda p: jnp.sum(bf16.apply(p, x).astype(jnp.float32) ** 2)))(params)
+  assert y16.dtype == jnp.bfloat16
+  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=0.1, rtol=0.05)
+  chex.assert_tree_all_finite(grads)
+  chex.assert_trees_all_equal_dtypes(grads, params)
+
+
+# ----------------------------------------------------------------------------
+# Causality, vmap.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('fields', [
+    dict(), dict(weights='nonlocal', locality='random_sparse'),
+    dict(locality='adaptive_window', weights='unnormalized')],
+    ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default')
+def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
+  n = 10
+  x = _x((1, n, 2))
+  mask = _right_pad_mask(n, [9])
+  module = ContextPool(implementation='blockwise', block_size=4, causal=True, ratio=0.5,
+                       window=2, **fields)
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
+  jac = jax.jit(jax.jacrev(lambda z: module.apply(params, z, mask)))(x)[0, :, :, 0]
+  dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
+  assert np.all(dep[np.triu_indices(n, 1)] == 0.0), dep
+  assert np.all(np.diag(dep)[:9] > 0.0)
+  assert dep[np.tril_indices(9, -1)].sum() > 0.0
+
+
+def test_skipped_key_blocks():
+  """Causal: no key block above the diagonal; fixed window: none out of reach."""
+  q = np.arange(37)
+  causal = cp._key_block_ranges(q, 8, 8, 5, causal=True, reach=None)
+  assert causal == ((0, 1), (0, 2), (0, 3), (0, 4), (0, 5))
+  window = cp._key_block_ranges(q, 8, 8, 5, causal=False, reach=3)
+  assert window == ((0, 2), (0, 3), (1, 4), (2, 5), (3, 5))
+  # Grid 6 x 7, radius 2: reach = 2 * 7 + 2 flat positions.
+  grid = cp._key_block_ranges(np.arange(42), 7, 7, 6, causal=False, reach=16)
+  assert grid[0] == (0, 4) and grid[5] == (2, 6)
+
+
+def test_vmap_and_jit():
+  x = _x(SEQ)
+  module = ContextPool(implementation='blockwise', block_size=8, causal=True)
+  params = module.init(jax.random.key(0), x)
+  y = module.apply(params, x)
+  y_v = jax.vmap(module.apply, in_axes=(None, 0))(params, jnp.stack([x, 2.0 * x]))
+  chex.assert_trees_all_close(y_v[0], y, atol=1e-6)
+  chex.assert_trees_all_close(y_v[1], module.apply(params, 2.0 * x), atol=1e-5)
+  chex.assert_trees_all_close(jax.jit(module.apply)(params, x), y, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# 'auto', configuration.
+# ----------------------------------------------------------------------------
+
+
+def _uses_blockwise(module, x):
+  params = jax.eval_shape(module.init, jax.random.key(0), x)
+  return 'custom_vjp_call' in str(jax.make_jaxpr(module.apply)(params, x))
+
+
+def test_auto_picks_blockwise_above_the_documented_threshold():
+  threshold = cp.AUTO_BLOCKWISE_THRESHOLD
+  assert str(threshold) in ContextPool.__doc__
+  module = ContextPool()
+  assert module.implementation == 'auto'
+  assert module.resolved_implementation(threshold) == 'dense'
+  assert module.resolved_implementation(threshold + 1) == 'blockwise'
+  assert ContextPool(implementation='dense').resolved_implementation(10 ** 6) == 'dense'
+  assert ContextPool(implementation='blockwise').resolved_implementation(4) == 'blockwise'
+  # What actually runs: sequences and grids, by the number of input positions.
+  assert not _uses_blockwise(module, jnp.zeros((1, threshold, 2)))
+  assert _uses_blockwise(module, jnp.zeros((1, threshold + 1, 2)))
+  assert _uses_blockwise(ContextPool(weights='nonlocal', locality='adaptive_window'),
+                         jnp.zeros((1, threshold + 1, 2)))
+  assert _uses_blockwise(ContextPool(strides=2), jnp.zeros((1, 33, 32, 2)))
+  assert not _uses_blockwise(ContextPool(strides=2), jnp.zeros((1, 32, 32, 2)))
+
+
+def test_forward_mode_autodiff_raises_with_blockwise_only():
+  """The documented price of the custom VJP; 'dense' still supports jvp."""
+  x = _x((1, 10, 2))
+  params = ContextPool().init(jax.random.key(0), x)
+  tangent = (x,)
+  jax.jvp(lambda z: ContextPool(implementation='dense').apply(params, z), (x,), tangent)
+  block = ContextPool(implementation='blockwise', block_size=4)
+  with pytest.raises(TypeError, match='forward-mode autodiff'):
+    jax.jvp(lambda z: block.apply(params, z), (x,), tangent)
+
+
+@pytest.mark.parametrize('field,value', [
+    ('implementation', 'flash'), ('implementation', None), ('block_size', 0),
+    ('block_size', 2.5), ('block_size', True)])
+def test_invalid_implementation_config_raises(field, value):
+  with pytest.raises(ValueError) as err:
+    ContextPool(**{field: value}).init(jax.random.key(0), _x((1, 6, D)))
+  assert f'ContextPool.{field}={value!r}' in str(err.value)
+
+
+# ----------------------------------------------------------------------------
+# Memory: compiled only, never run.
+# ----------------------------------------------------------------------------
+
+
+def _compiled_temp_bytes(implementation, n, features=512):
+  module = ContextPool(causal=True, implementation=implementation, block_size=512)
+  x = jax.ShapeDtypeStruct((1, n, features), jnp.float32)
+  params = jax.eval_shape(module.init, jax.random.key(0), x)
+
+  def step(params, x):
+    return jax.grad(lambda p, z: jnp.sum(jnp.square(module.apply(p, z))),
+                    argnums=(0, 1))(params, x)
+
+  compiled = jax.jit(step).lower(params, x).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_blockwise_temp_memory_at_8192_is_8x_below_dense():
+  """enwik8's last stage: n = 8192, batch 1, 512 features, causal, cnn mapping."""
+  dense = _compiled_temp_bytes('dense', 8192)
+  block = _compiled_temp_bytes('blockwise', 8192)
+  assert dense >= 8 * block, (dense / 2 ** 20, block / 2 ** 20)
+  # The dense pooling matrix alone is 8192^2 float32 = 256 MiB; blockwise must
+  # not hold anything of that order.
+  assert block < 128 * 2 ** 20, block / 2 ** 20
