@@ -60,10 +60,25 @@ def test_cp_transformer_lm_has_the_papers_39m_parameters():
   assert n > base
 
 
+def test_rich_area_keys_add_the_eq9_parameters_only_to_area_layers():
+  args = (_tokens((1, 6)), _tokens((1, 5)))
+  count = lambda **kw: count_params(jax.eval_shape(
+      T.Transformer(**TINY, attention='area', num_area_layers=1, **kw).init,
+      jax.random.key(0), *args)['params'])
+  basic, rich = count(), count(area_key_mode='concat')
+  assert count(area_key_mode='mean') == basic < rich
+  # Eq. 9 is per attention, so two (self + cross) in each of encoder layer 0 and
+  # decoder layer 0; the other layers are standard attention and do not change.
+  plain = count_params(jax.eval_shape(T.Transformer(**TINY).init, jax.random.key(0),
+                                      *args)['params'])
+  assert basic == plain
+
+
 CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(context_pool={}), dict(context_pool={'size_norm': 'sigmoid'}, attention='area'),
     dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'}),
-    dict(context_pool={'size_norm': 'sigmoid'}, context_pool_position='attention_input')]
+    dict(context_pool={'size_norm': 'sigmoid'}, context_pool_position='attention_input'),
+    dict(attention='area', area_key_mode='concat')]
 
 
 def _case_id(case):
@@ -202,7 +217,8 @@ def test_overfits_one_batch(name):
 
 @pytest.mark.parametrize('field,value', [
     ('attention', 'sparse'), ('num_layers', 0), ('num_heads', 3), ('dropout_rate', 1.5),
-    ('num_area_layers', -1), ('local_window', 0), ('context_pool_position', 'before')])
+    ('num_area_layers', -1), ('local_window', 0), ('context_pool_position', 'before'),
+    ('area_key_mode', 'rich')])
 def test_bad_options_raise(field, value):
   with pytest.raises(ValueError, match=field):
     T.TransformerLM(**dict(TINY, **{field: value})).init(jax.random.key(0), _tokens((1, 4)))
@@ -219,3 +235,14 @@ def test_bad_context_pool_override_raises():
 def test_float_tokens_raise():
   with pytest.raises(ValueError, match='integer token ids'):
     T.TransformerLM(**TINY).init(jax.random.key(0), jnp.ones((1, 4)))
+
+
+def test_cp_lm_train_step_at_8192_compiles_within_24_gb():
+  """enwik8's last stage: the 12-layer CP LM AdamW step (remat, nn.scan), batch 1,
+  n = 8192, with ContextPool's default implementation ('auto' -> blockwise).
+  Compiled only; XLA's planned peak = temp + arguments + outputs - donated."""
+  from benchmarks.contextpool_memory import compile_lm_train_step
+  assert T.MODELS['cp_transformer_lm']().num_layers == 12
+  s = compile_lm_train_step(8192, batch=1, scan_layers=True)
+  peak = s['temp_bytes'] + s['argument_bytes'] + s['output_bytes'] - s['alias_bytes']
+  assert peak < 24 * 2 ** 30, peak / 2 ** 30

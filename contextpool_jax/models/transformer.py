@@ -16,7 +16,10 @@ attention paper's local-attention baseline; ``'area'`` area attention (Li et
 al., 2019) with areas of up to ``max_area_width`` items in the first
 ``num_area_layers`` layers -- encoder self-attention, decoder self-attention
 (causal: an area never contains a future item) and encoder-decoder attention,
-as in the paper's NMT experiments (max area 5, first two layers).
+as in the paper's NMT experiments (max area 5, first two layers). Field
+``area_key_mode`` picks the area key: ``'mean'`` (default) is the basic,
+parameter-free form (Eq. 3-4), ``'concat'`` the rich form (Eq. 9); every
+:data:`~contextpool_jax.layers.area_attention.KEY_MODES` is allowed.
 
 ContextPool (field ``context_pool``; None = off, a mapping of ContextPool
 field overrides = on): "placed after each attention block, whose output token
@@ -47,6 +50,7 @@ import numpy as np
 
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers.area_attention import AreaAttention
+from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.models.common import make_context_pool
 
 Array = jax.Array
@@ -97,6 +101,7 @@ class MultiHeadAttention(nn.Module):
   causal: bool = False
   local_window: int = 64
   max_area_width: int = 5
+  area_key_mode: str = 'mean'
   dropout_rate: float = 0.0
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
@@ -108,7 +113,8 @@ class MultiHeadAttention(nn.Module):
     if self.kind == 'area':
       return AreaAttention(
           num_heads=self.num_heads, max_area_width=self.max_area_width,
-          causal=self.causal, dropout_rate=self.dropout_rate, dtype=self.dtype,
+          key_mode=self.area_key_mode, causal=self.causal, dropout_rate=self.dropout_rate,
+          dtype=self.dtype,
           param_dtype=self.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
     if features % self.num_heads:
       raise ValueError(f'MultiHeadAttention: features={features} is not divisible by '
@@ -193,6 +199,7 @@ class TransformerLayer(nn.Module):
   causal: bool = False
   local_window: int = 64
   max_area_width: int = 5
+  area_key_mode: str = 'mean'
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'output'
   dropout_rate: float = 0.1
@@ -206,7 +213,8 @@ class TransformerLayer(nn.Module):
                memory_valid: Optional[Array] = None) -> Array:
     attn = functools.partial(
         MultiHeadAttention, num_heads=self.num_heads, local_window=self.local_window,
-        max_area_width=self.max_area_width, dropout_rate=self.attention_dropout_rate,
+        max_area_width=self.max_area_width, area_key_mode=self.area_key_mode,
+        dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, param_dtype=self.param_dtype)
     norm = functools.partial(nn.LayerNorm, dtype=self.dtype, param_dtype=self.param_dtype)
     drop = lambda h: nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
@@ -267,6 +275,7 @@ class TransformerStack(nn.Module):
   local_window: int = 64
   num_area_layers: int = 2
   max_area_width: int = 5
+  area_key_mode: str = 'mean'
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'output'
   dropout_rate: float = 0.1
@@ -283,7 +292,8 @@ class TransformerStack(nn.Module):
     layer = functools.partial(
         layer_cls, num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
         local_window=self.local_window, max_area_width=self.max_area_width,
-        context_pool=self.context_pool, context_pool_position=self.context_pool_position,
+        area_key_mode=self.area_key_mode, context_pool=self.context_pool,
+        context_pool_position=self.context_pool_position,
         dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, deterministic=not train,
         dtype=self.dtype, param_dtype=self.param_dtype)
@@ -311,6 +321,7 @@ CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
 
 def _check_common(owner: str, m: nn.Module) -> None:
   v.check_choice(owner, 'attention', m.attention, ATTENTIONS)
+  v.check_choice(owner, 'area_key_mode', m.area_key_mode, AREA_KEY_MODES)
   v.check_choice(owner, 'context_pool_position', m.context_pool_position,
                  CONTEXT_POOL_POSITIONS)
   for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
@@ -366,6 +377,7 @@ class _TransformerFields(nn.Module):
   local_window: int = 64
   num_area_layers: int = 2
   max_area_width: int = 5
+  area_key_mode: str = 'mean'
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'output'
   scan_layers: bool = False
@@ -379,7 +391,8 @@ class _TransformerFields(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         attention=self.attention, causal=causal, local_window=self.local_window,
         num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
-        context_pool=self.context_pool, context_pool_position=self.context_pool_position,
+        area_key_mode=self.area_key_mode, context_pool=self.context_pool,
+        context_pool_position=self.context_pool_position,
         dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
         remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype, **kwargs)
