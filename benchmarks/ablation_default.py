@@ -29,13 +29,15 @@ _VARIANTS = flags.DEFINE_list(
                  'softmax_attention_input', 'sigmoid_attention_input'],
     'Variants to run.')
 
-# variant: (ContextPool overrides or None for no ContextPool, model overrides)
+# variant: (ContextPool overrides or None for no ContextPool, model overrides).
+# Every field studied is set explicitly, so results do not depend on defaults.
+_OUTPUT = dict(context_pool_position='output')
 VARIANTS = {
     'baseline': (None, {}),
-    'softmax': (dict(size_norm='softmax', residual=False), {}),
-    'sigmoid': (dict(size_norm='sigmoid', residual=False), {}),
-    'softmax_residual': (dict(size_norm='softmax', residual=True), {}),
-    'sigmoid_residual': (dict(size_norm='sigmoid', residual=True), {}),
+    'softmax': (dict(size_norm='softmax', residual=False), _OUTPUT),
+    'sigmoid': (dict(size_norm='sigmoid', residual=False), _OUTPUT),
+    'softmax_residual': (dict(size_norm='softmax', residual=True), _OUTPUT),
+    'sigmoid_residual': (dict(size_norm='sigmoid', residual=True), _OUTPUT),
     'softmax_attention_input': (dict(size_norm='softmax', residual=False),
                                 dict(context_pool_position='attention_input')),
     'sigmoid_attention_input': (dict(size_norm='sigmoid', residual=False),

@@ -27,9 +27,14 @@ import jax.numpy as jnp
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 
 
-class _GlobalMHA(nn.Module):
-  """Multi-head self-attention over all grid positions (the baseline)."""
+class GlobalMHA(nn.Module):
+  """Multi-head self-attention over all grid positions (the baseline).
+
+  ``__call__(x, train=False)``: ``[batch, height, width, channels]`` -> same
+  shape; qkv and output features = channels.
+  """
   heads: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x, *, train=False):
@@ -37,7 +42,7 @@ class _GlobalMHA(nn.Module):
     batch, height, width, channels = x.shape
     tokens = x.reshape(batch, height * width, channels)
     y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=channels,
-                                        out_features=channels)(tokens)
+                                        out_features=channels, dtype=self.dtype)(tokens)
     return y.reshape(x.shape)
 
 
@@ -77,7 +82,7 @@ def layers(channels: int, scope: int) -> dict[str, Callable[[], nn.Module]]:
       f'LambdaLayer conv (scope {scope})': lambda: LambdaLayer(position='conv',
                                                                scope_size=scope),
       'LambdaLayer content-only': lambda: LambdaLayer(position='none'),
-      'global MHA (flax)': lambda: _GlobalMHA(heads=4),
+      'global MHA (flax)': lambda: GlobalMHA(heads=4),
   }
 
 

@@ -1,0 +1,386 @@
+"""Side-by-side cost measurement of training steps: params, FLOPs, memory, time.
+
+A :class:`Workload` says how to train one model on random inputs of a fixed
+shape; :func:`measure` builds one training step for it (forward, backward and
+an optax update, the kind of step ``contextpool_jax.training.trainer`` runs)
+and returns a row dict:
+
+* ``params``: parameter count, from ``jax.eval_shape`` of ``module.init``
+  (nothing is allocated).
+* ``gflops``: ``cost_analysis()['flops']`` of the compiled step / 1e9.
+* ``temp_mib``: ``memory_analysis().temp_size_in_bytes`` of the compiled
+  step (activations kept for the backward pass, gradients, workspace);
+  ``total_mib`` adds the arguments and outputs not aliased to them (params,
+  optimizer state, batch), i.e. the step's peak device memory as XLA plans it.
+* ``step_ms``: median wall time of ``repeats`` steps after ``warmup`` steps,
+  each ended by ``jax.block_until_ready``; the state is donated and threaded
+  through the steps as in training. Skipped (None) with ``timing=False`` or
+  when ``total_mib`` exceeds ``max_run_bytes`` (only compiled then, never run).
+  Given the baseline's :class:`Runner`, each timed step alternates with a
+  baseline step and the relative step time is the median per-pair ratio.
+
+Compilation never executes anything, so params, FLOPs and memory can be
+measured at any shape on any machine. :func:`add_relative` adds ``*_rel``
+columns (each row / the baseline row); :func:`markdown` and :func:`write_csv`
+format a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from contextpool_jax.models.common import count_params
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """How to train ``module`` for one step on random data.
+
+  Attributes:
+    module: the Flax module.
+    make_batch: ``key -> batch`` (a dict of arrays, the step's input).
+    model_args: ``batch -> positional arguments`` of ``module.apply``.
+    loss: ``(outputs, batch) -> (loss_sum, weight)``; the step minimises
+      ``loss_sum / weight`` (the tasks' convention: a sum and its total weight).
+    optimizer: the optax transformation applied to the gradients.
+    train_kwarg: call the module with ``train=True`` (``train=False`` for init).
+  """
+  module: nn.Module
+  make_batch: Callable[[Array], Batch]
+  model_args: Callable[[Batch], tuple]
+  loss: Callable[[Any, Batch], tuple[Array, Array]]
+  optimizer: optax.GradientTransformation
+  train_kwarg: bool = True
+
+
+@dataclasses.dataclass
+class TrainState:
+  """What a step reads and returns (donated between steps)."""
+  step: Array
+  params: Any
+  opt_state: Any
+  model_state: dict[str, Any]
+
+
+jax.tree_util.register_dataclass(
+    TrainState, data_fields=['step', 'params', 'opt_state', 'model_state'], meta_fields=[])
+
+
+def _apply(w: Workload, variables: dict, batch: Batch, *, train: bool, **kwargs) -> Any:
+  extra = {'train': train} if w.train_kwarg else {}
+  return w.module.apply(variables, *w.model_args(batch), **extra, **kwargs)
+
+
+def init_shapes(w: Workload, batch: Batch) -> tuple[Any, dict[str, Any]]:
+  """``(params, model_state)`` as ``ShapeDtypeStruct`` trees (nothing allocated)."""
+  def init(key, batch):
+    extra = {'train': False} if w.train_kwarg else {}
+    return w.module.init({'params': key, 'dropout': key}, *w.model_args(batch), **extra)
+  variables = dict(jax.eval_shape(init, jax.random.key(0), batch))
+  variables.pop('intermediates', None)
+  params = variables.pop('params')
+  return params, variables
+
+
+def make_train_step(w: Workload) -> Callable[[TrainState, Batch], tuple[TrainState, Array]]:
+  """``(state, batch) -> (state, loss)``: forward, backward, optax update."""
+  base_key = jax.random.key(1)
+
+  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Array]:
+    key = jax.random.fold_in(base_key, state.step)
+
+    def loss_fn(params):
+      mutable = list(state.model_state)
+      out = _apply(w, {'params': params, **state.model_state}, batch, train=True,
+                   rngs={'dropout': key}, mutable=mutable or False)
+      outputs, new_model_state = out if mutable else (out, state.model_state)
+      loss_sum, weight = w.loss(outputs, batch)
+      return loss_sum / jnp.maximum(weight, 1e-9), dict(new_model_state)
+
+    (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = w.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(state.step + 1, params, opt_state, model_state), loss
+
+  return train_step
+
+
+def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
+                    seed: int = 0) -> TrainState:
+  """A state with the right shapes, every float in [-0.02, 0.02] (params and
+  model state), the optimizer state from ``optimizer.init``.
+
+  Costs do not depend on parameter values (no data-dependent control flow),
+  so the models' own initialisers -- one more compilation per row -- are not
+  run, and the values are a cheap deterministic pattern (``0.02 sin(...)``):
+  drawing tens of millions of random normals costs more than the step on a
+  CPU. The step's loss is still checked to be finite.
+  """
+  def fill(shapes, offset):
+    leaves, treedef = jax.tree_util.tree_flatten(shapes)
+    out = []
+    for i, s in enumerate(leaves):
+      if jnp.issubdtype(s.dtype, jnp.floating):
+        phase = np.arange(math.prod(s.shape), dtype=np.float32) * np.float32(0.7548776662)
+        value = np.float32(0.02) * np.sin(phase + np.float32((offset + i) * 0.5698402910))
+        out.append(jnp.asarray(value.reshape(s.shape), s.dtype))
+      else:
+        out.append(jnp.zeros(s.shape, s.dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+  params = fill(params_shape, seed)
+  opt_state = jax.jit(w.optimizer.init)(params)
+  return TrainState(jnp.zeros((), jnp.int32), params, opt_state,
+                    fill(model_state_shape, seed + 10_000))
+
+
+def _flops(compiled) -> float:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get('flops', float('nan')))
+
+
+class Runner:
+  """A compiled step with its live state and batch: ``step()`` runs and times one."""
+
+  def __init__(self, compiled, state: TrainState, batch: Batch):
+    self._compiled, self._state, self._batch = compiled, state, batch
+    self.loss = math.nan
+
+  def step(self) -> float:
+    """Runs one step (state donated and replaced); returns its wall time in seconds."""
+    t0 = time.perf_counter()
+    self._state, loss = self._compiled(self._state, self._batch)
+    jax.block_until_ready(loss)
+    elapsed = time.perf_counter() - t0
+    self.loss = loss
+    return elapsed
+
+  def close(self) -> None:
+    """Frees the state and batch."""
+    self._state = self._batch = self._compiled = None
+
+
+def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = True,
+                warmup: int = 2, repeats: int = 5, min_repeats: Optional[int] = None,
+                time_budget_s: Optional[float] = None, max_run_bytes: Optional[float] = None,
+                baseline: Optional[Runner] = None, log: Callable[[str], None] = lambda s: None
+                ) -> tuple[dict[str, Any], Optional[Runner]]:
+  """Compiles (and, with ``timing``, runs) one training step.
+
+  Timing: ``warmup`` untimed steps, then ``repeats`` timed steps -- or fewer,
+  but at least ``min_repeats``, once the timed steps (and the baseline's) have
+  taken ``time_budget_s`` (slow rows get fewer samples, fast rows more). With
+  a ``baseline`` runner, every timed step is paired with a baseline step (in
+  alternating order) and ``step_ratio`` is the median of the per-pair ratios:
+  a slowdown of the machine during the row hits both steps of a pair, so the
+  ratio stays fair on a busy machine, where absolute times do not.
+
+  Returns ``(row, runner)``: row keys ``variant, params, gflops, temp_mib,
+  total_mib, step_ms, step_ms_min, step_ms_max, step_ratio, repeats,
+  compile_s, loss, note`` (see the module docstring); the runner (None if not
+  run) keeps the state alive for later pairing -- ``close()`` it when done.
+  """
+  w = build_fn()
+  batch_shape = jax.eval_shape(w.make_batch, jax.random.key(0))
+  params_shape, model_state_shape = init_shapes(w, batch_shape)
+  state_shape = jax.eval_shape(
+      lambda p, m: TrainState(jnp.zeros((), jnp.int32), p, w.optimizer.init(p), m),
+      params_shape, model_state_shape)
+  step = jax.jit(make_train_step(w), donate_argnums=0)
+  t0 = time.perf_counter()
+  compiled = step.lower(state_shape, batch_shape).compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  temp = float(mem.temp_size_in_bytes) if mem is not None else math.nan
+  total = (float(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                 - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+           if mem is not None else math.nan)
+  row: dict[str, Any] = dict(
+      variant=name, params=count_params(params_shape), gflops=_flops(compiled) / 1e9,
+      temp_mib=temp / 2**20, total_mib=total / 2**20, step_ms=None, step_ms_min=None,
+      step_ms_max=None, step_ratio=None, repeats=0, compile_s=compile_s, loss=None,
+      note='')
+  log(f'  {name}: {row["params"]:,} params, {row["gflops"]:.2f} GFLOPs, temp '
+      f'{row["temp_mib"]:.1f} MiB, total {row["total_mib"]:.1f} MiB, compiled in '
+      f'{compile_s:.1f} s')
+  if not timing:
+    return row, None
+  if max_run_bytes is not None and total > max_run_bytes:
+    row['note'] = f'not run: needs {total / 2**30:.1f} GiB > --max_run_gb'
+    log(f'  {name}: {row["note"]}')
+    return row, None
+  runner = Runner(compiled, synthetic_state(w, params_shape, model_state_shape),
+                  w.make_batch(jax.random.key(3)))
+  for _ in range(warmup):
+    runner.step()
+  min_repeats = repeats if min_repeats is None else max(1, min(min_repeats, repeats))
+  times: list[float] = []
+  ratios: list[float] = []
+  spent = 0.0
+  while len(times) < repeats:
+    if baseline is None:
+      times.append(runner.step())
+      spent += times[-1]
+    else:
+      if len(times) % 2:
+        base_t = baseline.step()
+        times.append(runner.step())
+      else:
+        times.append(runner.step())
+        base_t = baseline.step()
+      ratios.append(times[-1] / base_t)
+      spent += times[-1] + base_t
+    if time_budget_s is not None and len(times) >= min_repeats and spent >= time_budget_s:
+      break
+  loss = float(runner.loss)
+  row.update(step_ms=1e3 * statistics.median(times), step_ms_min=1e3 * min(times),
+             step_ms_max=1e3 * max(times), repeats=len(times), loss=loss,
+             step_ratio=statistics.median(ratios) if ratios else None)
+  if not math.isfinite(loss):
+    row['note'] = 'non-finite loss'
+  paired = (f', {row["step_ratio"]:.3f}x its paired baseline steps'
+            if ratios else '')
+  log(f'  {name}: {row["step_ms"]:.1f} ms/step (median of {len(times)}, min '
+      f'{row["step_ms_min"]:.1f}, max {row["step_ms_max"]:.1f}){paired}')
+  return row, runner
+
+
+def measure(name: str, build_fn: Callable[[], Workload], **kwargs) -> dict[str, Any]:
+  """:func:`measure_row` without keeping the state: returns the row."""
+  row, runner = measure_row(name, build_fn, **kwargs)
+  if runner is not None:
+    runner.close()
+  return row
+
+
+# ----------------------------------------------------------------------------
+# Tables.
+# ----------------------------------------------------------------------------
+
+MEASURED = ('params', 'gflops', 'temp_mib', 'total_mib', 'step_ms')
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperColumn:
+  """A number a paper reports for each row, and how it compares to the baseline.
+
+  ``relative``: None (no ratio column), ``'ratio'`` (row / baseline, like our
+  measured columns) or ``'inverse'`` (baseline / row: turns a speed such as
+  steps/s or images/s into a relative step time, comparable to ``step_ms_rel``).
+  """
+  key: str
+  header: str
+  fmt: str = '{:.2f}'
+  relative: Optional[str] = 'ratio'
+  rel_header: str = 'rel'
+
+
+def _ratio(a: Any, b: Any) -> Optional[float]:
+  if a is None or b is None:
+    return None
+  a, b = float(a), float(b)
+  if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+    return None
+  return a / b
+
+
+def add_relative(rows: Sequence[dict[str, Any]], baseline: str,
+                 paper_columns: Sequence[PaperColumn] = ()) -> list[dict[str, Any]]:
+  """Adds ``<column>_rel`` = row / baseline row for every measured column and
+  ``paper_<key>_rel`` for the paper columns (see :class:`PaperColumn`).
+
+  ``step_ms_rel`` is the row's ``step_ratio`` where it has one (timed in pairs
+  with the baseline's steps), else the ratio of the medians.
+  """
+  base = next(r for r in rows if r['variant'] == baseline)
+  out = []
+  for r in rows:
+    r = dict(r)
+    for c in MEASURED:
+      r[f'{c}_rel'] = _ratio(r.get(c), base.get(c))
+    if r is not base and r.get('step_ratio') is not None:
+      r['step_ms_rel'] = r['step_ratio']  # paired with baseline steps (measure_row)
+    for p in paper_columns:
+      if p.relative == 'ratio':
+        r[f'{p.key}_rel'] = _ratio(r.get(p.key), base.get(p.key))
+      elif p.relative == 'inverse':
+        r[f'{p.key}_rel'] = _ratio(base.get(p.key), r.get(p.key))
+    out.append(r)
+  return out
+
+
+def _fmt(value: Any, fmt: str) -> str:
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return '-'
+  return fmt.format(value)
+
+
+_MEASURED_HEADERS = (
+    ('params', 'params', '{:,}'),
+    ('gflops', 'GFLOPs', '{:.2f}'),
+    ('temp_mib', 'temp memory (MiB)', '{:.1f}'),
+    ('total_mib', 'total memory (MiB)', '{:.1f}'),
+    ('step_ms', 'step time (ms)', '{:.1f}'),
+)
+
+
+def markdown(rows: Sequence[dict[str, Any]], paper_columns: Sequence[PaperColumn] = ()) -> str:
+  """A markdown table: each measured column and its ratio, then the paper's."""
+  headers = ['variant']
+  align = ['---']
+  for _, h, _ in _MEASURED_HEADERS:
+    headers += [h, 'rel']
+    align += ['---:', '---:']
+  for p in paper_columns:
+    headers.append(p.header)
+    align.append('---:')
+    if p.relative:
+      headers.append(p.rel_header)
+      align.append('---:')
+  lines = ['| ' + ' | '.join(headers) + ' |', '|' + '|'.join(align) + '|']
+  for r in rows:
+    cells = [r['variant'] + (f' ({r["note"]})' if r.get('note') else '')]
+    for key, _, fmt in _MEASURED_HEADERS:
+      cells += [_fmt(r.get(key), fmt), _fmt(r.get(f'{key}_rel'), '{:.3f}')]
+    for p in paper_columns:
+      cells.append(_fmt(r.get(p.key), p.fmt))
+      if p.relative:
+        cells.append(_fmt(r.get(f'{p.key}_rel'), '{:.3f}'))
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def csv_fields(paper_columns: Sequence[PaperColumn] = ()) -> list[str]:
+  fields = ['table', 'variant']
+  for c in MEASURED:
+    fields += [c, f'{c}_rel']
+  fields += ['step_ms_min', 'step_ms_max', 'step_ratio', 'repeats', 'compile_s', 'loss']
+  for p in paper_columns:
+    fields.append(p.key)
+    if p.relative:
+      fields.append(f'{p.key}_rel')
+  return fields + ['shapes', 'note']
+
+
+def write_csv(path: str, rows: Iterable[Mapping[str, Any]], fields: Sequence[str]) -> None:
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction='ignore')
+    writer.writeheader()
+    for r in rows:
+      writer.writerow({k: ('' if r.get(k) is None else r.get(k)) for k in fields})

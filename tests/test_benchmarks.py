@@ -1,0 +1,128 @@
+"""The benchmark harness on tiny workloads: row fields, relative columns, outputs.
+
+Not a timing test: only that every column is measured and reported.
+"""
+
+import csv
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from benchmarks import harness
+from benchmarks import report
+from benchmarks import tables
+from contextpool_jax.models.common import count_params
+
+TINY = dataclasses.replace(
+    tables.QUICK, nmt_batch=1, nmt_length=8, nmt_layers=1, vit_batch=1, vit_image=32,
+    vit_layers=1, resnet_batch=2, lambda_batch=1, lambda_size=8, lambda_channels=16)
+
+
+class _Mlp(nn.Module):
+  width: int = 16
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    h = nn.relu(nn.Dense(self.width)(x))
+    h = nn.Dropout(0.1)(h, deterministic=not train)
+    return nn.Dense(3)(h)
+
+
+def _mlp_workload(width: int) -> harness.Workload:
+  def make_batch(key):
+    return {'x': jax.random.normal(key, (4, 8)), 'y': jnp.arange(4) % 3}
+
+  def loss(logits, b):
+    return (jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, b['y'])),
+            jnp.asarray(4.0))
+
+  return harness.Workload(_Mlp(width), make_batch, lambda b: (b['x'],), loss,
+                          optax.adam(1e-3))
+
+
+def _tiny_table() -> tables.Table:
+  rows = tuple(tables.Row(f'mlp{w}', lambda w=w: _mlp_workload(w), ('mlp', w),
+                          {'paper_x': float(w)}) for w in (16, 32))
+  return tables.Table(
+      name='tiny', title='Tiny', shapes='batch 4 x 8', baseline='mlp16', rows=rows,
+      paper_columns=(harness.PaperColumn('paper_x', 'paper x'),),
+      targets=(tables.Target('mlp32', 'params_rel', 10.0, None, 'mlp32 params'),))
+
+
+def test_measure_row_fields():
+  row = harness.measure('mlp', lambda: _mlp_workload(16), warmup=1, repeats=2)
+  variables = _Mlp(16).init(jax.random.key(0), jnp.zeros((4, 8)))
+  assert row['params'] == count_params(variables['params']) == 8 * 16 + 16 + 16 * 3 + 3
+  assert row['gflops'] > 0 and row['temp_mib'] >= 0 and row['total_mib'] > 0
+  assert row['step_ms'] > 0 and row['step_ms_min'] <= row['step_ms'] <= row['step_ms_max']
+  assert row['repeats'] == 2 and math.isfinite(row['loss'])
+
+
+def test_measure_over_memory_budget_compiles_only():
+  row = harness.measure('mlp', lambda: _mlp_workload(16), max_run_bytes=1.0)
+  assert row['gflops'] > 0 and row['step_ms'] is None and row['note'].startswith('not run')
+
+
+def test_run_writes_relative_markdown_and_csv(tmp_path):
+  options = report.Options(warmup=0, repeats=1)
+  [(table, rows)] = report.run([_tiny_table()], options, tmp_path, log=lambda s: None)
+  base, other = rows
+  for column in harness.MEASURED:
+    assert base[f'{column}_rel'] == 1.0
+  assert other['params_rel'] == pytest.approx(other['params'] / base['params'])
+  # The second row's steps were timed in pairs with the baseline's.
+  assert other['step_ratio'] > 0 and other['step_ms_rel'] == other['step_ratio']
+  assert other['paper_x_rel'] == 2.0
+  md = (tmp_path / 'benchmarks.md').read_text()
+  assert '| mlp32 |' in md and 'mlp32 params' in md and 'met' in md
+  with open(tmp_path / 'benchmarks.csv') as f:
+    csv_rows = list(csv.DictReader(f))
+  assert [r['variant'] for r in csv_rows] == ['mlp16', 'mlp32']
+  assert float(csv_rows[0]['gflops_rel']) == 1.0 and int(csv_rows[1]['params']) > 0
+  assert table.name == csv_rows[0]['table']
+
+
+def _params(row: tables.Row) -> int:
+  w = row.build()
+  batch = jax.eval_shape(w.make_batch, jax.random.key(0))
+  return count_params(harness.init_shapes(w, batch)[0])
+
+
+def test_lambda_table():
+  table = tables.lambda_table(TINY, {})
+  assert all(_params(row) > 0 for row in table.rows)
+  table = dataclasses.replace(table, rows=table.rows[:2])  # compile two of them
+  [(_, rows)] = report.run([table], report.Options(timing=False), None, log=lambda s: None)
+  assert [r['variant'] for r in rows] == [row.variant for row in table.rows]
+  assert all(r['params'] > 0 and r['gflops'] > 0 and r['temp_mib'] > 0 for r in rows)
+  assert rows[0]['temp_mib_rel'] == 1.0 and rows[1]['step_ms'] is None
+
+
+def test_tables_build_their_workloads():
+  """Every table's rows build, have distinct names and the baseline among them;
+  parameter counts (abstract, nothing compiled) differ where the model differs."""
+  for name, make in tables.TABLES.items():
+    table = make(TINY, {})
+    names = [row.variant for row in table.rows]
+    assert len(set(names)) == len(names) and table.baseline in names, name
+    assert all(t.variant in names for t in table.targets), name
+  area = {row.variant: row for row in tables.area(TINY, {}).rows}
+  standard, basic, rich = (_params(area[v]) for v in (
+      'Transformer-Base', 'area attention, basic (Eq. 3-4)', 'area attention, rich (Eq. 9, 4)'))
+  assert standard == basic < rich  # basic area attention has no parameters; Eq. 9 has
+
+
+def test_sizes_and_table_names():
+  s = tables.QUICK.replace('nmt_batch=4,dtype=bfloat16')
+  assert s.nmt_batch == 4 and s.dtype == 'bfloat16' and s.vit_batch == tables.QUICK.vit_batch
+  with pytest.raises(ValueError, match='fields'):
+    tables.QUICK.replace('nmt_size=4')
+  assert tables.resolve(['contextpool', 'lambda']) == [
+      'contextpool_nmt', 'contextpool_vit', 'contextpool_resnet', 'lambda']
+  with pytest.raises(ValueError, match='unknown table'):
+    tables.resolve(['nope'])
