@@ -10,7 +10,7 @@ reduced context (256 bytes, step 128; the paper uses 32k, step 512). Not a paper
   python train.py --config configs/default.py --workdir /tmp/cp
   python train.py --config configs/default.py:baseline --workdir /tmp/base   # no ContextPool
   python train.py --config configs/default.py --workdir /tmp/cp2 \
-      --config.model.context_pool.size_norm=sigmoid          # an ablation (README: A1)
+      --config.model.context_pool.size_norm=softmax          # an ablation (README: A1)
 """
 
 import ml_collections
@@ -31,9 +31,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 250
   c.model = ml_collections.ConfigDict(dict(
       name='cp_transformer_lm', num_layers=2, emb_dim=256, mlp_dim=1024, num_heads=4,
-      dropout_rate=0.0,
+      dropout_rate=0.0, context_pool_position='attention_input',
       # The ContextPool fields an ablation changes (ContextPool defaults otherwise).
-      context_pool=dict(size_norm='softmax', residual=False, weights='learned',
+      context_pool=dict(size_norm='sigmoid', residual=False, weights='learned',
                         locality='gaussian', mapping='cnn')))
   if variant == 'baseline':
     c.model.name = 'transformer_lm'

@@ -289,7 +289,7 @@ CAUSAL_CASES = (
     [dict(weights=w) for w in WEIGHTS]
     + [dict(locality=l) for l in LOCALITIES if l != 'gaussian']
     + [dict(mapping=m) for m in MAPPINGS if m != 'cnn']
-    + [dict(size_norm='sigmoid'), dict(residual=True), dict(mapping='attention', weights='nonlocal'),
+    + [dict(size_norm='softmax'), dict(residual=True), dict(mapping='attention', weights='nonlocal'),
        dict(kernel_size=5, size_norm='sigmoid', weights='unnormalized')]
 )
 
@@ -327,7 +327,7 @@ def test_causal_output_does_not_depend_on_sequence_length(case):
 
 PAD_CASES = (
     [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
-    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='sigmoid'), dict(residual=True)]
+    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='softmax'), dict(residual=True)]
 )
 
 
@@ -367,7 +367,7 @@ def test_grid_padding_values_never_change_real_outputs(case):
 
 ALL_VARIANTS = (
     [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
-    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='sigmoid', causal=True)]
+    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='softmax', causal=True)]
     + [dict(strides=2)]
 )
 
@@ -376,7 +376,7 @@ ALL_VARIANTS = (
 def test_jit_grad_vmap(case):
   grid = 'strides' in case
   x = _x((B, 6, 6, D) if grid else (B, N, D))
-  module = ContextPool(size_norm='sigmoid', **{k: v for k, v in case.items() if k != 'size_norm'})
+  module = ContextPool(**dict(dict(size_norm='sigmoid'), **case))
   params = module.init(jax.random.key(0), x)
   y = module.apply(params, x)
   chex.assert_trees_all_close(jax.jit(module.apply)(params, x), y, atol=1e-6)

@@ -75,9 +75,9 @@ def test_rich_area_keys_add_the_eq9_parameters_only_to_area_layers():
 
 
 CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
-    dict(context_pool={}), dict(context_pool={'size_norm': 'sigmoid'}, attention='area'),
+    dict(context_pool={}), dict(context_pool={'size_norm': 'softmax'}, attention='area'),
     dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'}),
-    dict(context_pool={'size_norm': 'sigmoid'}, context_pool_position='attention_input'),
+    dict(context_pool={'size_norm': 'softmax'}, context_pool_position='output'),
     dict(attention='area', area_key_mode='concat')]
 
 
