@@ -301,6 +301,9 @@ def masked_pool(logits: Array, allowed: Array, *,
     ``p [batch, m, n]`` float32. A row with no allowed position gets ``p = 0``
     (never a division by 0).
   """
+  if in_window is None and window_ste is None:
+    shape = jnp.broadcast_shapes(logits.shape, allowed.shape)
+    return _masked_softmax(jnp.broadcast_to(logits, shape), jnp.broadcast_to(allowed, shape))
   support = allowed if in_window is None else allowed & in_window
   row_max = jnp.max(jnp.where(support, logits, _NEG), axis=-1, keepdims=True)
   row_max = jax.lax.stop_gradient(row_max)
@@ -314,6 +317,38 @@ def masked_pool(logits: Array, allowed: Array, *,
     e = e * window_ste
   denom = jnp.sum(e, axis=-1, keepdims=True)
   return e / jnp.where(denom > 0, denom, 1.0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _masked_softmax(logits: Array, allowed: Array) -> Array:
+  """Max-subtracted softmax over the last axis restricted to ``allowed``; rows
+  with no allowed entry are 0. Its derivative is written in terms of the
+  output (``dp = p * (dl - sum(p * dl))``, as ``jax.nn.softmax``), so reverse
+  mode keeps one ``[b, m, n]`` buffer, p, between the passes instead of the
+  logits, exponentials and quotient plain autodiff would keep."""
+  row_max = jnp.max(jnp.where(allowed, logits, _NEG), axis=-1, keepdims=True)
+  e = jnp.exp(jnp.where(allowed, logits - row_max, _NEG))
+  denom = jnp.sum(e, axis=-1, keepdims=True)
+  return e / jnp.where(denom > 0, denom, 1.0)
+
+
+@_masked_softmax.defjvp
+def _masked_softmax_jvp(allowed, primals, tangents):
+  p = _masked_softmax(primals[0], allowed)
+  dl = tangents[0]
+  return p, p * (dl - jnp.sum(p * dl, axis=-1, keepdims=True))
+
+
+@jax.checkpoint
+def _mask_features(keep: Array, x: Array, fill: Any) -> Array:
+  """``where(keep, x, fill)`` whose backward pass recomputes the select.
+
+  ``keep`` is a small ``[..., 1]`` mask; autodiff of a plain ``jnp.where``
+  would keep its broadcast to x's full ``[batch, n, features]`` shape (and
+  the filled copy) alive until the backward pass, three activation-sized
+  buffers per ContextPool; checkpointed, only the inputs are kept.
+  """
+  return jnp.where(keep, x, fill)
 
 
 def _apply_pool(p: Array, x: Array) -> Array:
@@ -754,7 +789,7 @@ class ContextPool(nn.Module):
     batch, spatial = x.shape[0], x.shape[1:-1]
     act = ACTIVATIONS[self.activation]
     valid_sp = valid.reshape(valid.shape[0], *spatial, 1)
-    x = jnp.where(valid_sp, x, 0)
+    x = _mask_features(valid_sp, x, 0.0)
     dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype,
                                      name=name)
     if self.mapping == 'cnn':
@@ -766,7 +801,7 @@ class ContextPool(nn.Module):
       h = act(conv(self.hidden_features, 'mapping_conv_0')(x))
       # Zero the hidden map at padded positions too, so that padding behaves
       # exactly like the convolution's own zero padding.
-      h = jnp.where(valid_sp, h, 0)
+      h = _mask_features(valid_sp, h, 0.0)
       out = conv(channels, 'mapping_conv_1')(h)
     elif self.mapping == 'mlp':
       h = act(dense(self.hidden_features, 'mapping_dense_0')(x))
@@ -873,7 +908,7 @@ class ContextPool(nn.Module):
     if self.residual:
       y = x_centres + y
     # Padded positions are passed through unchanged.
-    y = jnp.where(valid_q[..., None], y, x_centres)
+    y = _mask_features(valid_q[..., None], y, x_centres)
     return y.reshape(batch, *out_spatial, features)
 
   def _nonlocal_logits(self, theta: Array, phi: Array) -> Array:
