@@ -26,7 +26,8 @@ _STEPS = flags.DEFINE_integer('steps', 500, 'Training steps per run.')
 _SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds (one run per seed and variant).')
 _VARIANTS = flags.DEFINE_list(
     'variants', ['baseline', 'softmax', 'sigmoid', 'softmax_residual', 'sigmoid_residual',
-                 'softmax_attention_input', 'sigmoid_attention_input'],
+                 'softmax_attention_input', 'sigmoid_attention_input',
+                 'sigmoid_residual_attention_input'],
     'Variants to run.')
 
 # variant: (ContextPool overrides or None for no ContextPool, model overrides).
@@ -42,6 +43,8 @@ VARIANTS = {
                                 dict(context_pool_position='attention_input')),
     'sigmoid_attention_input': (dict(size_norm='sigmoid', residual=False),
                                 dict(context_pool_position='attention_input')),
+    'sigmoid_residual_attention_input': (dict(size_norm='sigmoid', residual=True),
+                                         dict(context_pool_position='attention_input')),
 }
 
 
