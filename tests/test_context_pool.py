@@ -1,5 +1,6 @@
 """ContextPool: Eq. 4 / Eq. 6 against slow references, limits, causality, padding."""
 
+import functools
 import itertools
 
 import chex
@@ -468,3 +469,46 @@ def test_causal_grid_and_causal_strides_raise():
     ContextPool(causal=True).init(jax.random.key(0), _x((1, 4, 4, D)))
   with pytest.raises(ValueError, match='strides=2 is not allowed with causal=True'):
     ContextPool(causal=True, strides=2).init(jax.random.key(0), _x((1, 8, D)))
+
+
+@pytest.mark.parametrize('case', [dict(), dict(locality='adaptive_window'),
+                                  dict(implementation='blockwise', block_size=4)], ids=_case_id)
+def test_grad_through_scan_and_remat(case):
+  """Inside nn.scan over layers and nn.remat (as the models use it), gradients
+  equal those of the same layers unrolled without remat."""
+  x = _x((B, N, D))
+  mask = _right_pad_mask(B, N, [N, 5])
+
+  class Stack(nn.Module):
+    scan: bool
+
+    @nn.compact
+    def __call__(self, x):
+      if self.scan:
+        body = nn.scan(nn.remat(_PoolBody), variable_axes={'params': 0},
+                       split_rngs={'params': True}, in_axes=nn.broadcast, length=2)
+        return body(case, name='layers')(x, mask)[0]
+      for i in range(2):
+        x = ContextPool(**case, name=f'layer_{i}')(x, mask)
+      return x
+
+  scanned, unrolled = Stack(scan=True), Stack(scan=False)
+  params = scanned.init(jax.random.key(0), x)
+  stacked = params['params']['layers']['pool']
+  unrolled_params = {'params': {f'layer_{i}': jax.tree.map(lambda p: p[i], stacked)
+                                for i in range(2)}}
+  loss = lambda m, p, x: jnp.sum(jnp.square(m.apply(p, x)))
+  g_scan = jax.jit(jax.grad(functools.partial(loss, scanned), argnums=(0, 1)))(params, x)
+  g_unrolled = jax.grad(functools.partial(loss, unrolled), argnums=(0, 1))(unrolled_params, x)
+  chex.assert_trees_all_close(g_scan[1], g_unrolled[1], atol=1e-5)
+  chex.assert_trees_all_close(
+      jax.tree.map(lambda p: p[1], g_scan[0]['params']['layers']['pool']),
+      g_unrolled[0]['params']['layer_1'], atol=1e-5)
+
+
+class _PoolBody(nn.Module):
+  fields: dict
+
+  @nn.compact
+  def __call__(self, x, mask):
+    return ContextPool(**self.fields, name='pool')(x, mask), None

@@ -319,7 +319,7 @@ def masked_pool(logits: Array, allowed: Array, *,
   return e / jnp.where(denom > 0, denom, 1.0)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+@jax.custom_jvp
 def _masked_softmax(logits: Array, allowed: Array) -> Array:
   """Max-subtracted softmax over the last axis restricted to ``allowed``; rows
   with no allowed entry are 0. Its derivative is written in terms of the
@@ -333,8 +333,9 @@ def _masked_softmax(logits: Array, allowed: Array) -> Array:
 
 
 @_masked_softmax.defjvp
-def _masked_softmax_jvp(allowed, primals, tangents):
-  p = _masked_softmax(primals[0], allowed)
+def _masked_softmax_jvp(primals, tangents):
+  # ``allowed`` is boolean: its tangent is float0 and ignored.
+  p = _masked_softmax(*primals)
   dl = tangents[0]
   return p, p * (dl - jnp.sum(p * dl, axis=-1, keepdims=True))
 
