@@ -22,7 +22,7 @@ height, width, channels]`` and returns float32 logits ``[batch, num_classes]``.
 BatchNorm uses its running averages unless ``train=True`` (then
 ``'batch_stats'`` must be mutable). Every field can be overridden through the
 registry, e.g. ``create('cp_resnet50', width=16, context_pool={'size_norm':
-'sigmoid'})``.
+'softmax'})``.
 
 Which 3x3 operation each stage uses is the field ``stage_pattern``: one letter
 per stage, ``C`` (convolution), ``L`` (lambda layer) or ``A`` (attention-

@@ -17,7 +17,7 @@ the :class:`ViT` docstring for every choice the paper leaves open.
 Registry names (``MODELS``): ``vit_ti16``, ``vit_s16``, ``vit_b16`` and
 ``cp_vit_ti16``, ``cp_vit_s16``, ``cp_vit_b16``. Every field of :class:`ViT`
 can be overridden, e.g. ``MODELS['cp_vit_b16'](num_layers=10)`` (Table 6's
-10-layer CP-ViT-B/16) or ``context_pool={'size_norm': 'sigmoid'}``.
+10-layer CP-ViT-B/16) or ``context_pool={'size_norm': 'softmax'}``.
 """
 
 from __future__ import annotations
