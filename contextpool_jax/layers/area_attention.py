@@ -61,6 +61,7 @@ import numpy as np
 from flax import linen as nn
 
 from contextpool_jax.layers import _validation as v
+from contextpool_jax.layers._softmax import masked_softmax
 
 Array = jax.Array
 Dtype = Any
@@ -448,23 +449,6 @@ def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
   return out
 
 
-def _masked_softmax(logits: Array, mask: Array | None) -> Array:
-  """Softmax over the last axis in float32 with max-subtraction; masked -> 0.
-
-  Rows with no allowed entry give all-zero probabilities. Masked logits are
-  replaced (not added to) so that neither the forward nor the backward pass
-  can produce inf or NaN, and their gradients are exactly zero.
-  """
-  logits = logits.astype(jnp.float32)
-  if mask is None:
-    return jax.nn.softmax(logits, axis=-1)
-  safe = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  shift = jax.lax.stop_gradient(jnp.max(safe, axis=-1, keepdims=True))
-  unnormalized = jnp.where(mask, jnp.exp(safe - shift), 0.0)
-  denom = jnp.sum(unnormalized, axis=-1, keepdims=True)
-  return unnormalized / jnp.where(denom > 0, denom, 1.0)
-
-
 def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
                     area_mask: Array | None = None, *, scale: float | None = None,
                     dropout_rate: float = 0.0, dropout_rng: Array | None = None,
@@ -503,7 +487,7 @@ def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
   logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys,
                       preferred_element_type=jnp.float32)
   logits = logits * jnp.float32(scale)
-  probs = _masked_softmax(logits, area_mask)
+  probs = masked_softmax(logits, area_mask)
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.layers import _validation as v
+from contextpool_jax.layers._softmax import masked_softmax
 
 Array = jax.Array
 Dtype = Any
@@ -85,13 +86,12 @@ SIZE_NORMS = ('softmax', 'sigmoid')
 IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
 # implementation='auto' uses 'blockwise' when the number of input positions n
 # is larger than this. Measured on CPU (benchmarks/contextpool_memory.py: batch
-# 1, 512 features, cnn mapping, block_size 512, compiled forward+backward temp
-# memory, dense / blockwise): n = 512: 6.2 / 9.2 MiB, 768: 13.0 / 13.3,
-# 1024: 20.3 / 11.3, 2048: 64.6 / 17.7, 4096: 225 / 33, 8192: 835 / 67
-# (12.5x). Blockwise starts to win between 768 and 1024 positions; at 1024
-# the difference is small and dense is as fast (non-causal), from 2048 on
-# blockwise is ~2x faster on CPU too. So: 32 x 32 grids and shorter stay
-# dense, the enwik8/text8 stages (2048, 4096, 8192) are blockwise.
+# 1, 512 features, causal, cnn mapping, block_size 512, compiled forward +
+# backward temp memory, dense / blockwise): n = 512: 7.1 / 9.1 MiB, 768:
+# 15.2 / 13.2, 1024: 24.3 / 11.3, 2048: 80.5 / 17.6, 8192: 1090 / 66 (16.4x).
+# Forward + backward time: n = 1024 (not causal) dense 30.8 ms, blockwise 34.2;
+# n = 2048 blockwise 2.1x (causal) and 1.4x (not) faster. So: 32 x 32 grids
+# and shorter stay dense, the enwik8/text8 stages (2048-8192) are blockwise.
 AUTO_BLOCKWISE_THRESHOLD = 1024
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     'relu': nn.relu,
@@ -204,12 +204,6 @@ def _log_softplus(z: Array) -> Array:
   return jnp.where(z < -30.0, z, jnp.log(jax.nn.softplus(safe)))
 
 
-def _normalise_rows(log_w: Array, allowed: Array) -> Array:
-  """softmax of log-weights over the allowed positions of the last axis; 0 elsewhere."""
-  z = jnp.where(allowed, log_w, _NEG)
-  return jnp.where(allowed, jax.nn.softmax(z, axis=-1), 0.0)
-
-
 # ----------------------------------------------------------------------------
 # Counter-based randomness: the random sparse support and the dropout mask.
 # ----------------------------------------------------------------------------
@@ -302,8 +296,7 @@ def masked_pool(logits: Array, allowed: Array, *,
     (never a division by 0).
   """
   if in_window is None and window_ste is None:
-    shape = jnp.broadcast_shapes(logits.shape, allowed.shape)
-    return _masked_softmax(jnp.broadcast_to(logits, shape), jnp.broadcast_to(allowed, shape))
+    return masked_softmax(logits, allowed)
   support = allowed if in_window is None else allowed & in_window
   row_max = jnp.max(jnp.where(support, logits, _NEG), axis=-1, keepdims=True)
   row_max = jax.lax.stop_gradient(row_max)
@@ -317,27 +310,6 @@ def masked_pool(logits: Array, allowed: Array, *,
     e = e * window_ste
   denom = jnp.sum(e, axis=-1, keepdims=True)
   return e / jnp.where(denom > 0, denom, 1.0)
-
-
-@jax.custom_jvp
-def _masked_softmax(logits: Array, allowed: Array) -> Array:
-  """Max-subtracted softmax over the last axis restricted to ``allowed``; rows
-  with no allowed entry are 0. Its derivative is written in terms of the
-  output (``dp = p * (dl - sum(p * dl))``, as ``jax.nn.softmax``), so reverse
-  mode keeps one ``[b, m, n]`` buffer, p, between the passes instead of the
-  logits, exponentials and quotient plain autodiff would keep."""
-  row_max = jnp.max(jnp.where(allowed, logits, _NEG), axis=-1, keepdims=True)
-  e = jnp.exp(jnp.where(allowed, logits - row_max, _NEG))
-  denom = jnp.sum(e, axis=-1, keepdims=True)
-  return e / jnp.where(denom > 0, denom, 1.0)
-
-
-@_masked_softmax.defjvp
-def _masked_softmax_jvp(primals, tangents):
-  # ``allowed`` is boolean: its tangent is float0 and ignored.
-  p = _masked_softmax(*primals)
-  dl = tangents[0]
-  return p, p * (dl - jnp.sum(p * dl, axis=-1, keepdims=True))
 
 
 @jax.checkpoint
@@ -861,13 +833,9 @@ class ContextPool(nn.Module):
     log_w = theta = phi = None
     if self.weights == 'learned':
       log_w = raw[..., 0]
-      sown_w = lambda: _normalise_rows(log_w, valid)
     elif self.weights == 'unnormalized':
       log_w = _log_softplus(raw[..., 0])
-      sown_w = lambda: jnp.where(valid, jax.nn.softplus(raw[..., 0]), 0.0)
-    elif self.weights == 'uniform':
-      sown_w = lambda: _normalise_rows(jnp.zeros((batch, n), jnp.float32), valid)
-    else:  # 'nonlocal' (Eq. 3)
+    elif self.weights == 'nonlocal':  # Eq. 3
       k = self.nonlocal_features or features
       proj = lambda name: nn.DenseGeneral(k, dtype=dtype, param_dtype=self.param_dtype,
                                           name=name)
@@ -886,17 +854,19 @@ class ContextPool(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_seeds = jax.random.bits(self.make_rng('dropout'), (batch,), jnp.uint32)
 
-    if self.weights == 'nonlocal':
-      if self.is_mutable_collection('intermediates'):
-        # The pairwise weights are [b, m, n]; only built when they are sown.
+    if self.is_mutable_collection('intermediates'):  # only built when they are sown
+      if self.weights == 'nonlocal':  # pairwise: [b, *out_spatial, *spatial]
         allowed = valid[:, None, :] & valid_q[:, :, None]
         if self.causal:
           allowed = allowed & (np.arange(n)[None, :] <= q_index[:, None])[None]
-        nl = self._nonlocal_logits(theta, phi)
-        self.sow('intermediates', 'pool_weights',
-                 _normalise_rows(nl, allowed).reshape(batch, *out_spatial, *spatial))
-    else:
-      self.sow('intermediates', 'pool_weights', sown_w().reshape(batch, *spatial))
+        w = masked_softmax(self._nonlocal_logits(theta, phi), allowed).reshape(
+            batch, *out_spatial, *spatial)
+      elif self.weights == 'unnormalized':
+        w = jnp.where(valid, jax.nn.softplus(raw[..., 0]), 0.0).reshape(batch, *spatial)
+      else:  # learned, or uniform (log-weights 0)
+        a = jnp.zeros((batch, n), jnp.float32) if log_w is None else log_w
+        w = masked_softmax(a, valid).reshape(batch, *spatial)
+      self.sow('intermediates', 'pool_weights', w)
 
     if implementation == 'dense':
       y = self._pool_dense(tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
