@@ -24,38 +24,19 @@ Usage: python -m benchmarks.contextpool_memory [--lengths 1024,2048,4096,8192]
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks import harness
 from contextpool_jax import models
 from contextpool_jax.layers.context_pool import ContextPool
+from contextpool_jax.training.tasks import cross_entropy
 
 GiB = 2.0 ** 30
 MiB = 2.0 ** 20
-
-
-def _cost(compiled) -> dict[str, Any]:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per program.
-    cost = cost[0] if cost else {}
-  return cost or {}
-
-
-def _stats(compiled, seconds: float) -> dict[str, float]:
-  memory = compiled.memory_analysis()
-  return {
-      'temp_bytes': float(memory.temp_size_in_bytes),
-      'argument_bytes': float(memory.argument_size_in_bytes),
-      'output_bytes': float(memory.output_size_in_bytes),
-      'alias_bytes': float(memory.alias_size_in_bytes),
-      'flops': float(_cost(compiled).get('flops', float('nan'))),
-      'compile_seconds': seconds,
-  }
 
 
 def compile_pool_step(length: int, implementation: str, *, batch: int = 1,
@@ -72,9 +53,7 @@ def compile_pool_step(length: int, implementation: str, *, batch: int = 1,
       return jnp.sum(jnp.square(y))
     return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
-  start = time.perf_counter()
-  compiled = jax.jit(step).lower(params, x).compile()
-  return _stats(compiled, time.perf_counter() - start)
+  return harness.compiled_cost(jax.jit(step).lower(params, x).compile())
 
 
 def pool_flops(length: int, features: int, implementation: str, *, causal: bool = True,
@@ -96,36 +75,27 @@ def pool_flops(length: int, features: int, implementation: str, *, causal: bool 
 
 def compile_lm_train_step(length: int, *, batch: int = 1, name: str = 'cp_transformer_lm',
                           context_pool: Any = None, scan_layers: bool = False
-                          ) -> dict[str, float]:
-  """Lowers and compiles one AdamW train step of the 12-layer LM ``name`` (remat).
+                          ) -> dict[str, Any]:
+  """Compiles (never runs) one AdamW train step of the 12-layer LM ``name``
+  (remat) with :mod:`benchmarks.harness`; returns its row (``params``,
+  ``temp_mib``, ``total_mib`` = planned peak, ``compile_s``, ...).
 
   ``context_pool``: None keeps the registry's ContextPool fields (``{}``:
   implementation 'auto'), else overrides them.
   """
   overrides = {} if context_pool is None else {'context_pool': context_pool}
   model = models.create(name, remat=True, scan_layers=scan_layers, **overrides)
-  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  params = jax.eval_shape(model.init, jax.random.key(0), tokens)['params']
-  tx = optax.adamw(1e-3, weight_decay=0.01)
-  opt_state = jax.eval_shape(tx.init, params)
 
-  def train_step(params, opt_state, tokens, rng):
-    def loss(params):
-      logits = model.apply({'params': params}, tokens, train=True,
-                           rngs={'dropout': rng})
-      return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-          logits[:, :-1], tokens[:, 1:]))
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value
+  def loss(logits, b):
+    ce = cross_entropy(logits[:, :-1], b['tokens'][:, 1:])
+    return jnp.sum(ce), jnp.asarray(ce.size, jnp.float32)
 
-  rng = jax.eval_shape(lambda: jax.random.key(0))
-  start = time.perf_counter()
-  compiled = jax.jit(train_step, donate_argnums=(0, 1)).lower(
-      params, opt_state, tokens, rng).compile()
-  stats = _stats(compiled, time.perf_counter() - start)
-  stats['params'] = float(sum(math.prod(p.shape) for p in jax.tree.leaves(params)))
-  return stats
+  workload = harness.Workload(
+      module=model,
+      make_batch=lambda key: {'tokens': jax.random.randint(key, (batch, length), 0, 256)},
+      model_args=lambda b: (b['tokens'],), loss=loss,
+      optimizer=optax.adamw(1e-3, weight_decay=0.01))
+  return harness.measure(name, lambda: workload, timing=False)
 
 
 def main(argv=None) -> None:
@@ -187,10 +157,10 @@ def main(argv=None) -> None:
   for name, scan, cp, label in rows:
     s = compile_lm_train_step(args.lm_length, batch=args.batch, name=name, context_pool=cp,
                               scan_layers=scan)
-    peak = s['temp_bytes'] + s['argument_bytes'] + s['output_bytes'] - s['alias_bytes']
+    peak = s['total_mib'] * MiB
     print(f'| {name} | {"nn.scan" if scan else "unrolled"} | {label} | '
-          f'{int(s["params"]):,} | {s["temp_bytes"] / GiB:.2f} | {peak / GiB:.2f} | '
-          f'{"yes" if peak < 24 * GiB else "NO"} | {s["compile_seconds"]:.0f} |', flush=True)
+          f'{int(s["params"]):,} | {s["temp_mib"] * MiB / GiB:.2f} | {peak / GiB:.2f} | '
+          f'{"yes" if peak < 24 * GiB else "NO"} | {s["compile_s"]:.0f} |', flush=True)
   print('\nUnrolled layers (scan_layers=False): on the CPU backend XLA does not keep '
         'jax.checkpoint\'s recomputation next to its use, so every layer\'s [heads, n, n] '
         'attention lives at once and temp memory grows with depth, with or without '

@@ -148,11 +148,22 @@ def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
                     fill(model_state_shape, seed + 10_000))
 
 
-def _flops(compiled) -> float:
+def compiled_cost(compiled) -> dict[str, float]:
+  """XLA's numbers for a compiled program: ``flops`` (``cost_analysis()``),
+  ``temp_bytes`` and ``total_bytes`` = temp + arguments + outputs - aliased
+  (donated) buffers, i.e. its peak device memory as planned (NaN if unknown)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
     cost = cost[0] if cost else {}
-  return float((cost or {}).get('flops', float('nan')))
+  mem = compiled.memory_analysis()
+  if mem is None:
+    temp = total = math.nan
+  else:
+    temp = float(mem.temp_size_in_bytes)
+    total = float(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                  - mem.alias_size_in_bytes) + temp
+  return {'flops': float((cost or {}).get('flops', math.nan)), 'temp_bytes': temp,
+          'total_bytes': total}
 
 
 class Runner:
@@ -206,14 +217,11 @@ def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = T
   t0 = time.perf_counter()
   compiled = step.lower(state_shape, batch_shape).compile()
   compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  temp = float(mem.temp_size_in_bytes) if mem is not None else math.nan
-  total = (float(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                 - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-           if mem is not None else math.nan)
+  cost = compiled_cost(compiled)
+  total = cost['total_bytes']
   row: dict[str, Any] = dict(
-      variant=name, params=count_params(params_shape), gflops=_flops(compiled) / 1e9,
-      temp_mib=temp / 2**20, total_mib=total / 2**20, step_ms=None, step_ms_min=None,
+      variant=name, params=count_params(params_shape), gflops=cost['flops'] / 1e9,
+      temp_mib=cost['temp_bytes'] / 2**20, total_mib=total / 2**20, step_ms=None, step_ms_min=None,
       step_ms_max=None, step_ratio=None, repeats=0, compile_s=compile_s, loss=None,
       note='')
   log(f'  {name}: {row["params"]:,} params, {row["gflops"]:.2f} GFLOPs, temp '

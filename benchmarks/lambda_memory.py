@@ -17,14 +17,15 @@ Usage: python -m benchmarks.lambda_memory [--batch 1] [--size 56] [--channels 64
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from benchmarks import harness
 from contextpool_jax.layers.lambda_layer import LambdaLayer
+from contextpool_jax.models.common import count_params
 
 
 class GlobalMHA(nn.Module):
@@ -46,13 +47,6 @@ class GlobalMHA(nn.Module):
     return y.reshape(x.shape)
 
 
-def _cost(compiled) -> dict[str, Any]:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per program.
-    cost = cost[0] if cost else {}
-  return cost or {}
-
-
 def compile_step(module: nn.Module, x: jax.ShapeDtypeStruct) -> dict[str, float]:
   """Lowers and compiles grad-of-loss for ``module`` on an abstract input."""
   variables = jax.eval_shape(module.init, jax.random.key(0), x)
@@ -67,13 +61,7 @@ def compile_step(module: nn.Module, x: jax.ShapeDtypeStruct) -> dict[str, float]
     return jax.value_and_grad(loss, has_aux=True)(params)
 
   compiled = jax.jit(step).lower(params, state, x).compile()
-  memory = compiled.memory_analysis()
-  num_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
-  return {
-      'temp_bytes': float(memory.temp_size_in_bytes) if memory is not None else float('nan'),
-      'flops': float(_cost(compiled).get('flops', float('nan'))),
-      'params': float(num_params),
-  }
+  return {**harness.compiled_cost(compiled), 'params': float(count_params(params))}
 
 
 def layers(channels: int, scope: int) -> dict[str, Callable[[], nn.Module]]:

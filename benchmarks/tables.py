@@ -40,6 +40,7 @@ from contextpool_jax.layers.context_pool import IMPLEMENTATIONS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.training.optim import make_optimizer
+from contextpool_jax.training.tasks import cross_entropy
 
 from benchmarks.harness import PaperColumn
 from benchmarks.harness import Workload
@@ -154,12 +155,6 @@ def _optimizer(**cfg) -> optax.GradientTransformation:
   return make_optimizer(ml_collections.ConfigDict(cfg), num_train_steps=1000)[0]
 
 
-def _smoothed_ce(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
-  onehot = jax.nn.one_hot(labels, logits.shape[-1])
-  targets = optax.smooth_labels(onehot, smoothing) if smoothing else onehot
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-
-
 def _with_cp_defaults(context_pool: Optional[Mapping[str, Any]],
                       cp_defaults: Mapping[str, Any]) -> Optional[dict[str, Any]]:
   return None if context_pool is None else {**cp_defaults, **context_pool}
@@ -189,7 +184,7 @@ def nmt_workload(s: Sizes, *, attention: str = 'standard', rich_area: bool = Fal
 
   def loss(logits, batch):
     w = (batch['targets'] != 0).astype(jnp.float32)
-    return jnp.sum(_smoothed_ce(logits, batch['targets'], 0.1) * w), jnp.sum(w)
+    return jnp.sum(cross_entropy(logits, batch['targets'], 0.1) * w), jnp.sum(w)
 
   return Workload(
       module=model, make_batch=make_batch,
@@ -205,7 +200,7 @@ def _classification(model, batch: int, image: int, num_classes: int, smoothing: 
             'label': jax.random.randint(k2, (batch,), 0, num_classes, jnp.int32)}
 
   def loss(logits, b):
-    return jnp.sum(_smoothed_ce(logits, b['label'], smoothing)), jnp.asarray(
+    return jnp.sum(cross_entropy(logits, b['label'], smoothing)), jnp.asarray(
         b['label'].shape[0], jnp.float32)
 
   return Workload(module=model, make_batch=make_batch, model_args=lambda b: (b['image'],),

@@ -291,17 +291,10 @@ def test_invalid_implementation_config_raises(field, value):
 # ----------------------------------------------------------------------------
 
 
-def _compiled_temp_bytes(implementation, n, features=512):
-  module = ContextPool(causal=True, implementation=implementation, block_size=512)
-  x = jax.ShapeDtypeStruct((1, n, features), jnp.float32)
-  params = jax.eval_shape(module.init, jax.random.key(0), x)
-
-  def step(params, x):
-    return jax.grad(lambda p, z: jnp.sum(jnp.square(module.apply(p, z))),
-                    argnums=(0, 1))(params, x)
-
-  compiled = jax.jit(step).lower(params, x).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
+def _compiled_temp_bytes(implementation, n):
+  from benchmarks.contextpool_memory import compile_pool_step
+  return compile_pool_step(n, implementation, batch=1, features=512, block_size=512,
+                           causal=True)['temp_bytes']
 
 
 def test_blockwise_temp_memory_at_8192_is_8x_below_dense():

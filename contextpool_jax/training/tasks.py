@@ -41,7 +41,7 @@ def build_model(config: ml_collections.ConfigDict) -> nn.Module:
   return models.create(name, **overrides)
 
 
-def _cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float = 0.0) -> jax.Array:
+def cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float = 0.0) -> jax.Array:
   """Per-position cross-entropy (nats), float32, optional label smoothing."""
   logits = logits.astype(jnp.float32)
   if smoothing == 0.0:
@@ -125,7 +125,7 @@ class LanguageModelling(Task):
   def loss(self, logits, batch, rng):
     del rng
     labels, w = batch['tokens'][:, 1:], batch['weights']
-    nll = _cross_entropy(logits, labels)
+    nll = cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     return jnp.sum(nll * w), {'loss': jnp.sum(nll * w), 'accuracy': jnp.sum(correct * w),
                               'weight': jnp.sum(w)}
@@ -181,8 +181,8 @@ class Translation(Task):
     del rng
     targets = batch['targets']
     w = (targets != 0).astype(jnp.float32)
-    ce = _cross_entropy(logits, targets, self.config.label_smoothing)
-    nll = _cross_entropy(logits, targets)
+    ce = cross_entropy(logits, targets, self.config.label_smoothing)
+    nll = cross_entropy(logits, targets)
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
     return jnp.sum(ce * w), {'loss': jnp.sum(nll * w), 'accuracy': jnp.sum(correct * w),
                              'weight': jnp.sum(w)}
