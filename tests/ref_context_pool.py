@@ -136,6 +136,11 @@ def relu(z):
   return np.maximum(z, 0.0)
 
 
+def linear(x, kernel):
+  """x W, no bias (Eq. 3's theta and phi)."""
+  return np.asarray(x, np.float64) @ np.asarray(kernel, np.float64)
+
+
 def dense(x, params):
   return np.asarray(x, np.float64) @ np.asarray(params['kernel'], np.float64) + np.asarray(
       params['bias'], np.float64)

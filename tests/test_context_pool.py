@@ -121,9 +121,11 @@ def test_nonlocal_weights_eq3(causal):
   module = ContextPool(weights='nonlocal', causal=causal, size_norm='sigmoid', ratio=0.3)
   params, y, inter = _init_apply(module, x, mask)
   p = params['params']
+  # Eq. 3's theta and phi are linear maps: a kernel each, no bias.
+  assert set(p['nonlocal_theta']) == set(p['nonlocal_phi']) == {'kernel'}
   xf = np.asarray(x[0], np.float64)
-  theta = ref.dense(xf, p['nonlocal_theta'])
-  phi = ref.dense(xf, p['nonlocal_phi'])
+  theta = ref.linear(xf, p['nonlocal_theta']['kernel'])
+  phi = ref.linear(xf, p['nonlocal_phi']['kernel'])
   logits = theta @ phi.T / np.sqrt(theta.shape[-1])
   m = np.asarray(mask[0])
   w = np.zeros((N, N))

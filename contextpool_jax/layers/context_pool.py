@@ -23,7 +23,9 @@ how ``l_ij`` is built:
   weights); ``'unnormalized'`` w_j = softplus(raw weight), a positive weight with
   no normalisation (exp would be identical to softmax, since Z cancels);
   ``'uniform'`` a_j = 0 (average pooling); ``'nonlocal'`` a_ij =
-  theta(x_i)^T phi(x_j) / sqrt(k) (Eq. 3; query dependent, O(n^2) cost).
+  theta(x_i)^T phi(x_j) / sqrt(k) with linear maps ``theta(x) = W^theta x``,
+  ``phi(x) = W^phi x`` and no bias (Eq. 3; a bias on phi would add a j-only
+  term; query dependent, O(n^2) cost).
 * ``locality`` (bottom cell): ``'gaussian'`` the adaptive Gaussian above;
   ``'none'`` no locality prior; ``'fixed_window'`` a hard window of radius
   ``window``; ``'adaptive_window'`` a hard window of learned radius
@@ -658,7 +660,7 @@ class ContextPool(nn.Module):
       whose gradient trains the hard window's radius (straight-through).
     random_seed: seed of the ``'random_sparse'`` support (fixed, not an rng).
     nonlocal_features: width of theta/phi for ``weights='nonlocal'``; None
-      means the input width (the paper's d x d projections).
+      means the input width (the paper's d x d projections, no bias).
     dropout_rate: dropout on the normalised pooling weights. The keep mask is
       a counter-based hash of (a per-example seed drawn from the ``'dropout'``
       rng, centre index, input index), the same in both implementations (and
@@ -837,8 +839,9 @@ class ContextPool(nn.Module):
       log_w = _log_softplus(raw[..., 0])
     elif self.weights == 'nonlocal':  # Eq. 3
       k = self.nonlocal_features or features
-      proj = lambda name: nn.DenseGeneral(k, dtype=dtype, param_dtype=self.param_dtype,
-                                          name=name)
+      # Eq. 3: linear maps W^theta x, W^phi x, without bias.
+      proj = lambda name: nn.DenseGeneral(k, use_bias=False, dtype=dtype,
+                                          param_dtype=self.param_dtype, name=name)
       theta = proj('nonlocal_theta')(tokens[:, q_index])
       phi = proj('nonlocal_phi')(tokens)
 
