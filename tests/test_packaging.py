@@ -1,0 +1,59 @@
+"""Packaging: what `import contextpool_jax` needs, the extras, the pins, the licence."""
+
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
+PROJECT = PYPROJECT['project']
+
+# Distributions only the extras may need (import names of training, data, notebooks, tests).
+EXTRA_ONLY_MODULES = ('optax', 'orbax', 'tensorflow_datasets', 'tensorflow', 'grain',
+                      'ml_collections', 'tensorboardX', 'tqdm', 'PIL', 'sacrebleu',
+                      'sentencepiece', 'matplotlib', 'chex', 'contextpool_jax.training',
+                      'contextpool_jax.data')
+
+
+def _name(requirement: str) -> str:
+  return re.split(r'[\[<>=;! ]', requirement, maxsplit=1)[0].lower().replace('_', '-')
+
+
+def test_layers_and_models_import_no_training_or_data_dependency():
+  script = ('import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.viz, '
+            'contextpool_jax.sample\n'
+            "m.create('cp_transformer_lm'); m.create('cp_vit_ti16'); m.create('cp_resnet20')\n"
+            'print(sorted(sys.modules))')
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  loaded = set(eval(out.stdout))  # pylint: disable=eval-used
+  bad = sorted(m for m in loaded if m in EXTRA_ONLY_MODULES or
+               any(m.startswith(x + '.') for x in EXTRA_ONLY_MODULES))
+  assert not bad, f'import contextpool_jax pulled in {bad}'
+  assert {_name(r) for r in PROJECT['dependencies']} == {'jax', 'flax', 'numpy'}
+
+
+def test_extras_and_the_pinned_requirements_agree():
+  extras = PROJECT['optional-dependencies']
+  assert set(extras) == {'train', 'notebook', 'test', 'all'}
+  pinned = {}
+  for line in (REPO / 'requirements.txt').read_text().splitlines():
+    line = line.split('#')[0].strip()
+    if line:
+      assert '==' in line, f'requirements.txt: {line!r} is not pinned'
+      pinned[_name(line)] = line
+  wanted = {_name(r) for group in extras.values() for r in group} | {
+      _name(r) for r in PROJECT['dependencies']}
+  missing = sorted(wanted - set(pinned) - {'contextpool-jax'})
+  assert not missing, f'requirements.txt does not pin {missing}'
+
+
+def test_licence_and_typing_marker_ship():
+  assert PROJECT['license'] == 'Apache-2.0' and PROJECT['license-files'] == ['LICENSE']
+  text = (REPO / 'LICENSE').read_text()
+  assert 'Apache License' in text and 'Version 2.0, January 2004' in text
+  assert (REPO / 'contextpool_jax' / 'py.typed').is_file()
+  assert 'py.typed' in PYPROJECT['tool']['setuptools']['package-data']['contextpool_jax']
