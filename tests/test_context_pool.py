@@ -242,32 +242,83 @@ def test_residual_adds_the_pooled_features():
 # ----------------------------------------------------------------------------
 
 
-def _support_from_jacobian(module, params, x):
-  jac = jax.jacrev(lambda z: module.apply(params, z))(x)  # [1, n, d, 1, n, d]
-  return np.asarray(jnp.any(jac[0, :, 0, 0, :, :] != 0, axis=-1))
+def _support(module, spatial, params=None):
+  """The pooling support [n, n] of a uniform-weights module: with one-hot input
+  features (x_j = e_j), y_i = mean of e_j over i's support, so j is in it iff
+  y_ij > 0."""
+  n = int(np.prod(spatial))
+  x = jnp.eye(n, dtype=jnp.float32).reshape(1, *spatial, n)
+  if params is None:
+    params = module.init(jax.random.key(0), x)
+  return np.asarray(module.apply(params, x)).reshape(n, n) > 0
 
 
-@pytest.mark.parametrize('causal', [False, True])
-def test_random_sparse_support_is_fixed_seeded_and_pools_uniformly(causal):
-  n = 64
-  x = _x((1, n, 2))
-  module = ContextPool(weights='uniform', locality='random_sparse', window=4, causal=causal)
-  params = module.init(jax.random.key(0), x)
-  support = _support_from_jacobian(module, params, x)
-  assert support.diagonal().all()
+def _lattice_offsets(ndim, radius):
+  """Non-zero integer offsets of Euclidean length <= radius, by brute force."""
+  r = range(-radius, radius + 1)
+  return [o for o in itertools.product(*[r] * ndim)
+          if any(o) and sum(c * c for c in o) <= radius ** 2]
+
+
+@pytest.mark.parametrize('spatial,window,span,causal', [
+    ((160,), 4, None, False), ((160,), 4, None, True), ((160,), 3, 5, True),
+    ((18, 18), 2, None, False)])
+def test_random_sparse_support_is_fixed_seeded_and_as_large_as_the_window(
+    spatial, window, span, causal):
+  """Each token keeps itself and each position within radius random_span
+  (default 4 * window) with probability K / M, K and M the offsets within
+  window and random_span: as many, in expectation, as the fixed window."""
+  fields = dict(weights='uniform', locality='random_sparse', window=window,
+                random_span=span, causal=causal)
+  module = ContextPool(**fields)
+  support = _support(module, spatial)
+  span = 4 * window if span is None else span
+  n = support.shape[0]
+  coords = np.stack(np.unravel_index(np.arange(n), spatial), -1)
+  d2 = np.sum(np.square(coords[:, None] - coords[None, :]), -1)
+  candidates = (d2 > 0) & (d2 <= span ** 2)
   if causal:
-    assert not np.triu(support, 1).any()
-  again = _support_from_jacobian(module, module.init(jax.random.key(5), x), x)
-  np.testing.assert_array_equal(support, again)  # fixed: independent of params
-  other = _support_from_jacobian(ContextPool(weights='uniform', locality='random_sparse',
-                                             window=4, causal=causal, random_seed=1), params, x)
+    candidates &= np.tril(np.ones((n, n), bool))
+  assert support.diagonal().all()
+  assert not (support & ~candidates & (d2 > 0)).any()  # nothing outside the span (or future)
+  # Fixed: independent of the parameters; a different seed gives another support.
+  x = jnp.zeros((1, *spatial, n))
+  again = _support(module, spatial, module.init(jax.random.key(5), x))
+  np.testing.assert_array_equal(support, again)
+  other = _support(ContextPool(random_seed=1, **fields), spatial)
   assert (support != other).any()
-  expected_others = 4 if causal else 8  # the fixed window's support size, in expectation
-  mean_others = (support.sum() - n) / n
-  assert 0.5 * expected_others < mean_others < 1.6 * expected_others, mean_others
-  y = module.apply(params, x)
+  # Keep rate K / M over all candidates (binomial: within 5 standard deviations).
+  prob = len(_lattice_offsets(len(spatial), window)) / len(_lattice_offsets(len(spatial), span))
+  kept = support[candidates].mean()
+  assert abs(kept - prob) < 5 * np.sqrt(prob * (1 - prob) / candidates.sum()), (kept, prob)
+  # Tokens whose span lies inside the input keep K others on average (causal: K / 2).
+  interior = np.all((coords >= span) & (coords < np.array(spatial) - span), -1)
+  others = support[interior].sum(-1) - 1
+  k = len(_lattice_offsets(len(spatial), window)) / (2 if causal else 1)
+  assert abs(others.mean() - k) < 5 * np.sqrt(k / interior.sum()), (others.mean(), k)
+
+
+def test_random_sparse_pools_uniformly_over_its_support():
+  n = 40
+  x = _x((1, n, 2))
+  module = ContextPool(weights='uniform', locality='random_sparse', window=3)
+  support = _support(module, (n,))
+  y = module.apply(module.init(jax.random.key(0), x), x)
   want = ref.pool(x[0], np.ones(n), locality='support', support=support)
-  chex.assert_trees_all_close(np.asarray(y[0]), want, atol=1e-5)
+  chex.assert_trees_all_close(np.asarray(y[0]), want, atol=1e-6)
+
+
+@pytest.mark.parametrize('implementation', ['dense', 'blockwise'])
+def test_random_sparse_grid_support_does_not_depend_on_grid_padding(implementation):
+  """The same 5 x 6 real grid alone or padded to 7 x 9: the same outputs."""
+  x = _x((1, 7, 9, D))
+  mask = jnp.zeros((1, 7, 9), bool).at[:, :5, :6].set(True)
+  module = ContextPool(weights='uniform', locality='random_sparse', window=2,
+                       implementation=implementation, block_size=8)
+  params = module.init(jax.random.key(0), x, mask)
+  padded = module.apply(params, x, mask)[:, :5, :6]
+  alone = module.apply(params, x[:, :5, :6])
+  chex.assert_trees_all_close(padded, alone, atol=1e-6)
 
 
 def test_adaptive_window_radius_is_trainable():
@@ -322,8 +373,6 @@ def test_causal_output_does_not_depend_on_sequence_length(case):
   x = _x((B, 12, D))
   module = ContextPool(causal=True, ratio=0.5, window=2, **case)
   params = module.init(jax.random.key(0), x)
-  if case.get('locality') == 'random_sparse':
-    pytest.skip("the support's keep probability K / (n - 1) depends on the length n")
   full = module.apply(params, x)
   chex.assert_trees_all_close(module.apply(params, x[:, :7]), full[:, :7], atol=1e-6)
 
@@ -347,9 +396,8 @@ def test_padding_never_changes_real_outputs(case, causal):
   y_garbage = module.apply(params, garbage, mask)
   chex.assert_trees_all_close(y[:, :length], y_garbage[:, :length], atol=1e-6)
   chex.assert_tree_all_finite(y_garbage)
-  if case.get('locality') != 'random_sparse':  # its support is drawn per static shape
-    y_short = module.apply(params, x[:, :length])
-    chex.assert_trees_all_close(y[:, :length], y_short, atol=1e-5)
+  y_short = module.apply(params, x[:, :length])
+  chex.assert_trees_all_close(y[:, :length], y_short, atol=1e-5)
 
 
 @pytest.mark.parametrize('case', [dict(), dict(weights='nonlocal'), dict(mapping='attention'),
@@ -440,6 +488,7 @@ def test_dropout_on_pooling_weights():
     ('activation', 'swish2'), ('ratio', -0.1), ('ratio', 0), ('kernel_size', 0),
     ('kernel_size', 2.5), ('hidden_features', 0), ('window', 0), ('window_softness', 0.0),
     ('nonlocal_features', -3), ('dropout_rate', 1.0), ('random_seed', 1.5),
+    ('random_span', 7), ('random_span', 16.0),
     ('residual', 'yes'), ('causal', 1), ('strides', 0), ('strides', (2, 2, 2)),
     ('window_shape', (0, 1)),
 ])

@@ -29,7 +29,12 @@ how ``l_ij`` is built:
 * ``locality`` (bottom cell): ``'gaussian'`` the adaptive Gaussian above;
   ``'none'`` no locality prior; ``'fixed_window'`` a hard window of radius
   ``window``; ``'adaptive_window'`` a hard window of learned radius
-  rho_i = sigma_i; ``'random_sparse'`` a fixed, seeded random support.
+  rho_i = sigma_i; ``'random_sparse'`` a fixed, seeded random support
+  ("random sparse locations"; our reading: each token keeps itself and each
+  position within radius ``random_span`` with probability K / M, K and M the
+  numbers of lattice offsets within ``window`` and ``random_span``, so it
+  pools over as many positions as the fixed window in expectation, and the
+  support depends on neither the padding nor, if causal, on later tokens).
 * ``mapping`` (Table 3): ``'cnn'`` two convolutions; ``'mlp'`` two per-token
   dense layers; ``'attention'`` single-head self-attention followed by a dense
   layer.
@@ -60,8 +65,10 @@ Two implementations compute the same ``y`` (field ``implementation``):
 
 Randomness is counter-based in both implementations, so they agree exactly:
 the ``'random_sparse'`` support and the dropout mask on the pooling weights
-are a 32-bit integer hash (murmur3's finaliser) of (seed, centre index, input
-index), evaluated elementwise wherever needed.
+are a 32-bit integer hash (murmur3's finaliser) of (seed, centre, input),
+evaluated elementwise wherever needed: for the support, of the two positions'
+grid coordinates (so it does not change with the input's size or padding);
+for dropout, of their flat indices.
 """
 
 from __future__ import annotations
@@ -223,16 +230,32 @@ def _fmix32(h: Array) -> Array:
   return h ^ (h >> 16)
 
 
-def _row_hash(seed: Any, salt: int, row: Array) -> Array:
-  """The per-row half of :func:`_pair_hash`: a uint32 mix of (seed, salt, row)."""
+def _grid_coordinates(index: Any, spatial: Sequence[int]) -> list[Any]:
+  """Row-major integer coordinates of flat indices (numpy or jax), one per axis."""
+  coords = []
+  for size in reversed(spatial[1:]):
+    coords.append(index % size)
+    index = index // size
+  coords.append(index)
+  return coords[::-1]
+
+
+def _row_hash(seed: Any, salt: int, row: Sequence[Array]) -> Array:
+  """The per-row half of :func:`_pair_hash`: a uint32 mix of (seed, salt, *row),
+  ``row`` a sequence of integer arrays (a flat index, or one coordinate per axis)."""
   seed = jnp.asarray(seed, jnp.uint32)
   h = _fmix32(seed ^ np.uint32(salt))
-  return _fmix32(h ^ jnp.asarray(row).astype(jnp.uint32))
+  for r in row:
+    h = _fmix32(h ^ jnp.asarray(r).astype(jnp.uint32))
+  return h
 
 
-def _pair_hash(row_hash: Array, col: Array) -> Array:
-  """uint32 hash of (row hash, column index); broadcasts."""
-  return _fmix32(row_hash + jnp.asarray(col).astype(jnp.uint32) * np.uint32(0x9E3779B9))
+def _pair_hash(row_hash: Array, col: Sequence[Array]) -> Array:
+  """uint32 hash of (row hash, *col), ``col`` as ``row`` in :func:`_row_hash`; broadcasts."""
+  h = row_hash
+  for c in col:
+    h = _fmix32(h + jnp.asarray(c).astype(jnp.uint32) * np.uint32(0x9E3779B9))
+  return h
 
 
 def _threshold(prob: float) -> int:
@@ -240,38 +263,55 @@ def _threshold(prob: float) -> int:
   return min(int(round(prob * 2.0 ** 32)), 2 ** 32 - 1)
 
 
-def _support_probability(spatial: Sequence[int], window: int, causal: bool) -> float:
-  """Keep probability of a ``'random_sparse'`` off-centre position.
+def _lattice_points(ndim: int, radius_sq: int) -> int:
+  """Number of integer points of squared Euclidean length <= radius_sq in ndim dimensions."""
+  r = math.isqrt(radius_sq)
+  if ndim == 1:
+    return 2 * r + 1
+  return sum(_lattice_points(ndim - 1, radius_sq - o * o) for o in range(-r, r + 1))
 
-  ``K / (n - 1)``, where K is the number of other positions in a fixed window
-  of radius ``window`` (causal: K and n - 1 are halved, as only earlier
-  positions count), so that on average the support is as large as the fixed
-  window's.
+
+def _ball_size(ndim: int, radius: int) -> int:
+  """Number of non-zero integer offsets of Euclidean length <= radius in ndim dimensions."""
+  return _lattice_points(ndim, radius * radius) - 1
+
+
+def _support_probability(ndim: int, window: int, span: int) -> float:
+  """Keep probability of a ``'random_sparse'`` off-centre position within the span.
+
+  ``K / M``: K (M) is the number of non-zero integer offsets within radius
+  ``window`` (``span``) on the unbounded lattice, so that wherever the span
+  fits in the input the expected support is exactly the fixed window's (and,
+  for causal pooling, half of both, as for the fixed window). It depends on
+  neither the input's size nor its padding.
   """
-  n = math.prod(spatial)
-  offsets = np.arange(-window, window + 1)
-  grid = np.stack(np.meshgrid(*([offsets] * len(spatial)), indexing='ij'), -1)
-  k = int(np.sum(np.sum(grid ** 2, -1) <= window ** 2)) - 1
-  others = n - 1
-  if causal:  # half the window lies before the token, and so do half the others
-    k, others = k // 2, others / 2
-  return min(1.0, k / max(others, 1))
+  return min(1.0, _ball_size(ndim, window) / _ball_size(ndim, span))
 
 
-def _random_keep(seed: int, prob: float, q_index: Array, k_index: Array) -> Array:
-  """``'random_sparse'`` keep bits ``[len(q_index), len(k_index)]`` (before the
-  centre itself is added): ``hash(seed, i, j) < prob * 2^32`` elementwise."""
-  if prob >= 1.0:
-    return jnp.ones((q_index.shape[0], k_index.shape[0]), bool)
-  rows = _row_hash(np.uint32(seed & 0xFFFFFFFF), _SALT_SUPPORT, q_index)
-  return _pair_hash(rows[:, None], k_index[None, :]) < np.uint32(_threshold(prob))
+def _random_support(seed: int, prob: float, span: int, q_coords: Sequence[Array],
+                    k_coords: Sequence[Array], d2: Array) -> Array:
+  """``'random_sparse'`` support ``[m, n]`` (bool) for centres and inputs given by
+  their grid coordinates (``[m]`` and ``[n]`` per axis) and squared distances
+  ``d2 [m, n]``: the centre itself, and every input within Euclidean distance
+  ``span`` whose ``hash(seed, centre coordinates, input coordinates) < prob * 2^32``.
+
+  Hashing coordinates (not flat indices, which depend on the padded width of
+  a grid) makes the support of a pair of positions independent of the input's
+  size and padding; both implementations call this.
+  """
+  support = d2 <= float(span) ** 2
+  if prob < 1.0:
+    rows = _row_hash(np.uint32(seed & 0xFFFFFFFF), _SALT_SUPPORT, q_coords)
+    keep = _pair_hash(rows[:, None], [c[None, :] for c in k_coords])
+    support = support & (keep < np.uint32(_threshold(prob)))
+  return support | (d2 == 0)
 
 
 def _dropout_keep(seeds: Array, rate: float, q_index: Array, k_index: Array) -> Array:
   """Dropout keep bits ``[batch, len(q_index), len(k_index)]`` from per-example
   uint32 ``seeds [batch]``: ``hash(seed_b, i, j) >= rate * 2^32``."""
-  rows = _row_hash(seeds[:, None], _SALT_DROPOUT, q_index[None, :])
-  return _pair_hash(rows[:, :, None], k_index[None, None, :]) >= np.uint32(_threshold(rate))
+  rows = _row_hash(seeds[:, None], _SALT_DROPOUT, [q_index[None, :]])
+  return _pair_hash(rows[:, :, None], [k_index[None, None, :]]) >= np.uint32(_threshold(rate))
 
 
 # ----------------------------------------------------------------------------
@@ -354,18 +394,14 @@ class _BlockSpec(NamedTuple):
   window_softness: float
   support_seed: int
   support_prob: float
+  support_span: int
   dropout_rate: float
   nonlocal_features: int  # 0: no non-local term
 
 
 def _flat_coordinates(index: Array, spatial: Sequence[int]) -> list[Array]:
   """Float32 row-major coordinates of flat indices, one array per axis."""
-  coords = []
-  for size in reversed(spatial[1:]):
-    coords.append(index % size)
-    index = index // size
-  coords.append(index)
-  return [c.astype(jnp.float32) for c in reversed(coords)]
+  return [c.astype(jnp.float32) for c in _grid_coordinates(index, spatial)]
 
 
 def _block_geometry(spec: _BlockSpec, q_idx: Array, k_idx: Array) -> Array:
@@ -413,8 +449,10 @@ def _block_support(spec: _BlockSpec, q_valid: Array, k_valid: Array, q_idx: Arra
   if spec.locality == 'fixed_window':
     allowed = allowed & (d2 <= float(spec.window) ** 2)[None]
   elif spec.locality == 'random_sparse':
-    keep = _random_keep(spec.support_seed, spec.support_prob, q_idx, k_idx)
-    allowed = allowed & (keep | (d2 == 0))[None]
+    allowed = allowed & _random_support(
+        spec.support_seed, spec.support_prob, spec.support_span,
+        _grid_coordinates(q_idx, spec.spatial), _grid_coordinates(k_idx, spec.spatial),
+        d2)[None]
   in_window = None
   if spec.locality == 'adaptive_window':
     in_window = d2[None] <= jnp.square(sigma)[:, :, None]
@@ -655,10 +693,23 @@ class ContextPool(nn.Module):
     hidden_features: A2. width of the mapping's hidden layer.
     activation: A2. ``'relu' | 'gelu' | 'silu' | 'tanh'``.
     window: radius (Euclidean, in tokens) of the ``'fixed_window'`` support,
-      and the size a ``'random_sparse'`` support matches in expectation.
+      and the window whose size a ``'random_sparse'`` support matches in
+      expectation.
     window_softness: adaptive window only: width (tokens) of the sigmoid edge
       whose gradient trains the hard window's radius (straight-through).
     random_seed: seed of the ``'random_sparse'`` support (fixed, not an rng).
+    random_span: ``'random_sparse'`` only (the paper gives no details): the
+      support of a centre is itself plus each other position within Euclidean
+      radius ``random_span`` kept with probability ``K / M``, where K (M) is
+      the number of non-zero integer offsets within radius ``window``
+      (``random_span``) on the unbounded grid. So wherever the span fits in
+      the input, a token pools over as many positions as the fixed window in
+      expectation (causal: half of both, as the fixed window), scattered over
+      a region 4x wider by default; near the edges both supports shrink.
+      K / M involves neither the input's length nor its padding, and the keep
+      bits hash the positions' coordinates, so padding never changes a real
+      token's support and a causal prefix gives the whole sequence's outputs.
+      None means ``4 * window``; must be ``>= window``.
     nonlocal_features: width of theta/phi for ``weights='nonlocal'``; None
       means the input width (the paper's d x d projections, no bias).
     dropout_rate: dropout on the normalised pooling weights. The keep mask is
@@ -703,6 +754,7 @@ class ContextPool(nn.Module):
   window: int = 8
   window_softness: float = 1.0
   random_seed: int = 0
+  random_span: Optional[int] = None
   nonlocal_features: Optional[int] = None
   dropout_rate: float = 0.0
   implementation: str = 'auto'
@@ -726,6 +778,11 @@ class ContextPool(nn.Module):
     v.check_positive(_OWNER, 'hidden_features', self.hidden_features, integer=True)
     v.check_positive(_OWNER, 'window', self.window, integer=True)
     v.check_positive(_OWNER, 'window_softness', self.window_softness)
+    if self.random_span is not None and not (
+        isinstance(self.random_span, int) and not isinstance(self.random_span, bool)
+        and self.random_span >= self.window):
+      raise ValueError(f'{_OWNER}.random_span={self.random_span!r} is invalid; expected '
+                       f'an int >= window ({self.window!r}), or None (4 * window).')
     v.check_positive(_OWNER, 'nonlocal_features', self.nonlocal_features,
                      allow_none=True, integer=True)
     v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
@@ -795,6 +852,11 @@ class ContextPool(nn.Module):
     return out.reshape(batch, -1, channels).astype(jnp.float32)
 
   # -- forward ---------------------------------------------------------------
+
+  def resolved_random_span(self) -> int:
+    """Radius the ``'random_sparse'`` support is drawn from: ``random_span``, or
+    4 * ``window`` when it is None."""
+    return 4 * self.window if self.random_span is None else self.random_span
 
   def resolved_implementation(self, num_inputs: int) -> str:
     """``'dense'`` or ``'blockwise'``: what ``implementation`` means for n inputs."""
@@ -927,7 +989,11 @@ class ContextPool(nn.Module):
       window_ste = (in_window.astype(jnp.float32) + soft
                     - jax.lax.stop_gradient(soft))
     elif self.locality == 'random_sparse':
-      allowed = allowed & self._random_support(spatial, q_index, d2)
+      span = self.resolved_random_span()
+      allowed = allowed & _random_support(
+          self.random_seed, _support_probability(len(spatial), self.window, span), span,
+          _grid_coordinates(q_index, spatial), _grid_coordinates(np.arange(n), spatial),
+          d2[0])[None]
 
     p = masked_pool(logits, allowed, in_window=in_window, window_ste=window_ste)
     if dropout_seeds is not None:
@@ -955,9 +1021,12 @@ class ContextPool(nn.Module):
       q_diff['theta'], k_diff['phi'] = pad_q(theta), pad_k(phi)
     q_idx = np.pad(q_index, (0, m_pad - m), mode='edge').astype(np.int32)
 
-    reach = None
-    if self.locality == 'fixed_window':  # |d flat index| <= window * sum of axis strides
-      reach = self.window * sum(math.prod(spatial[a + 1:]) for a in range(len(spatial)))
+    # The largest flat-index distance of a readable input: a hard support of
+    # Euclidean radius R reaches |d flat index| <= R * sum of axis strides.
+    radius = {'fixed_window': self.window,
+              'random_sparse': self.resolved_random_span()}.get(self.locality)
+    reach = (None if radius is None else
+             radius * sum(math.prod(spatial[a + 1:]) for a in range(len(spatial))))
     spec = _BlockSpec(
         spatial=tuple(spatial), block_q=block_q, block_k=block_k,
         k_ranges=_key_block_ranges(q_index, block_q, block_k, n_pad // block_k,
@@ -965,8 +1034,10 @@ class ContextPool(nn.Module):
         causal=self.causal, locality=self.locality, window=self.window,
         window_softness=float(self.window_softness),
         support_seed=self.random_seed & 0xFFFFFFFF,
-        support_prob=(_support_probability(spatial, self.window, self.causal)
+        support_prob=(_support_probability(len(spatial), self.window,
+                                           self.resolved_random_span())
                       if self.locality == 'random_sparse' else 1.0),
+        support_span=self.resolved_random_span(),
         dropout_rate=float(self.dropout_rate) if dropout_seeds is not None else 0.0,
         nonlocal_features=0 if theta is None else theta.shape[-1])
     seeds = (dropout_seeds if dropout_seeds is not None
@@ -974,18 +1045,3 @@ class ContextPool(nn.Module):
     y = _blockwise_pool(spec, q_diff, k_diff, pad_k(tokens), pad_q(valid_q, False),
                         jnp.asarray(q_idx), pad_k(valid, False), seeds)
     return y[:, :m].astype(tokens.dtype)
-
-  def _random_support(self, spatial: Sequence[int], q_index: np.ndarray,
-                      d2: Array) -> Array:
-    """Fixed random support ``[1, m, n]``: every token keeps itself, and each other
-    position with probability ``p = K / (n - 1)``, where K is the number of other
-    positions in a fixed window of radius ``window`` (causal: K and n - 1 are
-    halved, as only earlier positions count), so that on average the support is
-    as large as the fixed window's. A counter-based hash of (``random_seed``,
-    centre index, input index), so the blockwise implementation can evaluate it
-    block by block: the same for every batch element and every step, and for
-    strided grids the same as the stride-1 support at the centres."""
-    n = math.prod(spatial)
-    prob = _support_probability(spatial, self.window, self.causal)
-    keep = _random_keep(self.random_seed, prob, jnp.asarray(q_index), jnp.arange(n))
-    return (keep | (d2[0] == 0))[None]
