@@ -21,7 +21,9 @@ optimizer state (about a third of the size with Adam) and without orbax.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import pathlib
 from typing import Any, Optional, Union
 
@@ -30,6 +32,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
 PathLike = Union[str, pathlib.Path]
 
@@ -44,6 +47,27 @@ RESTORED_FIELDS = ('params', 'model_state')
 class WorkdirError(FileNotFoundError):
   """A workdir (or export) is missing, incomplete, or has no such step; the message says
   which directory and what it holds."""
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Hides orbax's notices about read-only managers and per-item metadata (absl WARNING)."""
+  logger = logging.getLogger('absl')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _read_only_manager(directory: pathlib.Path):
+  """An orbax ``CheckpointManager`` that never writes, quietly."""
+  with _quiet_orbax():
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+    with ocp.CheckpointManager(directory, options=options) as manager:
+      yield manager
 
 
 def _contents(path: pathlib.Path, limit: int = 12) -> str:
@@ -98,14 +122,12 @@ def checkpoint_steps(workdir: PathLike) -> list[int]:
   Raises:
     WorkdirError: no checkpoint directory, or no finished checkpoint in it.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(workdir)
   directory = path / CHECKPOINTS_DIR
   if not directory.is_dir():
     raise WorkdirError(f'{path} has no {CHECKPOINTS_DIR}/ directory ({_contents(path)}); '
                        'train it first (train.py --workdir ...).')
-  options = ocp.CheckpointManagerOptions(read_only=True, create=False)
-  with ocp.CheckpointManager(directory, options=options) as manager:
+  with _read_only_manager(directory) as manager:
     steps = sorted(manager.all_steps())
   if not steps:
     raise WorkdirError(f'{directory} has no finished checkpoint ({_contents(directory)}).')
@@ -129,9 +151,9 @@ def _restore_checkpoint(workdir: pathlib.Path, step: int) -> dict[str, Any]:
   iterator are never read. Arrays come back as host numpy arrays, so a checkpoint
   saved on any device layout (e.g. FSDP over 8 devices) loads on one CPU.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   state_dir = workdir / CHECKPOINTS_DIR / str(step) / STATE_ITEM
-  metadata = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata
+  with _quiet_orbax():
+    metadata = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata
   tree = getattr(metadata, 'tree', metadata)
   missing = [f for f in RESTORED_FIELDS if f not in (tree or {})]
   if missing:
@@ -139,8 +161,7 @@ def _restore_checkpoint(workdir: pathlib.Path, step: int) -> dict[str, Any]:
                        'not a checkpoint written by the trainer.')
   item = {f: tree[f] for f in RESTORED_FIELDS}
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-  options = ocp.CheckpointManagerOptions(read_only=True, create=False)
-  with ocp.CheckpointManager(workdir / CHECKPOINTS_DIR, options=options) as manager:
+  with _read_only_manager(workdir / CHECKPOINTS_DIR) as manager:
     restored = manager.restore(step, args=ocp.args.Composite(**{
         STATE_ITEM: ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
                                            partial_restore=True)}))
