@@ -419,6 +419,26 @@ def test_module_dropout_and_sampling():
   assert not np.allclose(noisy1, noisy2)
 
 
+@pytest.mark.parametrize('key_mode', ['mean', 'concat'])
+def test_empty_batch_gives_empty_outputs_and_gradients(key_mode):
+  """Batch size 0 (the end of a sharded evaluation): empty outputs and gradients."""
+  m = aa.AreaAttention(num_heads=2, max_area_width=2, max_area_height=2, key_mode=key_mode)
+  x, grid = jnp.zeros((0, 5, 8)), jnp.zeros((0, 2, 3, 8))  # 1D queries, a 2D memory
+  mask = jnp.ones((0, 1, 5, 6), bool)
+  variables = random_variables(m, x, grid, mask)
+  out = jit(m.apply)(variables, x, grid, mask)
+  chex.assert_shape(out, (0, 5, 8))
+  chex.assert_shape(jit(m.apply)(variables, grid), (0, 2, 3, 8))  # grid self-attention
+  grads = jit(jax.grad(lambda v, z: jnp.sum(m.apply(v, z, grid, mask)), argnums=(0, 1)))(
+      variables, x)
+  chex.assert_shape(grads[1], x.shape)
+  chex.assert_trees_all_equal(grads[0], jax.tree.map(jnp.zeros_like, variables))
+  q = jnp.zeros((0, 5, HEADS, DEPTH))
+  out = attention(q, q, q[..., :DEPTH_V], max_area_width=3, causal=True,
+                  mask=jnp.ones((0, 1, 1, 5), bool))
+  chex.assert_shape(out, (0, 5, HEADS, DEPTH_V))
+
+
 # ----------------------------------------------------------------------------
 # Transformations and dtypes.
 # ----------------------------------------------------------------------------

@@ -457,6 +457,27 @@ def test_bfloat16_compute_is_finite_and_close(case):
   chex.assert_tree_all_finite(grads)
 
 
+@pytest.mark.parametrize('implementation', ['dense', 'blockwise'])
+@pytest.mark.parametrize('case', [dict(), dict(mapping='attention', weights='nonlocal'),
+                                  dict(locality='random_sparse', causal=True),
+                                  dict(strides=2, locality='adaptive_window')], ids=_case_id)
+def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
+  """Batch size 0 (the end of a sharded evaluation): empty outputs, zero parameter
+  gradients, an empty input gradient, no error."""
+  shape = (0, 6, 5, D) if 'strides' in case else (0, N, D)
+  x, mask = jnp.zeros(shape), jnp.ones(shape[:-1], bool)
+  module = ContextPool(implementation=implementation, block_size=4, dropout_rate=0.1, **case)
+  params = module.init(jax.random.key(0), x, mask)
+  rngs = {'dropout': jax.random.key(1)}
+  y = module.apply(params, x, mask, False, rngs=rngs)
+  out_shape = (0, 3, 3, D) if 'strides' in case else shape
+  chex.assert_shape(y, out_shape)
+  loss = lambda p, z: jnp.sum(module.apply(p, z, mask, False, rngs=rngs))
+  g_params, g_x = jax.grad(loss, argnums=(0, 1))(params, x)
+  chex.assert_shape(g_x, shape)
+  chex.assert_trees_all_equal(g_params, jax.tree.map(jnp.zeros_like, params))
+
+
 def test_extreme_inputs_stay_finite():
   x = 1e3 * _x((B, 32, D))
   for size_norm in ('softmax', 'sigmoid'):

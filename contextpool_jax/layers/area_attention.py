@@ -53,6 +53,7 @@ Choices the paper leaves open (each documented where it is made):
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -440,7 +441,8 @@ def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
     forbidden = jnp.logical_not(mask).astype(jnp.int32)
     forbidden = forbidden.reshape(lead + (layout.grid_height, layout.grid_width))
     table = _summed_area_table(forbidden, axis=3)
-    counts = [c.reshape(lead + (-1,)) for c in _area_sums(table, layout.shapes, 3)]
+    counts = [c.reshape(lead + (c.shape[3] * c.shape[4],))
+              for c in _area_sums(table, layout.shapes, 3)]
     out = jnp.concatenate(counts, axis=-1) == 0
   if causal:
     visible = (jnp.arange(q_len, dtype=jnp.int32)[:, None]
@@ -848,7 +850,8 @@ class AreaAttention(nn.Module):
     """Applies area attention.
 
     Args:
-      inputs_q: ``[batch, q_len, features]`` or ``[batch, h, w, features]``.
+      inputs_q: ``[batch, q_len, features]`` or ``[batch, h, w, features]``;
+        ``batch`` may be 0 (an empty output).
       inputs_kv: memory, same layouts; ``None`` -> self-attention on
         ``inputs_q``.
       mask: item-level boolean mask broadcastable to
@@ -881,7 +884,7 @@ class AreaAttention(nn.Module):
                        f'{inputs_kv.shape[0]}.')
 
     q_shape = inputs_q.shape
-    x_q = inputs_q.reshape((q_shape[0], -1, q_shape[-1]))
+    x_q = inputs_q.reshape((q_shape[0], math.prod(q_shape[1:-1]), q_shape[-1]))
     memory_height = self.memory_height
     if inputs_kv.ndim == 4:
       if memory_height not in (1, inputs_kv.shape[1]):
@@ -890,7 +893,8 @@ class AreaAttention(nn.Module):
             f'inputs_kv of shape {inputs_kv.shape} (height {inputs_kv.shape[1]}); use '
             f'memory_height=1 or {inputs_kv.shape[1]}.')
       memory_height = inputs_kv.shape[1]
-    x_kv = inputs_kv.reshape((inputs_kv.shape[0], -1, inputs_kv.shape[-1]))
+    x_kv = inputs_kv.reshape((inputs_kv.shape[0], math.prod(inputs_kv.shape[1:-1]),
+                               inputs_kv.shape[-1]))
     batch, q_len, kv_len = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
     _check_divisible(owner, kv_len, memory_height, 'inputs_kv')
 

@@ -644,7 +644,8 @@ class ContextPool(nn.Module):
   ``__call__(x, mask=None, deterministic=True)``:
 
   * ``x``: ``[batch, length, features]`` (a sequence) or
-    ``[batch, height, width, features]`` (a grid).
+    ``[batch, height, width, features]`` (a grid); ``batch`` may be 0 (an
+    empty output, as at the end of a sharded evaluation).
   * ``mask``: optional bool, ``x.shape[:-1]``; True marks a real token. Padded
     positions get zero pooling weight, are zeroed before the mapping reads them,
     and are passed through unchanged in the output, so their values can never
@@ -839,7 +840,7 @@ class ContextPool(nn.Module):
       h = act(dense(self.hidden_features, 'mapping_dense_0')(x))
       out = dense(channels, 'mapping_dense_1')(h)
     else:  # 'attention'
-      tokens = x.reshape(batch, -1, x.shape[-1])
+      tokens = x.reshape(batch, math.prod(spatial), x.shape[-1])
       attn_mask = valid[:, None, :, None] & valid[:, None, None, :]
       if self.causal:
         attn_mask = attn_mask & jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
@@ -849,7 +850,7 @@ class ContextPool(nn.Module):
           param_dtype=self.param_dtype, name='mapping_attention')(
               tokens, tokens, mask=attn_mask)
       out = dense(channels, 'mapping_dense')(h)
-    return out.reshape(batch, -1, channels).astype(jnp.float32)
+    return out.reshape(batch, math.prod(spatial), channels).astype(jnp.float32)
 
   # -- forward ---------------------------------------------------------------
 
