@@ -59,20 +59,35 @@ def area_features(x, max_area_width=1, max_area_height=1, memory_height=1, eps=1
   return res
 
 
-def rich_area_key(base, std, height, width, params, mode, per_head=False):
-  """Eq. 9 for one area and one head, from the module's own parameters.
+def area_key(key_mode, mean, std, mx, eps, height, width, params):
+  """The key of one area for one head, for every key mode.
 
-  base, std: [D]; params: the AreaKeyEncoder parameter dict; head handled by the
-  caller via `per_head` slicing.
+  mean, std, mx: [D] mean, std and element-wise max of the area's item keys;
+  eps: [D] sampling noise or None (evaluation: the sample is the mean);
+  params: the AreaKeyEncoder parameter dict (for that head).
+
+  The learned modes follow tensor2tensor's compute_area_key (layers/
+  area_attention.py): e = [e_h; e_w], feature -> Dense(ReLU) -> Dense, with
+  'concat' = [mean; std; e], 'max_concat' = [max; e], 'sample_concat' =
+  [sample; e], 'sum' = mean + std + e, 'sample_sum' = sample + e. The '*_std_*'
+  modes are Eq. 9 (with std) for the max and sample base features (ours).
   """
+  sample = mean if eps is None else mean + std * eps
+  if key_mode in ('mean', 'max', 'sample'):
+    return {'mean': mean, 'max': mx, 'sample': sample}[key_mode]
   p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-  e_h = p['height_embedding'][height - 1]
-  e_w = p['width_embedding'][width - 1]
-  if mode == 'concat':
-    feat = np.concatenate([base, std, e_h, e_w])
-  else:  # 'sum': features added element-wise before the projection.
-    feat = base + std + e_h + e_w
-  hidden = feat @ p['hidden_kernel']
+  e = np.concatenate([p['height_embedding'][height - 1], p['width_embedding'][width - 1]])
+  feature = {
+      'concat': lambda: np.concatenate([mean, std, e]),
+      'max_concat': lambda: np.concatenate([mx, e]),
+      'sample_concat': lambda: np.concatenate([sample, e]),
+      'sum': lambda: mean + std + e,
+      'sample_sum': lambda: sample + e,
+      'max_std_concat': lambda: np.concatenate([mx, std, e]),
+      'sample_std_concat': lambda: np.concatenate([sample, std, e]),
+      'sample_std_sum': lambda: sample + std + e,
+  }[key_mode]()
+  hidden = feature @ p['hidden_kernel']
   if 'hidden_bias' in p:
     hidden = hidden + p['hidden_bias']
   out = np.maximum(hidden, 0.0) @ p['output_kernel']
@@ -99,9 +114,9 @@ def area_attention(query, key, value, *, max_area_width=1, max_area_height=1,
   the area against the mask and causality, builds the area key/value from the
   area's items, and does a float64 softmax over the visible areas.
 
-  key_mode: 'mean' | 'max' | 'sample' (needs sample_eps [b, num_areas, h, d] or
-  None for the deterministic mean) | 'concat' | 'sum' | 'max_concat' |
-  'sample_concat' | 'sample_sum' (need key_params = the AreaKeyEncoder params).
+  key_mode: see area_key; sample modes take sample_eps [b, num_areas, h, d] (None:
+  the deterministic mean); learned modes need key_params = the AreaKeyEncoder
+  params.
   """
   q = np.asarray(query, np.float64)
   k = np.asarray(key, np.float64)
@@ -124,18 +139,9 @@ def area_attention(query, key, value, *, max_area_width=1, max_area_height=1,
         vi = val[bi, idx, hi]
         mean = ki.mean(0)
         std = np.sqrt(np.maximum(((ki - mean) ** 2).mean(0), 0.0) + eps)
-        if key_mode.startswith('max'):
-          base = ki.max(0)
-        elif key_mode.startswith('sample') and sample_eps is not None:
-          base = mean + std * np.asarray(sample_eps, np.float64)[bi, ai, hi]
-        else:
-          base = mean
-        if key_mode in ('mean', 'max', 'sample'):
-          keys.append(base)
-        else:
-          mode = 'sum' if key_mode.endswith('sum') else 'concat'
-          keys.append(rich_area_key(base, std, area[2], area[3],
-                                    _head_params(key_params, hi, per_head), mode))
+        eps_i = None if sample_eps is None else np.asarray(sample_eps, np.float64)[bi, ai, hi]
+        keys.append(area_key(key_mode, mean, std, ki.max(0), eps_i, area[2], area[3],
+                             _head_params(key_params, hi, per_head)))
         values.append({'sum': vi.sum(0), 'mean': vi.mean(0), 'max': vi.max(0)}[value_mode])
       for qi in range(q_len):
         logits, vals = [], []

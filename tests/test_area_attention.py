@@ -346,7 +346,8 @@ MODULE_CASES = {
     ('1d_self_causal', 'concat'), ('2d_cross_masked', 'concat'), ('1d_self_causal', 'sum'),
     ('2d_cross_masked', 'max_concat'), ('1d_self_causal', 'sample_concat'),
     ('2d_cross_masked', 'sample_sum'), ('2d_cross_masked', 'max'), ('1d_self_causal', 'mean'),
-    ('2d_cross_masked', 'sample')])
+    ('2d_cross_masked', 'sample'), ('1d_self_causal', 'max_std_concat'),
+    ('2d_cross_masked', 'sample_std_concat'), ('1d_self_causal', 'sample_std_sum')])
 def test_module_matches_bruteforce(case, key_mode):
   c = MODULE_CASES[case]
   rng = np.random.default_rng(11)
@@ -381,6 +382,26 @@ def test_module_per_head_params_and_value_modes(key_mode, value_mode):
                                    max_area_height=2, key_mode=key_mode,
                                    value_mode=value_mode, per_head=True)
   chex.assert_trees_all_close(out, want, atol=2e-5, rtol=1e-5)
+
+
+def test_learned_key_modes_have_tensor2tensor_parameters():
+  """tensor2tensor's compute_area_key: height/width embeddings [max_area_*, depth // 2],
+  Dense(depth, relu) on concat(mean, std, e) ('concat'), concat(max, e)
+  ('max_concat'), concat(sample, e) ('sample_concat'), e + mean + std ('sum') or
+  sample + e ('sample_sum'), then Dense(depth). Head depth 4 here: e is 2 + 2 wide."""
+  x = jnp.zeros((1, 6, 8))
+  d, e = 4, 4  # head depth, [e_h; e_w] width
+  inputs = {'concat': 2 * d + e, 'max_concat': d + e, 'sample_concat': d + e, 'sum': d,
+            'sample_sum': d, 'max_std_concat': 2 * d + e, 'sample_std_concat': 2 * d + e,
+            'sample_std_sum': d}
+  assert set(inputs) == set(aa.LEARNED_KEY_MODES)
+  for key_mode, in_dim in inputs.items():
+    m = aa.AreaAttention(num_heads=2, max_area_width=3, max_area_height=2, key_mode=key_mode)
+    p = jax.eval_shape(m.init, jax.random.key(0), x)['params']['area_key']
+    shapes = {k: v.shape for k, v in p.items()}
+    assert shapes == {'height_embedding': (2, d // 2), 'width_embedding': (3, d // 2),
+                      'hidden_kernel': (in_dim, d), 'hidden_bias': (d,),
+                      'output_kernel': (d, d), 'output_bias': (d,)}, (key_mode, shapes)
 
 
 def test_module_2d_layouts_agree():
@@ -578,7 +599,9 @@ MODULE_ERRORS = {
     'mask_shape': (_module(mask=jnp.ones((2, 2, 6, 5), bool)), r'mask has shape'),
     'dropout_rate': (_module(dropout_rate=-0.1), r'dropout_rate=-0.1'),
     'embedding_dim_sum': (_module(key_mode='sum', area_embedding_dim=3),
-                          r"embedding_dim=3 is invalid for mode='sum'"),
+                          r"area_embedding_dim=3 is invalid for key_mode='sum'.*use None or 2"),
+    'sum_odd_depth': (_module(key_mode='sample_sum', qkv_features=6),
+                      r"key_mode='sample_sum' needs an even head depth.*got depth 3"),
     'batch_mismatch': (_module(kv_shape=(3, 6, 8)), r'batch'),
 }
 

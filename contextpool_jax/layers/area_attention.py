@@ -12,6 +12,8 @@ items, and ordinary dot-product attention runs over the areas.
 * Rich form (Eq. 5-9): area key = ReLU(f W1 + sigma W2 + [e_h; e_w] W3) Wd from
   the area mean (or max, or a sample), the standard deviation of the item keys
   (Eq. 5) and learned embeddings of the area's height and width (Eq. 6-8).
+  Key modes named as in tensor2tensor's ``area_attention.py`` compute what
+  they compute there (some without sigma); see :class:`AreaAttention`.
 * Area sums and means come from summed area tables (integral images, Eq.
   10-11, Algorithms 1-2); area maxima and standard deviations are built one
   column / row at a time (sliding maxima; pairwise merges of the areas'
@@ -75,22 +77,44 @@ Dtype = Any
 Initializer = Callable[..., Array]
 
 PARAMETER_FREE_KEY_MODES = ('mean', 'max', 'sample')
-LEARNED_KEY_MODES = ('concat', 'sum', 'max_concat', 'sample_concat', 'sample_sum')
+
+
+class _LearnedKey(NamedTuple):
+  """A learned key mode: base feature f, whether sigma enters, how features combine."""
+  base: str  # 'mean' | 'max' | 'sample'
+  std: bool
+  combine: str  # 'concat' | 'sum' (AreaKeyEncoder.mode)
+
+
+# The learned key modes. The first five are tensor2tensor's names and compute
+# what its compute_area_key computes for them; the last three are Eq. 9 with
+# the std term for the other base features (names of our own).
+_LEARNED_KEYS = {
+    'concat': _LearnedKey('mean', True, 'concat'),
+    'max_concat': _LearnedKey('max', False, 'concat'),
+    'sample_concat': _LearnedKey('sample', False, 'concat'),
+    'sum': _LearnedKey('mean', True, 'sum'),
+    'sample_sum': _LearnedKey('sample', False, 'sum'),
+    'max_std_concat': _LearnedKey('max', True, 'concat'),
+    'sample_std_concat': _LearnedKey('sample', True, 'concat'),
+    'sample_std_sum': _LearnedKey('sample', True, 'sum'),
+}
+LEARNED_KEY_MODES = tuple(_LEARNED_KEYS)
 KEY_MODES = PARAMETER_FREE_KEY_MODES + LEARNED_KEY_MODES
 VALUE_MODES = ('sum', 'mean', 'max')
 FEATURE_NAMES = ('sum', 'mean', 'std', 'max')
 
-# Which per-area statistics of the item keys each key mode reads.
-_KEY_FEATURES = {
-    'mean': ('mean',),
-    'max': ('max',),
-    'sample': ('mean', 'std'),
-    'concat': ('mean', 'std'),
-    'sum': ('mean', 'std'),
-    'max_concat': ('max', 'std'),
-    'sample_concat': ('mean', 'std'),
-    'sample_sum': ('mean', 'std'),
-}
+
+def _key_base(key_mode: str) -> str:
+  """The base feature f of a key mode: 'mean', 'max' or 'sample'."""
+  return _LEARNED_KEYS[key_mode].base if key_mode in _LEARNED_KEYS else key_mode
+
+
+def _key_features(key_mode: str) -> tuple[str, ...]:
+  """Which per-area statistics of the item keys a key mode reads."""
+  base, learned = _key_base(key_mode), _LEARNED_KEYS.get(key_mode)
+  needs_std = base == 'sample' or (learned is not None and learned.std)
+  return (('max',) if base == 'max' else ('mean',)) + (('std',) if needs_std else ())
 
 
 # ----------------------------------------------------------------------------
@@ -564,9 +588,10 @@ def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None)
   ``sample_rng`` is given (training); otherwise ``f = mean``, the mean of the
   distribution.
   """
-  if key_mode.startswith('max'):
+  base = _key_base(key_mode)
+  if base == 'max':
     return feats.max
-  if key_mode.startswith('sample') and sample_rng is not None:
+  if base == 'sample' and sample_rng is not None:
     eps = jax.random.normal(sample_rng, feats.mean.shape, jnp.float32)
     return (feats.mean + feats.std * eps.astype(feats.std.dtype)).astype(feats.mean.dtype)
   return feats.mean
@@ -675,7 +700,7 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
 
   area_opts = dict(max_area_width=max_area_width, max_area_height=max_area_height,
                    memory_height=memory_height)
-  key_feats = area_features(key, features=_KEY_FEATURES[key_mode], std_epsilon=std_epsilon,
+  key_feats = area_features(key, features=_key_features(key_mode), std_epsilon=std_epsilon,
                             **area_opts)
   value_feats = area_features(value, features=(value_mode,), **area_opts)
   area_keys = _base_area_key(key_feats, key_mode, sample_rng)
@@ -691,8 +716,25 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
 # ----------------------------------------------------------------------------
 
 
+def _check_embedding_dim(owner: str, field: str, embedding_dim: int | None,
+                         mode_field: str, mode: str, combine: str, depth: int) -> None:
+  """A ``'sum'`` key adds ``[e_h; e_w]`` (each ``embedding_dim``, default
+  ``depth // 2``) to depth-``depth`` features: both must fit."""
+  if combine != 'sum':
+    return
+  if depth % 2:
+    raise ValueError(
+        f'{owner}.{mode_field}={mode!r} needs an even head depth: its height and width '
+        f'embeddings (depth // 2 each, as in tensor2tensor) are concatenated and added '
+        f"to the key features; got depth {depth}. Use an even depth or a 'concat' mode.")
+  if embedding_dim not in (None, depth // 2):
+    raise ValueError(
+        f'{owner}.{field}={embedding_dim!r} is invalid for {mode_field}={mode!r}, whose '
+        f'[e_h; e_w] is added to the depth-{depth} key features; use None or {depth // 2}.')
+
+
 class AreaKeyEncoder(nn.Module):
-  """Learned area key of the rich form (Eq. 5-9).
+  """Learned area key of the rich form (Eq. 5-9), as tensor2tensor computes it.
 
   ``mode='concat'`` is Eq. 9 literally (a matmul of a concatenation equals the
   sum of per-block matmuls):
@@ -701,32 +743,35 @@ class AreaKeyEncoder(nn.Module):
   base area feature (mean, max or sample, chosen by the caller), ``sigma`` the
   std of the item keys (Eq. 5), ``e_h = E_h[h - 1]``, ``e_w = E_w[w - 1]`` the
   height/width embeddings (Eq. 6-8; the one-hot products of Eq. 6-7 are table
-  lookups).
+  lookups), each ``S = D // 2`` wide by default (tensor2tensor's
+  ``depth // 2``; the paper does not give S). Without ``std`` (tensor2tensor's
+  ``max_concat`` and ``sample_concat``): ``k = ReLU([f; e_h; e_w] W + b1) Wd +
+  bd``, ``W: [D + 2 S, hidden]``.
 
-  ``mode='sum'`` is a cheaper tied variant our choice: features are summed
-  element-wise before one projection, ``k = ReLU((f + sigma + e_h + e_w) W + b1)
-  Wd + bd`` with ``W: [D, hidden]`` and embeddings of depth ``D`` (i.e. Eq. 9
-  with ``W1 = W2`` and ``W3 = [W; W]``).
+  ``mode='sum'`` is tensor2tensor's tied variant: the features are added
+  element-wise before one projection, ``k = ReLU((f + sigma + [e_h; e_w]) W +
+  b1) Wd + bd`` (``sigma`` only if ``std`` is given), ``W: [D, hidden]``, so
+  ``2 S`` must equal ``D`` (an even ``D``; tensor2tensor fails otherwise).
 
   The paper does not say whether the MLP is shared by the heads; by default it
-  is (applied to each head's ``D``-dim features), ``per_head=True`` gives every
-  head its own ``W, b1, Wd, bd`` (a leading ``[heads]`` axis). Embeddings are
-  shared by the heads in both cases.
+  is (as in tensor2tensor, which applies it to every head's ``D``-dim
+  features), ``per_head=True`` gives every head its own ``W, b1, Wd, bd`` (a
+  leading ``[heads]`` axis). Embeddings are shared by the heads in both cases.
 
   Parameters: ``height_embedding [max_area_height, S]``,
   ``width_embedding [max_area_width, S]``, ``hidden_kernel [(heads,) in,
   hidden]``, ``hidden_bias [(heads,) hidden]``, ``output_kernel [(heads,)
   hidden, D]``, ``output_bias [(heads,) D]`` (biases iff ``use_bias``); ``in =
-  2 D + 2 S`` (concat) or ``D`` (sum).
+  2 D + 2 S`` (concat with std), ``D + 2 S`` (concat without) or ``D`` (sum).
 
   Attributes:
     max_area_width: rows of the width embedding table.
     max_area_height: rows of the height embedding table.
     mode: ``'concat'`` (Eq. 9) or ``'sum'`` (tied variant).
     hidden_dim: width of the ReLU layer; ``None`` -> ``D`` (the paper's
-      ``W1 in R^{D x D}`` reading).
-    embedding_dim: ``S``, depth of each shape embedding (concat only; sum uses
-      ``D``); ``None`` -> ``D``.
+      ``W1 in R^{D x D}`` reading, tensor2tensor's ``units=depth``).
+    embedding_dim: ``S``, depth of each shape embedding; ``None`` -> ``D //
+      2``; for ``'sum'`` only ``None`` or ``D / 2``.
     per_head: separate MLP parameters per head.
     use_bias: biases in both layers.
     dtype: compute dtype (``None``: inferred from inputs and params).
@@ -749,12 +794,13 @@ class AreaKeyEncoder(nn.Module):
   embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
 
   @nn.compact
-  def __call__(self, base: Array, std: Array, height: Array, width: Array) -> Array:
+  def __call__(self, base: Array, std: Array | None, height: Array, width: Array) -> Array:
     """Computes area keys.
 
     Args:
       base: ``[batch, num_areas, heads, D]`` base feature ``f``.
-      std: ``[batch, num_areas, heads, D]`` standard deviation ``sigma``.
+      std: ``[batch, num_areas, heads, D]`` standard deviation ``sigma``, or
+        ``None`` for a key without the std term.
       height: ``[num_areas]`` int area heights in ``1..max_area_height``.
       width: ``[num_areas]`` int area widths in ``1..max_area_width``.
 
@@ -767,17 +813,17 @@ class AreaKeyEncoder(nn.Module):
     v.check_positive(owner, 'hidden_dim', self.hidden_dim, allow_none=True, integer=True)
     v.check_positive(owner, 'embedding_dim', self.embedding_dim, allow_none=True, integer=True)
     v.check_rank(owner, 'base', base, (4,), '[batch, num_areas, heads, depth]')
-    v.check_rank(owner, 'std', std, (4,), '[batch, num_areas, heads, depth]')
-    if std.shape != base.shape:
-      raise ValueError(f'{owner}: std shape {std.shape} != base shape {base.shape}.')
+    if std is not None:
+      v.check_rank(owner, 'std', std, (4,), '[batch, num_areas, heads, depth]')
+      if std.shape != base.shape:
+        raise ValueError(f'{owner}: std shape {std.shape} != base shape {base.shape}.')
     heads, depth = base.shape[2], base.shape[3]
-    if self.mode == 'sum' and self.embedding_dim not in (None, depth):
-      raise ValueError(f'{owner}.embedding_dim={self.embedding_dim!r} is invalid for '
-                       f"mode='sum', whose embeddings are added to the depth-{depth} "
-                       'features; use None.')
-    emb_dim = depth if self.mode == 'sum' else (self.embedding_dim or depth)
+    _check_embedding_dim(owner, 'embedding_dim', self.embedding_dim, 'mode', self.mode,
+                         self.mode, depth)
+    emb_dim = self.embedding_dim or depth // 2
     hidden = self.hidden_dim or depth
-    in_dim = depth if self.mode == 'sum' else 2 * depth + 2 * emb_dim
+    num_features = 2 if std is not None else 1
+    in_dim = depth if self.mode == 'sum' else num_features * depth + 2 * emb_dim
     lead = (heads,) if self.per_head else ()
 
     e_h_table = self.param('height_embedding', self.embedding_init,
@@ -796,6 +842,7 @@ class AreaKeyEncoder(nn.Module):
         base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out, dtype=self.dtype)
     e_h = jnp.take(e_h_table, jnp.asarray(height) - 1, axis=0)  # [num_areas, S]
     e_w = jnp.take(e_w_table, jnp.asarray(width) - 1, axis=0)
+    shape_emb = jnp.concatenate([e_h, e_w], -1)  # [num_areas, 2 S]
 
     if self.per_head:
       mm = lambda x, w: jnp.einsum('...hi,hio->...ho', x, w)
@@ -803,12 +850,12 @@ class AreaKeyEncoder(nn.Module):
     else:
       mm = lambda x, w: jnp.einsum('...i,io->...o', x, w)
       mm_shape = lambda e, w: jnp.einsum('ai,io->ao', e, w)[:, None, :]
-    if self.mode == 'concat':
-      w_f, w_s = w_in[..., :depth, :], w_in[..., depth:2 * depth, :]
-      w_e = w_in[..., 2 * depth:, :]
-      pre = mm(base, w_f) + mm(std, w_s) + mm_shape(jnp.concatenate([e_h, e_w], -1), w_e)
-    else:
-      pre = mm(base + std, w_in) + mm_shape(e_h + e_w, w_in)
+    if self.mode == 'concat':  # [f; sigma; e] W as f W1 + sigma W2 + e W3
+      pre = mm(base, w_in[..., :depth, :]) + mm_shape(shape_emb, w_in[..., in_dim - 2 * emb_dim:, :])
+      if std is not None:
+        pre = pre + mm(std, w_in[..., depth:2 * depth, :])
+    else:  # (f + sigma + e) W as (f + sigma) W + e W: e is not broadcast to the batch
+      pre = mm(base if std is None else base + std, w_in) + mm_shape(shape_emb, w_in)
     if b_in is not None:
       pre = pre + b_in
     out = mm(nn.relu(pre), w_out)
@@ -830,18 +877,29 @@ class AreaAttention(nn.Module):
   Key modes (``f`` is the base feature of the mode, ``sigma`` the std of the
   item keys, Eq. 5):
 
-  ===============  ==========================================  ===========
-  key_mode         area key                                    parameters
-  ===============  ==========================================  ===========
-  'mean'           mean of item keys (Eq. 3, basic form)       none
-  'max'            element-wise max of item keys               none
-  'sample'         mean + sigma * eps (eps only in training)   none
-  'concat'         Eq. 9 with f = mean                         AreaKeyEncoder
-  'max_concat'     Eq. 9 with f = max                          AreaKeyEncoder
-  'sample_concat'  Eq. 9 with f = sample                       AreaKeyEncoder
-  'sum'            tied Eq. 9, summed features, f = mean       AreaKeyEncoder
-  'sample_sum'     tied Eq. 9, summed features, f = sample     AreaKeyEncoder
-  ===============  ==========================================  ===========
+  ===================  =========================================  ==============
+  key_mode             area key (``e = [e_h; e_w]``)              parameters
+  ===================  =========================================  ==============
+  'mean'               mean of item keys (Eq. 3, basic form)      none
+  'max'                element-wise max of item keys              none
+  'sample'             mean + sigma * eps (eps only in training)  none
+  'concat'             ReLU([mean; sigma; e] W) Wd (Eq. 9)        AreaKeyEncoder
+  'max_concat'         ReLU([max; e] W) Wd                        AreaKeyEncoder
+  'sample_concat'      ReLU([sample; e] W) Wd                     AreaKeyEncoder
+  'sum'                ReLU((mean + sigma + e) W) Wd              AreaKeyEncoder
+  'sample_sum'         ReLU((sample + e) W) Wd                    AreaKeyEncoder
+  'max_std_concat'     ReLU([max; sigma; e] W) Wd (Eq. 9, f=max)  AreaKeyEncoder
+  'sample_std_concat'  ReLU([sample; sigma; e] W) Wd              AreaKeyEncoder
+  'sample_std_sum'     ReLU((sample + sigma + e) W) Wd            AreaKeyEncoder
+  ===================  =========================================  ==============
+
+  (Biases ``b1``, ``bd`` omitted.) Every mode tensor2tensor's
+  ``compute_area_key`` has (the first eight rows) computes what it computes
+  there: no std in ``max_concat``, ``sample_concat``, ``sample_sum``; height
+  and width embeddings ``head_dim // 2`` wide each, concatenated (so ``'sum'``
+  modes need an even head dim); the MLP's hidden width is the head dim and it
+  is shared by the heads. The ``*_std_*`` modes are Eq. 9 (which has sigma)
+  with the other base features, names of our own.
 
   Sample noise ``eps ~ N(0, I)`` is reparameterised and drawn from the
   ``'dropout'`` rng stream only when ``deterministic=False``; at evaluation
@@ -871,8 +929,8 @@ class AreaAttention(nn.Module):
     dropout_rate: dropout on attention probabilities (rng ``'dropout'``).
     std_epsilon: variance floor inside the area std.
     area_key_hidden_dim: hidden width of the Eq. 9 MLP (``None``: head dim).
-    area_embedding_dim: ``S`` of the shape embeddings for concat modes
-      (``None``: head dim).
+    area_embedding_dim: ``S``, width of each shape embedding (``None``: head
+      dim // 2, as tensor2tensor; ``'sum'`` modes allow only that).
     per_head_area_key_params: one Eq. 9 MLP per head instead of a shared one.
     dtype: compute dtype (``None``: inferred); the softmax runs in float32.
     param_dtype: parameter dtype.
@@ -962,6 +1020,10 @@ class AreaAttention(nn.Module):
     out_features = self.out_features or q_shape[-1]
     if mask is not None:
       _check_mask(owner, mask, (batch, self.num_heads, q_len, kv_len))
+    learned_key = _LEARNED_KEYS.get(self.key_mode)
+    if learned_key is not None:
+      _check_embedding_dim(owner, 'area_embedding_dim', self.area_embedding_dim, 'key_mode',
+                           self.key_mode, learned_key.combine, head_dim)
 
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype,
@@ -973,22 +1035,23 @@ class AreaAttention(nn.Module):
 
     area_opts = dict(max_area_width=self.max_area_width,
                      max_area_height=self.max_area_height, memory_height=memory_height)
-    key_feats = area_features(key, features=_KEY_FEATURES[self.key_mode],
+    key_feats = area_features(key, features=_key_features(self.key_mode),
                               std_epsilon=self.std_epsilon, **area_opts)
     value_feats = area_features(value, features=(self.value_mode,), **area_opts)
     sample_rng = None
-    if self.key_mode.startswith('sample') and not deterministic:
+    if _key_base(self.key_mode) == 'sample' and not deterministic:
       sample_rng = self.make_rng('dropout')
     area_keys = _base_area_key(key_feats, self.key_mode, sample_rng)
-    if self.key_mode in LEARNED_KEY_MODES:
+    if learned_key is not None:
       area_keys = AreaKeyEncoder(
           max_area_width=self.max_area_width, max_area_height=self.max_area_height,
-          mode='sum' if self.key_mode.endswith('sum') else 'concat',
+          mode=learned_key.combine,
           hidden_dim=self.area_key_hidden_dim, embedding_dim=self.area_embedding_dim,
           per_head=self.per_head_area_key_params, use_bias=self.use_bias,
           dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
           bias_init=self.bias_init, name='area_key')(
-              area_keys, key_feats.std, key_feats.height, key_feats.width)
+              area_keys, key_feats.std if learned_key.std else None, key_feats.height,
+              key_feats.width)
     area_values = _value_features(value_feats, self.value_mode)
     area_mask = area_attention_mask(mask, q_len=q_len, kv_len=kv_len, causal=self.causal,
                                     **area_opts)
