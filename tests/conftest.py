@@ -18,3 +18,7 @@ import pathlib
 
 # `configs/` lives at the repository root (not in the installed package).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+# tests/multi_device/ needs several (fake) devices, fixed when JAX starts:
+# tests/test_multi_device.py runs it in a subprocess that sets them.
+collect_ignore = [] if os.environ.get('CONTEXTPOOL_MULTI_DEVICE') else ['multi_device']

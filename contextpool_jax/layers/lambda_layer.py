@@ -189,6 +189,12 @@ class LambdaLayer(nn.Module):
       paper's "no batch normalization" ablation).
     batch_norm_momentum: BatchNorm running-average decay.
     batch_norm_epsilon: BatchNorm variance epsilon.
+    bn_axis_name: the mapped axis name (``jax.pmap`` / ``shard_map``) over which
+      BatchNorm averages its batch statistics; None = the local batch only. Leave
+      it None under ``jax.jit`` with sharded arrays (the statistics are then
+      already over the global batch); set it in your own ``pmap`` / ``shard_map``
+      loop, or each device normalises with its own statistics and the replicas
+      drift apart.
     kernel_init: initialiser of the q/k/v projections; None = N(0, 1/d).
     embedding_init: initialiser of the relative table; None = N(0, 1/d).
     precision: ``jax.lax.Precision`` for contractions and convolutions.
@@ -206,6 +212,7 @@ class LambdaLayer(nn.Module):
   batch_norm: bool = True
   batch_norm_momentum: float = 0.99
   batch_norm_epsilon: float = 1e-5
+  bn_axis_name: str | None = None
   kernel_init: Initializer | None = None
   embedding_init: Initializer | None = None
   precision: PrecisionLike = None
@@ -297,7 +304,7 @@ class LambdaLayer(nn.Module):
     norm = lambda name: nn.BatchNorm(
         use_running_average=not train, axis=(-2, -1),
         momentum=self.batch_norm_momentum, epsilon=self.batch_norm_epsilon,
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        axis_name=self.bn_axis_name, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
     queries = dense((self.heads, depth_k), 'query')(x)      # [b, *s, h, k]
     values = dense((depth_v, depth_u), 'value')(x)          # [b, *s, v, u]

@@ -164,6 +164,7 @@ class BlockOptions:
   conv_init_mode: str = 'fan_out'
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
+  bn_axis_name: Optional[str] = None
   context_pool: Optional[tuple[tuple[str, Any], ...]] = None
   cp_downsample: bool = False
   lambda_key_depth: int = 16
@@ -185,7 +186,7 @@ class BlockOptions:
 def _norm(o: BlockOptions, train: bool, *, zero: bool = False,
           name: Optional[str] = None) -> nn.BatchNorm:
   return nn.BatchNorm(use_running_average=not train, momentum=o.bn_momentum,
-                      epsilon=o.bn_epsilon, dtype=o.dtype, param_dtype=o.param_dtype,
+                      epsilon=o.bn_epsilon, axis_name=o.bn_axis_name, dtype=o.dtype, param_dtype=o.param_dtype,
                       scale_init=nn.initializers.zeros if zero else nn.initializers.ones,
                       name=name)
 
@@ -225,6 +226,7 @@ def spatial_op(o: BlockOptions, kind: str, x: Array, features: int, strides: int
                     heads=o.lambda_heads, intra_depth=o.lambda_intra_depth,
                     position=o.lambda_position, scope_size=o.lambda_scope_size,
                     batch_norm_momentum=o.bn_momentum, batch_norm_epsilon=o.bn_epsilon,
+                    bn_axis_name=o.bn_axis_name,
                     dtype=o.dtype, param_dtype=o.param_dtype, name=name)(x, train=train)
     if strides > 1:
       k = o.lambda_pool_size
@@ -417,6 +419,10 @@ class ResNet(nn.Module):
     zero_init_residual: zero-initialise the last BatchNorm scale of each block.
     conv_init_mode: ``'fan_out'`` or ``'fan_in'`` for the He initialisation.
     bn_momentum, bn_epsilon: BatchNorm running-average decay and epsilon.
+    bn_axis_name: mapped axis name for BatchNorm batch statistics in your own
+      ``jax.pmap`` / ``shard_map`` loop (every BatchNorm of the network,
+      including the lambda layers'); None (default) = the local batch, which is
+      right under ``jax.jit`` with sharded arrays (the trainer).
     remat: rematerialise each residual block in the backward pass.
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
@@ -446,6 +452,7 @@ class ResNet(nn.Module):
   conv_init_mode: str = 'fan_out'
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
+  bn_axis_name: Optional[str] = None
   remat: bool = False
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
@@ -499,7 +506,7 @@ class ResNet(nn.Module):
     return BlockOptions(
         shortcut=self.shortcut, zero_init_residual=self.zero_init_residual,
         conv_init_mode=self.conv_init_mode, bn_momentum=self.bn_momentum,
-        bn_epsilon=self.bn_epsilon,
+        bn_epsilon=self.bn_epsilon, bn_axis_name=self.bn_axis_name,
         context_pool=None if cp is None else tuple(sorted(dict(cp).items())),
         cp_downsample=cp is not None and 'downsample' in placement,
         lambda_key_depth=self.lambda_key_depth, lambda_heads=self.lambda_heads,
