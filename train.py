@@ -6,10 +6,18 @@ r"""Trains and evaluates any experiment of the papers from a config.
 
 The config is locked: ``--config.<key>=<value>`` overrides a field and an
 unknown key is an error. Re-running with the same ``--workdir`` resumes from
-its latest checkpoint. On a multi-host TPU pod or GPU cluster pass
-``--jax_distributed`` on every host (``jax.distributed.initialize()``).
+its latest checkpoint.
+
+Several processes (README "Multi-host"): on a Cloud TPU pod, SLURM, Open MPI or
+Kubernetes pass ``--jax_distributed`` on every host (JAX finds the cluster);
+elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
+--process_id=I`` (I = 0..N-1) on every process. Every process gets the same
+config and ``--workdir`` (a directory they share). To try it on one machine:
+``python -m contextpool_jax.training.launch --num_processes 2
+--devices_per_process 2 -- --config configs/default.py --workdir W``.
 """
 
+import os
 import sys
 
 from absl import app
@@ -20,18 +28,41 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file.',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
-_DISTRIBUTED = flags.DEFINE_bool('jax_distributed', False,
-                                 'Call jax.distributed.initialize() (multi-host).')
+_DISTRIBUTED = flags.DEFINE_bool(
+    'jax_distributed', False,
+    'Call jax.distributed.initialize() with auto-detection (Cloud TPU, SLURM, Open MPI, '
+    'Kubernetes). Implied by --coordinator_address/--num_processes/--process_id.')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0, reachable by every process.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process: 0..num_processes-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def initialize_distributed() -> None:
+  """``jax.distributed.initialize`` from the flags; nothing for a single process."""
+  explicit = {'coordinator_address': _COORDINATOR.value, 'num_processes': _NUM_PROCESSES.value,
+              'process_id': _PROCESS_ID.value}
+  if not _DISTRIBUTED.value and all(v is None for v in explicit.values()):
+    return
+  n, i = explicit['num_processes'], explicit['process_id']
+  if n is not None and n < 1:
+    raise app.UsageError(f'--num_processes={n} must be >= 1.')
+  if i is not None and not 0 <= i < (n if n is not None else i + 1):
+    raise app.UsageError(f'--process_id={i} must be in [0, --num_processes={n}).')
+  import jax  # pylint: disable=g-import-not-at-top
+  # CPU processes need a collectives implementation (gloo ships with jaxlib);
+  # GPU and TPU backends ignore this setting.
+  if 'JAX_CPU_COLLECTIVES_IMPLEMENTATION' not in os.environ:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(**{k: v for k, v in explicit.items() if v is not None})
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax/grain INFO logs drown the progress bar
-  import jax  # pylint: disable=g-import-not-at-top
-  if _DISTRIBUTED.value:
-    jax.distributed.initialize()
+  initialize_distributed()
   from contextpool_jax.data import DatasetNotFoundError  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
   try:

@@ -15,7 +15,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.log_every_steps = 50
   c.keep_checkpoints = 3
   c.async_checkpointing = True
-  c.nan_check_every_steps = 1        # steps between host checks for a NaN/inf loss
+  c.nan_check_every_steps = 0        # extra host checks for a NaN/inf loss every N steps
+                                     # (0: only at log and checkpoint steps, no per-step sync)
   c.eval_splits = ('validation',)
   c.dtype = 'float32'                # compute dtype: 'float32' | 'bfloat16' (params stay f32)
   c.remat = False                    # recompute activations in the backward pass

@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import jax
 import numpy as np
 import sacrebleu
+from jax.sharding import NamedSharding
 
-from contextpool_jax.training import decoding
+from contextpool_jax.training import decoding, sharding
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
@@ -59,22 +60,14 @@ def make_decode_fn(model, *, max_len: int, beam_size: Optional[int] = 4, alpha: 
   return jax.jit(fn)
 
 
-def _gather_processes(x: np.ndarray) -> np.ndarray:
-  """Concatenates ``x`` over all processes (axis 0); no-op with one process."""
-  if jax.process_count() == 1:
-    return x
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  gathered = np.asarray(multihost_utils.process_allgather(x))
-  return gathered.reshape((-1,) + x.shape[1:])
-
-
 def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
                      max_len: Optional[int] = None, beam_size: Optional[int] = 4,
                      alpha: float = 0.6, eos_id: int = 1, min_segment: Optional[int] = 16,
                      references: Optional[Sequence[str]] = None,
                      decode_fn: Optional[Callable[[Any, Any], Any]] = None,
                      max_batches: Optional[int] = None,
-                     tokenize: str = '13a') -> ScoredTranslations:
+                     tokenize: str = '13a',
+                     data_sharding: Optional[NamedSharding] = None) -> ScoredTranslations:
   """Decodes every eval batch, detokenises and scores with :func:`corpus_bleu`.
 
   Args:
@@ -91,26 +84,41 @@ def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
       batches carry no index); default ``batches.references`` if it exists,
       else the detokenised ``'targets'`` (only approximates the raw text).
     decode_fn: ``(params, inputs) -> ids`` to use instead of the built-in jitted
-      search (e.g. one that shards the batch over devices).
+      search (``inputs`` is a global array sharded by ``data_sharding``).
     max_batches: score only the first ``max_batches`` batches (None or 0 = all;
       must be the same on every process).
 
-  In a multi-process run every process must call this with its own shard; the
-  decoded ids, indices and masks are all-gathered (same number of batches per
-  process), and every process scores the whole set.
+  Decoding is data parallel over ``data_sharding`` (default: every device of
+  every process, split along the batch axis, as the trainer's evaluation
+  steps): each process passes its own rows, padded here to a multiple of its
+  local device count, and the decoded ids, indices and masks are read back
+  with :func:`sharding.fetch`, so every process scores the whole set. In a
+  multi-process run every process must call this with the same number of
+  batches.
   """
   if not (isinstance(params, dict) and 'params' in params):
     params = {'params': params}
+  if data_sharding is None:
+    data_sharding = sharding.batch_sharding(sharding.make_mesh())
+  local_devices = len(data_sharding.mesh.local_devices)
   if max_batches:
     batches_iter = itertools.islice(batches, int(max_batches))
   else:
     batches_iter = iter(batches)
+  keep_targets = references is None and not hasattr(batches, 'references')
   fns: dict[int, Callable] = {}
   ids_all, index_all, mask_all, target_text = [], [], [], []
   count = 0
   for batch in batches_iter:
     inputs = np.asarray(batch['inputs'])
     n = inputs.shape[0]
+    host = {'inputs': inputs,
+            'mask': np.asarray(batch.get('mask', np.ones(n, bool)), bool),
+            'index': np.asarray(batch.get('index', np.arange(count, count + n)), np.int32)}
+    if keep_targets:
+      host['targets'] = np.asarray(batch['targets'])
+    count += n
+    host, _ = sharding.pad_rows(host, local_devices)  # padded rows: mask False
     length = max_len or int(np.asarray(batch['targets']).shape[1])
     fn = decode_fn
     if fn is None:
@@ -118,15 +126,13 @@ def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
         fns[length] = make_decode_fn(model, max_len=length, beam_size=beam_size, alpha=alpha,
                                      eos_id=eos_id, min_segment=min_segment)
       fn = fns[length]
-    ids = np.asarray(fn(params, inputs))
-    mask = np.asarray(batch.get('mask', np.ones(n, bool)), bool)
-    index = np.asarray(batch.get('index', np.arange(count, count + n)), np.int64)
-    count += n
-    ids_all.append(_gather_processes(ids))
-    index_all.append(_gather_processes(index))
-    mask_all.append(_gather_processes(mask))
-    if references is None and not hasattr(batches, 'references'):
-      target_text.append(_gather_processes(np.asarray(batch['targets'])))
+    device_batch = sharding.put_batch(host, data_sharding)
+    out = sharding.fetch(dict(device_batch, ids=fn(params, device_batch['inputs'])))
+    ids_all.append(out['ids'])
+    index_all.append(out['index'])
+    mask_all.append(out['mask'])
+    if keep_targets:
+      target_text.append(out['targets'])
   if not ids_all:
     return ScoredTranslations(0.0, [], [])
   width = max(a.shape[1] for a in ids_all)

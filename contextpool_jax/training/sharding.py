@@ -8,6 +8,10 @@ replicated). ``jax.jit`` with these shardings inserts the all-reduce of the
 gradients (replicated) or the all-gather / reduce-scatter (FSDP) itself. On
 several hosts each process feeds its own slice of the global batch
 (``jax.make_array_from_process_local_data``).
+
+Host reads go through :func:`fetch` only: it returns the *global* value of
+every leaf on every process, whatever the number of processes and devices (a
+plain ``jax.device_get`` fails on an array that spans other processes' devices).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 PARAM_SHARDINGS = ('replicated', 'fsdp')
@@ -66,3 +71,41 @@ def state_shardings(abstract_state: Any, mesh: Mesh, mode: str) -> Any:
 def put_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
   """Per-process numpy batch -> global jax arrays sharded along the batch axis."""
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+
+
+def pad_rows(batch: dict[str, np.ndarray], multiple: int) -> tuple[dict[str, np.ndarray], int]:
+  """Zero rows appended so the leading axis divides ``multiple``; returns (batch, real rows)."""
+  rows = len(next(iter(batch.values())))
+  extra = -rows % multiple
+  if extra:
+    batch = {k: np.concatenate([x, np.zeros((extra, *x.shape[1:]), x.dtype)])
+             for k, x in batch.items()}
+  return batch, rows
+
+
+def fetch(tree: Any) -> Any:
+  """Numpy copy of every leaf's *global* value, on every process.
+
+  The one way the training code reads device values on the host. Leaves that
+  this process can address completely (numpy, single-process arrays) are
+  copied; arrays replicated over all devices are read from the local copy; arrays
+  sharded over other processes' devices are all-gathered. The all-gather is a
+  collective: in a multi-process run every process must call ``fetch`` at the
+  same point of the program with the same tree structure (the training loop
+  does: every process runs the same loop).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  out: list[Any] = [None] * len(leaves)
+  gather = []
+  for i, x in enumerate(leaves):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      out[i] = np.asarray(jax.device_get(x))
+    elif x.is_fully_replicated:
+      out[i] = np.asarray(jax.device_get(x.addressable_data(0)))
+    else:
+      gather.append(i)
+  if gather:  # one collective for all sharded leaves
+    gathered = multihost_utils.process_allgather([leaves[i] for i in gather], tiled=True)
+    for i, x in zip(gather, gathered):
+      out[i] = np.asarray(x)
+  return jax.tree.unflatten(treedef, out)

@@ -59,6 +59,13 @@ class Task:
     self.model = build_model(config)
 
   # -- data ------------------------------------------------------------------
+  def prepare(self) -> None:
+    """Builds what the processes share through files (a dataset, a vocabulary).
+
+    The trainer calls it on the first process only, before any process reads
+    the data, so several processes never write the same files. Default: nothing.
+    """
+
   def train_dataset(self, process_index: int, process_count: int):
     raise NotImplementedError
 
@@ -93,14 +100,22 @@ class Task:
   def finalize(self, sums: dict[str, float]) -> dict[str, float]:
     raise NotImplementedError
 
-  def extra_evaluation(self, apply_fn, variables, split: str, process_index: int,
-                       process_count: int) -> dict[str, float]:
-    """Metrics that need more than logits (BLEU); default none."""
+  def extra_evaluation(self, apply_fn, variables, split: str, data_sharding
+                       ) -> dict[str, float]:
+    """Metrics that need more than logits (BLEU); default none.
+
+    Every process calls it with the same arguments; ``data_sharding`` splits
+    batches over all devices of all processes (as the evaluation steps do).
+    """
     return {}
 
 
 class LanguageModelling(Task):
   """Character/byte LM: cross-entropy of the next byte; BPC = nats / ln 2."""
+
+  def prepare(self):
+    from contextpool_jax.data import lm_input
+    lm_input.load_split(self.config, 'train')  # prepares every split
 
   def train_dataset(self, process_index, process_count):
     from contextpool_jax.data import lm_input
@@ -153,6 +168,9 @@ class Translation(Task):
       self._vocab = translation_input.get_vocab(self.config, self.workdir)
     return self._vocab
 
+  def prepare(self):
+    self.vocab  # trains the SentencePiece model into the workdir if it is not there
+
   def train_dataset(self, process_index, process_count):
     from contextpool_jax.data import translation_input
     self.vocab  # trains/loads the SentencePiece model first
@@ -195,16 +213,16 @@ class Translation(Task):
     return {'loss': sums['loss'] / w, 'perplexity': math.exp(min(sums['loss'] / w, 50.0)),
             'accuracy': sums['accuracy'] / w}
 
-  def extra_evaluation(self, apply_fn, variables, split, process_index, process_count):
+  def extra_evaluation(self, apply_fn, variables, split, data_sharding):
     if not self.config.get('eval_bleu', True):
       return {}
     from contextpool_jax.training import bleu
-    batches = self.eval_batches(split, process_index, process_count)
+    batches = self.eval_batches(split, jax.process_index(), jax.process_count())
     return bleu.decode_and_score(
         self.model, variables['params'], batches, self.vocab,
         beam_size=self.config.get('beam_size', 4), alpha=self.config.get('beam_alpha', 0.6),
         max_len=self.config.dataset.max_target_len,
-        max_batches=self.config.get('eval_bleu_batches', 0))
+        max_batches=self.config.get('eval_bleu_batches', 0), data_sharding=data_sharding)
 
 
 class Classification(Task):

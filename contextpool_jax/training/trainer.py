@@ -16,17 +16,24 @@
    checkpoints asynchronously (orbax ``CheckpointManager``, keep ``keep_checkpoints``).
 
 A step whose loss or gradient norm is not finite leaves the parameters
-unchanged and is recorded; the loop stops at the next check (every
-``nan_check_every_steps`` steps and before every checkpoint) with
-:class:`NonFiniteLossError` naming the step. Checkpoints are only written for
-good states, so the last checkpoint is the last good one.
+unchanged and is recorded; the loop stops at the next check (every log step,
+before every checkpoint, and every ``nan_check_every_steps`` steps if that is
+set) with :class:`NonFiniteLossError` naming the step. Checkpoints are only
+written for good states, so the last checkpoint is the last good one.
+
+The host never waits for the step it has just dispatched: metric sums are
+accumulated on the devices inside the jitted steps and read (through
+:func:`sharding.fetch`, correct with any number of processes) only at log,
+evaluation and checkpoint steps, and the host runs at most
+:data:`MAX_STEPS_IN_FLIGHT` steps ahead of the devices (see :class:`InFlight`).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import grain
@@ -37,6 +44,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.training import optim, sharding, tasks
@@ -69,12 +77,15 @@ _COMMON_INT_FIELDS = ('num_train_steps', 'batch_size', 'eval_every_steps',
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field for any bad common value (before compiling)."""
   for field in ('task', 'model', 'optimizer', 'dataset', 'seed', 'dtype', 'remat',
-                'param_sharding', *_COMMON_INT_FIELDS):
+                'param_sharding', 'nan_check_every_steps', 'log_pool_sizes', 'progress_bar',
+                'eval_splits', *_COMMON_INT_FIELDS):
     if field not in config:
       raise ValueError(f'config.{field} is missing; every config needs it '
                        '(see configs/default.py).')
   for field in _COMMON_INT_FIELDS:
     v.check_positive('config', field, config[field], integer=True)
+  v.check_positive('config', 'nan_check_every_steps', config.nan_check_every_steps,
+                   integer=True, allow_zero=True)
   v.check_choice('config', 'task', config.task, tasks.TASKS)
   v.check_choice('config', 'param_sharding', config.param_sharding,
                  sharding.PARAM_SHARDINGS)
@@ -183,11 +194,36 @@ def make_train_step(task: tasks.Task, tx: optax.GradientTransformation, schedule
 
 
 def make_eval_step(task: tasks.Task):
+  """``(state, batch) -> metric sums`` of one evaluation batch; pure."""
   def eval_step(state: TrainState, batch: dict) -> dict:
     variables = {'params': state.params, **state.model_state}
     logits = task.model.apply(variables, *task.model_args(batch), train=False)
     return task.eval_sums(logits, batch)
   return eval_step
+
+
+def summing(step: Callable) -> Callable:
+  """``step(state, batch) -> metrics`` (or ``-> (state, metrics)``) as
+  ``(state, batch, sums) -> sums + metrics`` (or ``-> (state, sums + metrics)``).
+
+  The running sums stay on the devices, inside the same jitted program as the
+  step: reading them once per log interval costs one host read, and no extra
+  program runs per step.
+  """
+  def summed(state, batch, sums):
+    out = step(state, batch)
+    if isinstance(out, tuple):
+      new_state, metrics = out
+      return new_state, jax.tree.map(jnp.add, sums, metrics)
+    return jax.tree.map(jnp.add, sums, out)
+  return summed
+
+
+def zero_sums(step: Callable, state, batch, sharding) -> dict:
+  """Zeros shaped like the metric sums of ``step(state, batch)``, placed with ``sharding``."""
+  out = jax.eval_shape(step, state, batch)
+  metrics = out[1] if isinstance(out, tuple) else out
+  return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), sharding), metrics)
 
 
 def make_probe(task: tasks.Task):
@@ -201,6 +237,50 @@ def make_probe(task: tasks.Task):
             if k.endswith('/pool_sigma')}
   return probe
 
+
+# ----------------------------------------------------------------------------
+# Host and device in step.
+# ----------------------------------------------------------------------------
+
+MAX_STEPS_IN_FLIGHT = 2
+
+
+class InFlight:
+  """Lets the host run at most ``depth`` dispatched steps ahead of the devices.
+
+  ``add(marker)`` after dispatching a step (``marker``: any small output of it)
+  waits for the step ``depth`` back to finish. The devices always have the
+  next ``depth`` steps queued, so they never idle while the host prepares a
+  batch, and the queue cannot grow without bound.
+
+  Why a bound at all: each device of XLA's CPU runtime admits at most 32
+  computations in flight; a computation with collectives (every sharded
+  train or evaluation step: the gradient all-reduce, the loss sums) holds a
+  thread of a pool that has max(cores, devices) threads until every device has
+  joined. With more than 32 steps queued, one device's launch blocks on that
+  limit while the other devices' threads wait in the collective for it, and
+  the runtime aborts ("Expected 4 threads to join the rendezvous, but only 3
+  of them arrived"). It happened at the first evaluation (33 independent
+  evaluation steps dispatched back to back, then about 100 small additions of
+  their outputs) and would have happened in training as soon as the loop
+  stopped reading the state every step. Measured on this machine: 4 fake
+  devices, a chain of jitted steps with an all-reduce, 150 steps; no bound or a
+  bound of 33+: aborted every time; a bound of 1-30: finished.
+  """
+
+  def __init__(self, depth: int = MAX_STEPS_IN_FLIGHT):
+    self._depth = depth
+    self._queue: collections.deque = collections.deque()
+
+  def add(self, marker: Any) -> None:
+    self._queue.append(marker)
+    if len(self._queue) > self._depth:
+      jax.block_until_ready(self._queue.popleft())
+
+
+def due(done: int, every: int, total: int) -> bool:
+  """True every ``every`` steps and at the last step (``done`` steps completed)."""
+  return done % every == 0 or done == total
 
 # ----------------------------------------------------------------------------
 # Logging.
@@ -237,9 +317,8 @@ class _Writer:
       self.jsonl.close()
 
 
-def _host_sums(metrics: list[dict]) -> dict[str, float]:
-  total = jax.tree.map(lambda *xs: sum(xs), *metrics)
-  return {k: float(val) for k, val in jax.device_get(total).items()}
+def _scalars(sums: dict) -> dict[str, float]:
+  return {k: float(val) for k, val in sharding.fetch(sums).items()}
 
 
 def _train_summary(sums: dict[str, float], seconds: float) -> dict[str, float]:
@@ -258,16 +337,29 @@ def _train_summary(sums: dict[str, float], seconds: float) -> dict[str, float]:
 
 def evaluate(task: tasks.Task, eval_step, state: TrainState, split: str,
              data_sharding) -> dict[str, float]:
-  sums = []
+  """Metrics of ``split``: ``eval_step = jit(summing(make_eval_step(task)))``."""
+  sums, in_flight = None, InFlight()
   for batch in task.eval_batches(split, jax.process_index(), jax.process_count()):
-    sums.append(eval_step(state, sharding.put_batch(batch, data_sharding)))
-  if not sums:
+    batch = sharding.put_batch(batch, data_sharding)
+    if sums is None:
+      sums = zero_sums(make_eval_step(task), state, batch,
+                       sharding.replicated(data_sharding.mesh))
+    sums = eval_step(state, batch, sums)
+    in_flight.add(sums)
+  if sums is None:
     raise ValueError(f'evaluation split {split!r} produced no batches.')
-  metrics = task.finalize(_host_sums(sums))
+  metrics = task.finalize(_scalars(sums))
   variables = {'params': state.params, **state.model_state}
-  metrics.update(task.extra_evaluation(task.model.apply, variables, split,
-                                       jax.process_index(), jax.process_count()))
+  metrics.update(task.extra_evaluation(task.model.apply, variables, split, data_sharding))
   return metrics
+
+
+def _prepare_on_first_process(task: tasks.Task) -> None:
+  """``task.prepare()`` on process 0 while the others wait (no concurrent writers)."""
+  if jax.process_index() == 0:
+    task.prepare()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('contextpool_jax: task prepared')
 
 
 def _checkpoint_manager(directory: epath.Path, config) -> ocp.CheckpointManager:
@@ -306,6 +398,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2))
 
   task = tasks.make_task(config, str(workdir))
+  _prepare_on_first_process(task)
   tx, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
   mesh = sharding.make_mesh()
   data_sharding = sharding.batch_sharding(mesh)
@@ -326,7 +419,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state=ocp.args.StandardRestore(target),
         data=grain.checkpoint.CheckpointRestore(train_iter)))
     state = restored['state']
-    print(f'Resumed from {workdir / "checkpoints"} at step {int(state.step)}.', flush=True)
+    print(f'Resumed from {workdir / "checkpoints"} at step {latest}.', flush=True)
   else:
     state = jax.jit(init_fn, out_shardings=shardings)(init_rng)
     if config.get('init_from', ''):
@@ -334,26 +427,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state = state.replace(params=previous.params, model_state=previous.model_state)
       print(f'Initialised params from {config.init_from}.', flush=True)
 
-  train_step = jax.jit(make_train_step(task, tx, schedule, train_rng, config.grad_accum_steps),
-                       in_shardings=(shardings, data_sharding),
-                       out_shardings=(shardings, None), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(task), in_shardings=(shardings, data_sharding))
+  replicated = sharding.replicated(mesh)
+  train_step_fn = make_train_step(task, tx, schedule, train_rng, config.grad_accum_steps)
+  train_step = jax.jit(summing(train_step_fn),
+                       in_shardings=(shardings, data_sharding, replicated),
+                       out_shardings=(shardings, replicated), donate_argnums=(0,))
+  eval_step = jax.jit(summing(make_eval_step(task)),
+                      in_shardings=(shardings, data_sharding, replicated),
+                      out_shardings=replicated)
   probe = jax.jit(make_probe(task), in_shardings=(shardings, data_sharding))
-  log_pool_sizes = config.get('log_pool_sizes', True) and bool(
-      config.model.get('context_pool', None) is not None)
+  log_pool_sizes = config.log_pool_sizes and config.model.get('context_pool') is not None
 
   writer = _Writer(workdir, is_main)
-  start = int(state.step)
+  start = 0 if latest is None else latest
   total = config.num_train_steps
-  pbar = _progress_bar(start, total, enabled=is_main and config.get('progress_bar', True))
-  nan_every = config.get('nan_check_every_steps', 1)
+  pbar = _progress_bar(start, total, enabled=is_main and config.progress_bar)
+  nan_every = config.nan_check_every_steps
   history: list[dict] = []
-  pending: list[dict] = []
   result: dict[str, Any] = {}
+  zeros, sums, in_flight = None, None, InFlight()
   tick = time.time()
 
   def check_finite():
-    bad = int(state.bad_step)
+    bad = int(sharding.fetch(state.bad_step))
     if bad >= 0:
       manager.wait_until_finished()
       raise NonFiniteLossError(
@@ -363,31 +459,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     for step in range(start, total):
       batch = sharding.put_batch(next(train_iter), data_sharding)
-      state, metrics = train_step(state, batch)
-      pending.append(metrics)
+      if zeros is None:
+        zeros = zero_sums(train_step_fn, state, batch, replicated)
+      state, sums = train_step(state, batch, zeros if sums is None else sums)
+      in_flight.add(sums)
       done = step + 1
-      if done % nan_every == 0:
+      if nan_every and done % nan_every == 0:
         check_finite()
-      if done % config.log_every_steps == 0 or done == total:
+      if due(done, config.log_every_steps, total):
         check_finite()
-        summary = _train_summary(_host_sums(pending), time.time() - tick)
-        pending, tick = [], time.time()
+        summary = _train_summary(_scalars(sums), time.time() - tick)
+        sums, tick = None, time.time()
         writer.scalars(done, summary, 'train')
         history.append({'step': done, **summary})
         if log_pool_sizes:
-          sizes = jax.device_get(probe(state, batch))
+          sizes = sharding.fetch(probe(state, batch))
           writer.histograms(done, sizes, 'pool_sigma')
           writer.scalars(done, {k: float(np.mean(s)) for k, s in sizes.items()},
                          'pool_sigma_mean')
         pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
-      if done % config.eval_every_steps == 0 or done == total:
-        for split in config.get('eval_splits', ('validation',)):
+      if due(done, config.eval_every_steps, total):
+        for split in config.eval_splits:
           metrics_eval = evaluate(task, eval_step, state, split, data_sharding)
           writer.scalars(done, metrics_eval, f'eval_{split}')
           result[f'eval_{split}'] = metrics_eval
           pbar.write(f'step {done}: {split} ' + ', '.join(
               f'{k}={val:.4f}' for k, val in metrics_eval.items()))
-      if done % config.checkpoint_every_steps == 0 or done == total:
+      if due(done, config.checkpoint_every_steps, total):
         check_finite()
         manager.save(done, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -398,7 +496,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     manager.wait_until_finished()
     manager.close()
     writer.close()
-  result.update(step=int(state.step), train_history=history, workdir=str(workdir))
+  result.update(step=int(sharding.fetch(state.step)), train_history=history,
+                workdir=str(workdir))
   return result
 
 

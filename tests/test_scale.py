@@ -1,0 +1,154 @@
+"""The default config end to end on several devices and several processes.
+
+Every run goes through the command line users run (``train.py``, or the local
+multi-process launcher), with logging, ContextPool pool-size logging,
+evaluation and checkpoints inside the run; results are read back from
+``metrics.jsonl`` and the checkpoints.
+
+* 4 fake devices in one process give the losses and evaluation metrics of 1
+  device. The evaluation has more batches (64) than XLA's CPU runtime admits
+  computations in flight per device (32): it deadlocked before the loop
+  bounded how far the host runs ahead (trainer.InFlight).
+* 2 processes x 2 devices over loopback (gloo) give those of 1 process x 4
+  devices, write one checkpoint directory, and a resumed 2-process run ends
+  with exactly the parameters of an uninterrupted one; replicated and FSDP.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """A small real-text corpus: this repository's Python sources."""
+  root = tmp_path_factory.mktemp('corpus')
+  for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
+    (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
+  return root
+
+
+def flags(corpus, data_dir, workdir, steps=8, **overrides):
+  """``train.py`` flags: configs/default.py shrunk, everything on inside the run."""
+  config = {
+      'num_train_steps': steps, 'batch_size': 8, 'log_every_steps': 2,
+      'eval_every_steps': 4, 'checkpoint_every_steps': 4, 'progress_bar': False,
+      'model.num_layers': 1, 'model.emb_dim': 32, 'model.mlp_dim': 64, 'model.num_heads': 2,
+      # A schedule that does not depend on num_train_steps, so a run stopped at
+      # step 4 and resumed to 8 follows the uninterrupted run's rates.
+      'optimizer.schedule': 'warmup_constant', 'optimizer.warmup_steps': 2,
+      'dataset.files': f"('{corpus}/*.txt',)", 'dataset.data_dir': str(data_dir),
+      'dataset.max_bytes': 0, 'dataset.seq_len': 32, 'dataset.eval_context': 32,
+      'dataset.eval_step': 16, 'dataset.eval_batch_size': 4, 'dataset.eval_max_bytes': 4096,
+      **overrides}
+  return (['--config', str(REPO / 'configs/default.py'), '--workdir', str(workdir)]
+          + [f'--config.{k}={v}' for k, v in config.items()])
+
+
+def _env(devices):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  xla = env.get('XLA_FLAGS', '')
+  env['XLA_FLAGS'] = f'{xla} --xla_force_host_platform_device_count={devices}'.strip()
+  return env
+
+
+def run_train(args, devices):
+  out = subprocess.run([sys.executable, str(REPO / 'train.py'), *args], env=_env(devices),
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+
+
+def run_launcher(args, processes, devices):
+  out = subprocess.run(
+      [sys.executable, '-m', 'contextpool_jax.training.launch',
+       f'--num_processes={processes}', f'--devices_per_process={devices}', '--', *args],
+      env=dict(os.environ, JAX_PLATFORMS='cpu'), cwd=REPO, capture_output=True, text=True,
+      timeout=900)
+  assert out.returncode == 0, out.stdout[-8000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+def metrics(workdir):
+  """{split: [record, ...]} from metrics.jsonl (written by process 0 only)."""
+  out = {}
+  for line in (pathlib.Path(workdir) / 'metrics.jsonl').read_text().splitlines():
+    record = json.loads(line)
+    out.setdefault(record.pop('split'), []).append(record)
+  return out
+
+
+def assert_same_run(a, b, rtol=2e-5):
+  """Same logged steps, train losses, evaluation metrics and pool sizes."""
+  assert set(a) == set(b) >= {'train', 'eval_validation', 'pool_sigma_mean'}
+  for split in a:
+    assert [r['step'] for r in a[split]] == [r['step'] for r in b[split]], split
+    for ra, rb in zip(a[split], b[split]):
+      for key in ra:
+        if key not in ('step', 'steps_per_sec'):
+          np.testing.assert_allclose(ra[key], rb[key], rtol=rtol, err_msg=f'{split} {key}')
+
+
+def params(workdir):
+  """The latest checkpoint's params, restored on this (one-device) test process."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  with ocp.CheckpointManager(pathlib.Path(workdir) / 'checkpoints',
+                             item_handlers={'state': ocp.StandardCheckpointHandler()}) as mgr:
+    step = mgr.latest_step()
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          mgr.item_metadata(step)['state'])
+    restored = mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)))
+  return step, jax.tree.map(np.asarray, restored['state']['params'])
+
+
+@pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
+def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
+    corpus, tmp_path, param_sharding):
+  extra = {'param_sharding': param_sharding}
+  run_train(flags(corpus, tmp_path / 'data', tmp_path / 'one', **extra), devices=1)
+  run_train(flags(corpus, tmp_path / 'data', tmp_path / 'four', **extra), devices=4)
+  one, four = metrics(tmp_path / 'one'), metrics(tmp_path / 'four')
+  assert_same_run(one, four)
+  assert [r['step'] for r in four['eval_validation']] == [4, 8]
+  assert [r['step'] for r in four['train']] == [2, 4, 6, 8]
+  assert sorted(p.name for p in (tmp_path / 'four' / 'checkpoints').iterdir()
+                if p.name.isdigit()) == ['4', '8']
+  # The 4-device checkpoint restores on one device (params are not compared:
+  # Adam's first steps are ~sign(g), which float rounding flips for g ~ 0).
+  step, restored = params(tmp_path / 'four')
+  assert step == 8
+  jax.tree.map(lambda a, b: np.testing.assert_equal(a.shape, b.shape),
+               restored, params(tmp_path / 'one')[1])
+
+
+@pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
+def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, param_sharding):
+  data = tmp_path / 'data'
+  extra = {'param_sharding': param_sharding}
+  run_train(flags(corpus, data, tmp_path / 'ref', **extra), devices=4)   # prepares data
+  run_launcher(flags(corpus, data, tmp_path / 'full', **extra), processes=2, devices=2)
+  assert_same_run(metrics(tmp_path / 'ref'), metrics(tmp_path / 'full'))
+  # One checkpoint directory, shared by both processes.
+  assert sorted(p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir()
+                if p.name.isdigit()) == ['4', '8']
+
+  # Stop at step 4, resume to 8 in two processes: the uninterrupted run's params.
+  run_launcher(flags(corpus, data, tmp_path / 'resumed', steps=4, **extra), 2, 2)
+  log = run_launcher(flags(corpus, data, tmp_path / 'resumed', **extra), 2, 2)
+  assert 'Resumed from' in log and 'at step 4' in log
+  step_full, params_full = params(tmp_path / 'full')
+  step_resumed, params_resumed = params(tmp_path / 'resumed')
+  assert step_full == step_resumed == 8
+  jax.tree.map(np.testing.assert_array_equal, params_full, params_resumed)
+  resumed_evals = metrics(tmp_path / 'resumed')['eval_validation']
+  assert [r['step'] for r in resumed_evals] == [4, 8]
+  assert resumed_evals[-1] == metrics(tmp_path / 'full')['eval_validation'][-1]
