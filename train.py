@@ -38,6 +38,8 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processe
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process: 0..num_processes-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
+PREEMPTED_EXIT_CODE = 143
+
 
 def initialize_distributed() -> None:
   """``jax.distributed.initialize`` from the flags; nothing for a single process."""
@@ -70,6 +72,10 @@ def main(argv):
   except (DatasetNotFoundError, trainer.NonFiniteLossError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
+  if result.get('preempted'):
+    # The checkpoint is saved; end like a process stopped by SIGTERM (128 + 15), so
+    # `train.py ... && next-stage` does not go on with an unfinished run.
+    sys.exit(PREEMPTED_EXIT_CODE)
   evals = {k: val for k, val in result.items() if k.startswith('eval_')}
   print(f'Finished at step {result["step"]}: ' + '; '.join(
       f'{k}: ' + ', '.join(f'{m}={x:.4f}' for m, x in val.items()) for k, val in evals.items()))

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import collections
 import json
+import signal
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -47,7 +49,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.layers import _validation as v
-from contextpool_jax.training import optim, sharding, tasks
+from contextpool_jax.training import checkpoints, optim, sharding, tasks
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -278,6 +280,37 @@ class InFlight:
       jax.block_until_ready(self._queue.popleft())
 
 
+class Preemption:
+  """Whether to save and stop now: a SIGTERM (preemption notice) was received.
+
+  One process: a SIGTERM handler (installed while training, in the main
+  thread) sets a flag. Several processes: JAX's preemption service (started by
+  ``jax.distributed.initialize``, which handles SIGTERM itself) picks the
+  same step on every process (``multihost_utils.reached_preemption_sync_point``,
+  called every step), so all of them save that step together.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+  def _on_sigterm(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def reached(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      self.requested = multihost_utils.reached_preemption_sync_point(step)
+    return self.requested
+
+  def close(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
+
+
 def due(done: int, every: int, total: int) -> bool:
   """True every ``every`` steps and at the last step (``done`` steps completed)."""
   return done % every == 0 or done == total
@@ -362,30 +395,9 @@ def _prepare_on_first_process(task: tasks.Task) -> None:
     multihost_utils.sync_global_devices('contextpool_jax: task prepared')
 
 
-def _checkpoint_manager(directory: epath.Path, config) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=config.keep_checkpoints,
-      enable_async_checkpointing=config.get('async_checkpointing', True))
-  return ocp.CheckpointManager(directory, options=options)
-
-
 def _abstract_with_shardings(abstract, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       abstract, shardings)
-
-
-def _init_from(config, state_target) -> Optional[TrainState]:
-  """Params and model state of the latest checkpoint under ``config.init_from``."""
-  path = epath.Path(config.init_from)
-  if (path / 'checkpoints').exists():
-    path = path / 'checkpoints'
-  with ocp.CheckpointManager(path) as mgr:
-    step = mgr.latest_step()
-    if step is None:
-      raise ValueError(f'config.init_from={config.init_from!r} has no checkpoint.')
-    restored = mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(state_target)))
-  return restored['state']
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -394,69 +406,74 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir = epath.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
-  if is_main:
-    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2))
+  manager = checkpoints.manager(workdir / 'checkpoints', config)
+  preemption = None
+  try:  # everything after here closes the manager on the way out
+    if manager.latest_step() is not None:
+      checkpoints.check_resume_config(workdir, config)
+    if is_main:
+      (workdir / checkpoints.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
 
-  task = tasks.make_task(config, str(workdir))
-  _prepare_on_first_process(task)
-  tx, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
-  mesh = sharding.make_mesh()
-  data_sharding = sharding.batch_sharding(mesh)
+    task = tasks.make_task(config, str(workdir))
+    _prepare_on_first_process(task)
+    tx, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+    mesh = sharding.make_mesh()
+    data_sharding = sharding.batch_sharding(mesh)
 
-  rng = jax.random.key(config.seed)
-  init_rng, train_rng = jax.random.split(rng)
-  init_fn = make_init_fn(task, tx)
-  abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
-  shardings = sharding.state_shardings(abstract, mesh, config.param_sharding)
-  target = _abstract_with_shardings(abstract, shardings)
+    rng = jax.random.key(config.seed)
+    init_rng, train_rng = jax.random.split(rng)
+    init_fn = make_init_fn(task, tx)
+    abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
+    shardings = sharding.state_shardings(abstract, mesh, config.param_sharding)
+    target = _abstract_with_shardings(abstract, shardings)
 
-  train_ds = task.train_dataset(jax.process_index(), jax.process_count())
-  train_iter = iter(train_ds)
-  manager = _checkpoint_manager(workdir / 'checkpoints', config)
-  latest = manager.latest_step()
-  if latest is not None:
-    restored = manager.restore(latest, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target),
-        data=grain.checkpoint.CheckpointRestore(train_iter)))
-    state = restored['state']
-    print(f'Resumed from {workdir / "checkpoints"} at step {latest}.', flush=True)
-  else:
-    state = jax.jit(init_fn, out_shardings=shardings)(init_rng)
-    if config.get('init_from', ''):
-      previous = _init_from(config, target)
-      state = state.replace(params=previous.params, model_state=previous.model_state)
-      print(f'Initialised params from {config.init_from}.', flush=True)
+    train_ds = task.train_dataset(jax.process_index(), jax.process_count())
+    train_iter = iter(train_ds)
+    found = checkpoints.restore_latest(
+        manager, workdir / 'checkpoints', lambda: ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            data=grain.checkpoint.CheckpointRestore(train_iter)))
+    if found is not None:
+      start, restored = found
+      state = restored['state']
+      print(f'Resumed from {workdir / "checkpoints"} at step {start}.', flush=True)
+    else:
+      start = 0
+      state = jax.jit(init_fn, out_shardings=shardings)(init_rng)
+      if config.get('init_from', ''):
+        previous = checkpoints.restore_params(config.init_from, target)
+        state = state.replace(params=previous.params, model_state=previous.model_state)
+        print(f'Initialised params from {config.init_from}.', flush=True)
 
-  replicated = sharding.replicated(mesh)
-  train_step_fn = make_train_step(task, tx, schedule, train_rng, config.grad_accum_steps)
-  train_step = jax.jit(summing(train_step_fn),
-                       in_shardings=(shardings, data_sharding, replicated),
-                       out_shardings=(shardings, replicated), donate_argnums=(0,))
-  eval_step = jax.jit(summing(make_eval_step(task)),
-                      in_shardings=(shardings, data_sharding, replicated),
-                      out_shardings=replicated)
-  probe = jax.jit(make_probe(task), in_shardings=(shardings, data_sharding))
-  log_pool_sizes = config.log_pool_sizes and config.model.get('context_pool') is not None
+    replicated = sharding.replicated(mesh)
+    train_step_fn = make_train_step(task, tx, schedule, train_rng, config.grad_accum_steps)
+    train_step = jax.jit(summing(train_step_fn),
+                         in_shardings=(shardings, data_sharding, replicated),
+                         out_shardings=(shardings, replicated), donate_argnums=(0,))
+    eval_step = jax.jit(summing(make_eval_step(task)),
+                        in_shardings=(shardings, data_sharding, replicated),
+                        out_shardings=replicated)
+    probe = jax.jit(make_probe(task), in_shardings=(shardings, data_sharding))
+    log_pool_sizes = config.log_pool_sizes and config.model.get('context_pool') is not None
 
-  writer = _Writer(workdir, is_main)
-  start = 0 if latest is None else latest
-  total = config.num_train_steps
-  pbar = _progress_bar(start, total, enabled=is_main and config.progress_bar)
-  nan_every = config.nan_check_every_steps
-  history: list[dict] = []
-  result: dict[str, Any] = {}
-  zeros, sums, in_flight = None, None, InFlight()
-  tick = time.time()
+    writer = _Writer(workdir, is_main)
+    total = config.num_train_steps
+    pbar = _progress_bar(start, total, enabled=is_main and config.progress_bar)
+    nan_every = config.nan_check_every_steps
+    history: list[dict] = []
+    result: dict[str, Any] = {}
+    zeros, sums, in_flight = None, None, InFlight()
+    tick = time.time()
 
-  def check_finite():
-    bad = int(sharding.fetch(state.bad_step))
-    if bad >= 0:
-      manager.wait_until_finished()
-      raise NonFiniteLossError(
-          f'non-finite loss or gradient at step {bad}; training stopped. The last good '
-          f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.')
+    def check_finite():
+      bad = int(sharding.fetch(state.bad_step))
+      if bad >= 0:
+        manager.wait_until_finished()
+        raise NonFiniteLossError(
+            f'non-finite loss or gradient at step {bad}; training stopped. The last good '
+            f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.')
 
-  try:
+    preemption = Preemption()
     for step in range(start, total):
       batch = sharding.put_batch(next(train_iter), data_sharding)
       if zeros is None:
@@ -464,6 +481,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state, sums = train_step(state, batch, zeros if sums is None else sums)
       in_flight.add(sums)
       done = step + 1
+      preempted = preemption.reached(done)
       if nan_every and done % nan_every == 0:
         check_finite()
       if due(done, config.log_every_steps, total):
@@ -478,24 +496,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           writer.scalars(done, {k: float(np.mean(s)) for k, s in sizes.items()},
                          'pool_sigma_mean')
         pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
-      if due(done, config.eval_every_steps, total):
+      if due(done, config.eval_every_steps, total) and not preempted:
         for split in config.eval_splits:
           metrics_eval = evaluate(task, eval_step, state, split, data_sharding)
           writer.scalars(done, metrics_eval, f'eval_{split}')
           result[f'eval_{split}'] = metrics_eval
           pbar.write(f'step {done}: {split} ' + ', '.join(
               f'{k}={val:.4f}' for k, val in metrics_eval.items()))
-      if due(done, config.checkpoint_every_steps, total):
+      if due(done, config.checkpoint_every_steps, total) or preempted:
         check_finite()
         manager.save(done, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(train_iter)))
       pbar.update(1)
+      if preempted:
+        result['preempted'] = True
+        pbar.write(f'Preempted (SIGTERM): saved a checkpoint at step {done} in '
+                   f'{workdir / "checkpoints"}; rerun the same command to resume.')
+        break
   finally:
-    pbar.close()
+    if preemption is not None:
+      preemption.close()
+      pbar.close()
+      writer.close()
     manager.wait_until_finished()
     manager.close()
-    writer.close()
   result.update(step=int(sharding.fetch(state.step)), train_history=history,
                 workdir=str(workdir))
   return result

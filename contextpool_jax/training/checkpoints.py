@@ -1,0 +1,158 @@
+"""Checkpoints of the training loop: save, resume safely, start from another run.
+
+``<workdir>/checkpoints/<step>/`` (orbax ``CheckpointManager``) holds the items
+``'state'`` (the ``TrainState``) and ``'data'`` (the grain iterator). Orbax
+writes a step to a temporary directory and renames it when complete, so a
+process killed while writing leaves no half checkpoint behind, only a
+temporary directory that is ignored. On top of that:
+
+* :func:`check_resume_config`: resuming with a different model (or task,
+  optimizer, dataset) than the saved ``config.json`` is one clear error naming
+  what differs, raised before anything is restored.
+* :func:`restore_latest`: a latest checkpoint that cannot be read (a file missing
+  or truncated) is moved to ``<workdir>/damaged_checkpoints/`` with a warning
+  naming it and the step used instead; if no checkpoint can be read the run
+  stops with :class:`CheckpointError` naming the directory, never restarting
+  from step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from typing import Any, Callable, Optional
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
+
+CONFIG_FILE = 'config.json'
+DAMAGED_DIR = 'damaged_checkpoints'
+# Config fields a resumed run must share with the saved one: they fix the
+# structure and meaning of the saved state. Everything else (steps, rates,
+# evaluation, logging, sharding) may change between runs.
+RESUME_KEYS = ('task', 'model', 'optimizer.name', 'dataset.name')
+
+
+class CheckpointError(RuntimeError):
+  """A workdir's checkpoints cannot be used; the message says which and why."""
+
+
+def manager(directory: epath.Path, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints,
+      enable_async_checkpointing=config.get('async_checkpointing', True))
+  return ocp.CheckpointManager(directory, options=options)
+
+
+def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(_flat(v, f'{prefix}{k}.'))
+    return out or {prefix[:-1]: {}}
+  return {prefix[:-1]: tree}
+
+
+def _select(flat: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+  return {k: v for k, v in flat.items() if any(k == p or k.startswith(p + '.') for p in keys)}
+
+
+def config_differences(saved: dict, config: ml_collections.ConfigDict,
+                       keys: tuple[str, ...] = RESUME_KEYS) -> list[str]:
+  """``'field: saved X, now Y'`` for every field under ``keys`` that differs."""
+  now = _select(_flat(json.loads(config.to_json_best_effort())), keys)
+  before = _select(_flat(saved), keys)
+  missing = object()
+  return [f'{k}: saved {before.get(k, missing)!r}, now {now.get(k, missing)!r}'.replace(
+              repr(missing), '(absent)')
+          for k in sorted(set(now) | set(before)) if before.get(k, missing) != now.get(k, missing)]
+
+
+def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
+  """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``."""
+  path = workdir / CONFIG_FILE
+  if not path.exists():
+    return
+  try:
+    saved = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f'{path} is not valid JSON ({e}); it records the config the '
+                          f'checkpoints in {workdir / "checkpoints"} were trained with.') from e
+  diffs = config_differences(saved, config)
+  if diffs:
+    raise CheckpointError(
+        f'{workdir} holds checkpoints of a different configuration than the one given '
+        f'(saved {path} vs now):\n  ' + '\n  '.join(diffs) + '\nUse a new --workdir, or set '
+        '--config.init_from to that workdir to start a new run from its parameters.')
+
+
+def _move_aside(directory: epath.Path, step: int) -> epath.Path:
+  """Moves a damaged step out of the checkpoint directory (process 0; all wait)."""
+  target = directory.parent / DAMAGED_DIR / f'{step}-{time.strftime("%Y%m%d-%H%M%S")}'
+  if jax.process_index() == 0:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (directory / str(step)).rename(target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f'contextpool_jax: moved checkpoint {step}')
+  return target
+
+
+def _all_ok(ok: bool) -> bool:
+  """True only if ``ok`` on every process (they must agree on the step they use)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(multihost_utils.process_allgather(int(ok)).min())
+
+
+def restore_latest(mgr: ocp.CheckpointManager, directory: epath.Path,
+                   args: Callable[[], ocp.args.CheckpointArgs], *, move_damaged: bool = True
+                   ) -> Optional[tuple[int, Any]]:
+  """``(step, restored)`` of the newest checkpoint that restores, or None if there is none.
+
+  ``args()`` builds the restore arguments (fresh for each attempt). A step that
+  fails to restore is (with ``move_damaged``) moved to
+  ``<workdir>/damaged_checkpoints/``, so the resumed run can write that step
+  again, with a warning naming it and the step tried next; if every step
+  fails, CheckpointError.
+  """
+  steps = sorted(mgr.all_steps(), reverse=True)
+  damaged = []
+  for step in steps:
+    try:
+      restored, error = mgr.restore(step, args=args()), None
+    except Exception as e:  # pylint: disable=broad-except  # any damage: missing, truncated
+      restored, error = None, f'{type(e).__name__}: {str(e)[:300]}'
+    if _all_ok(error is None):
+      if damaged:
+        warnings.warn(f'Resuming from checkpoint step {step} in {directory}; newer ones '
+                      'could not be read:\n  ' + '\n  '.join(damaged))
+      return step, restored
+    where = 'left in place'
+    if move_damaged:
+      where = f'moved to {_move_aside(directory, step)}'
+      mgr.reload()
+    damaged.append(f'step {step} ({where}): {error or "failed on another process"}')
+  if steps:
+    raise CheckpointError(
+        f'No checkpoint in {directory} could be read:\n  ' + '\n  '.join(damaged) +
+        '\nIf the config changed since they were written, use a new --workdir; otherwise '
+        'remove the directory to start from step 0.')
+  return None
+
+
+def restore_params(path: str, target: Any) -> Any:
+  """The ``'state'`` of the latest checkpoint under ``path`` (a workdir or its
+  ``checkpoints/``), restored into ``target``'s shapes and shardings."""
+  directory = epath.Path(path)
+  if (directory / 'checkpoints').exists():
+    directory = directory / 'checkpoints'
+  with ocp.CheckpointManager(directory) as mgr:
+    found = restore_latest(mgr, directory, lambda: ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)), move_damaged=False)
+  if found is None:
+    raise CheckpointError(f'config.init_from={path!r}: no checkpoint in {directory}.')
+  return found[1]['state']
