@@ -19,8 +19,11 @@ Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
   ``text8.zip`` (or the extracted file) for offline preparation; None =
   ``<data_dir>/downloads/manual``.
 * ``config.dataset.files`` (``()``): local_text only: files, directories or glob
-  patterns (``**`` recursive); empty = the running Python's standard-library
-  ``*.py`` sources.
+  patterns (``**`` recursive); ``()`` (or None) = the running Python's
+  standard-library ``*.py`` sources. An empty pattern (``''``) is an error,
+  not the default.
+* ``config.dataset.allow_binary`` (``False``): local_text only: accept files
+  containing NUL bytes (default: a ValueError naming them).
 * ``config.dataset.max_bytes`` (``16 * 2**20``): local_text only: cap on the
   concatenated corpus in bytes, 0 = no cap.
 * ``config.dataset.seq_len`` (``1024``): training window: ``seq_len`` inputs
@@ -64,13 +67,22 @@ has no context) is predicted exactly once, always with at least
 Windows are never padded inside (a split shorter than the window gives one
 zero-padded row); rows past the last window are all-zero padding with zero
 weights. BPC = sum of weighted NLL (nats) / (sum of weights * ln 2).
+
+Bad data fails in :func:`load_split` (which the trainer's ``prepare`` calls
+before compiling), naming the setting, the value and what is needed: patterns
+naming no file or only empty files (DatasetNotFoundError), binary files, a
+corpus too small for the 90/5/5 split (see ``text_builders.LocalText``), a
+train split shorter than ``2 * seq_len`` bytes, a validation or test split
+shorter than 2 bytes, and bad ``eval_*`` values (ValueError). Every split is
+checked whichever one is asked for. An evaluation split smaller than one
+evaluation batch (or one window) is fine: padding rows have zero weight.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import grain
 import ml_collections
@@ -96,6 +108,7 @@ def default_dataset_config() -> ml_collections.ConfigDict:
       'eval_step': 512,
       'eval_batch_size': 8,
       'eval_max_bytes': 0,
+      'allow_binary': False,
       'download': True,
       'read_threads': 2,
       'prefetch': 4,
@@ -158,50 +171,109 @@ def _seed_words(config) -> int:
   return int(seed) % 2**64
 
 
-def load_split(config, split: str) -> text_builders.ByteSplit:
-  """Prepares ``config.dataset`` if needed; returns one split's bytes."""
-  if split not in EVAL_SPLITS:
-    raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
+def _local_text_kwargs(config) -> dict[str, Any]:
+  files = _get(config, 'dataset.files', ())
+  if files is None:
+    files = ()
+  elif isinstance(files, str):
+    files = (files,)  # '' stays an (invalid) empty pattern, not the default.
+  if not isinstance(files, (tuple, list)) or not all(
+      isinstance(f, str) for f in files):
+    raise ValueError('config.dataset.files must be a str or a tuple of str'
+                     f' (files, directories, glob patterns), got {files!r}.')
+  allow_binary = _get(config, 'dataset.allow_binary', False)
+  if not isinstance(allow_binary, bool):
+    raise ValueError(f'config.dataset.allow_binary must be a bool, got'
+                     f' {allow_binary!r}.')
+  return dict(files=tuple(files), allow_binary=allow_binary,
+              max_bytes=_int(config, 'dataset.max_bytes', 0,
+                             text_builders.DEFAULT_MAX_BYTES))
+
+
+def _split_bytes_kwargs(config) -> dict[str, Any]:
+  """enwik8/text8 with non-standard split sizes (tests on small files)."""
+  if not _get(config, 'dataset.split_bytes', None):
+    return {}
+  split_bytes = tuple(_get(config, 'dataset.split_bytes'))
+  if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
+    raise ValueError('config.dataset.split_bytes must be 3 positive ints (train, '
+                     f'validation, test bytes), got {split_bytes!r}.')
+  return dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), split_bytes))
+
+
+def _dataset_name(config) -> str:
   name = _get(config, 'dataset.name')
   if name not in DATASET_NAMES:
     raise ValueError(
         f'config.dataset.name must be one of {DATASET_NAMES}, got {name!r}.')
+  return name
+
+
+def _data_setting(config) -> str:
+  """The settings that chose the data, for messages."""
+  name = _dataset_name(config)
+  if name == 'local_text':
+    kwargs = _local_text_kwargs(config)
+    return (f"{text_builders.files_setting(kwargs['files'])}"
+            f" (config.dataset.max_bytes={kwargs['max_bytes']})")
+  split_bytes = _get(config, 'dataset.split_bytes', None)
+  sizes = (f' with config.dataset.split_bytes={tuple(split_bytes)}'
+           if split_bytes else '')
+  return f'config.dataset.name={name!r}{sizes}'
+
+
+def _prepare(config) -> Mapping[str, Any]:
+  name = _dataset_name(config)
   data_dir = _get(config, 'dataset.data_dir', None) or None
   manual_dir = _get(config, 'dataset.manual_dir', None) or None
   for path, value in (('dataset.data_dir', data_dir),
                       ('dataset.manual_dir', manual_dir)):
     if value is not None and not isinstance(value, str):
       raise ValueError(f'config.{path} must be a str or None, got {value!r}.')
-  kwargs = {}
-  if name == 'local_text':
-    files = _get(config, 'dataset.files', ())
-    if files is None:
-      files = ()
-    elif isinstance(files, str):
-      files = (files,) if files else ()
-    if not isinstance(files, (tuple, list)) or not all(
-        isinstance(f, str) for f in files):
-      raise ValueError('config.dataset.files must be a str or a tuple of str'
-                       f' (files, directories, glob patterns), got {files!r}.')
-    kwargs = dict(
-        files=tuple(files),
-        max_bytes=_int(config, 'dataset.max_bytes', 0,
-                       text_builders.DEFAULT_MAX_BYTES),
-    )
-  elif _get(config, 'dataset.split_bytes', None):
-    # enwik8/text8 with non-standard split sizes (tests on small files).
-    split_bytes = tuple(_get(config, 'dataset.split_bytes'))
-    if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
-      raise ValueError('config.dataset.split_bytes must be 3 positive ints (train, '
-                       f'validation, test bytes), got {split_bytes!r}.')
-    kwargs = dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), split_bytes))
+  kwargs = (_local_text_kwargs(config) if name == 'local_text'
+            else _split_bytes_kwargs(config))
   download = _get(config, 'dataset.download', True)
   if not isinstance(download, bool):
     raise ValueError(f'config.dataset.download must be a bool, got'
                      f' {download!r}.')
-  sources = text_builders.prepare_text_dataset(
+  return text_builders.prepare_text_dataset(
       name, data_dir, manual_dir=manual_dir, download=download, **kwargs)
-  return text_builders.ByteSplit(sources[split])
+
+
+def _check_train_bytes(config, num_bytes: int) -> None:
+  seq_len = _int(config, 'dataset.seq_len', 1)
+  if num_bytes // seq_len - 1 < 1:
+    raise ValueError(
+        f'config.dataset.seq_len={seq_len} is too large for the train split'
+        f' of {_data_setting(config)}: it has {num_bytes} bytes, and windows'
+        f' of seq_len + 1 bytes at a random phase need at least 2 * seq_len ='
+        f' {2 * seq_len}. Lower seq_len or use more data.')
+
+
+def _check_splits(config, sizes: Mapping[str, int]) -> None:
+  """Raises ValueError unless every split can be used with ``config``."""
+  _check_train_bytes(config, sizes['train'])
+  _eval_settings(config)
+  for split in EVAL_SPLITS[1:]:
+    if sizes[split] < 2:
+      raise ValueError(
+          f'The {split} split of {_data_setting(config)} has {sizes[split]}'
+          ' byte(s); evaluation needs at least 2 (the first byte is only'
+          ' context). Use more data.')
+
+
+def load_split(config, split: str) -> text_builders.ByteSplit:
+  """Prepares ``config.dataset`` if needed; returns one split's bytes.
+
+  Checks every split first (:func:`_check_splits`), so bad data or settings
+  fail here, whichever split is asked for.
+  """
+  if split not in EVAL_SPLITS:
+    raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
+  sources = _prepare(config)
+  splits = {s: text_builders.ByteSplit(sources[s]) for s in EVAL_SPLITS}
+  _check_splits(config, {s: len(b) for s, b in splits.items()})
+  return splits[split]
 
 
 # ---------------------------------------------------------------------------
@@ -258,12 +330,9 @@ def train_window_starts(config, num_bytes: int, *, process_index: int = 0,
 
 def _train_index_dataset(config, num_bytes, corpus, process_index,
                          process_count):
+  _check_train_bytes(config, num_bytes)
   seq_len = _int(config, 'dataset.seq_len', 1)
   num_windows = num_bytes // seq_len - 1
-  if num_windows < 1:
-    raise ValueError(
-        f'config.dataset.seq_len={seq_len} is too large for a train split of'
-        f' {num_bytes} bytes (need at least 2 * seq_len bytes).')
   seed = _seed_words(config)
   shuffle_seed = int(np.random.SeedSequence([seed, 0]).generate_state(
       1, np.uint32)[0])
@@ -334,6 +403,21 @@ def eval_windows(num_bytes: int, context: int,
   return starts, score_from, score_to
 
 
+def _eval_settings(config) -> tuple[int, int, int, int]:
+  """(eval_context, eval_step, eval_batch_size, eval_max_bytes), validated."""
+  context = _int(config, 'dataset.eval_context', 1)
+  step = _int(config, 'dataset.eval_step', 1)
+  if step > context:
+    raise ValueError(f'config.dataset.eval_step={step} must be <='
+                     f' config.dataset.eval_context={context}.')
+  global_batch = _int(config, 'dataset.eval_batch_size', 1)
+  max_bytes = _int(config, 'dataset.eval_max_bytes', 0, 0)
+  if max_bytes == 1:
+    raise ValueError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
+                     ' split) or >= 2 (a single byte is only context).')
+  return context, step, global_batch, max_bytes
+
+
 class _EvalBatch:
   """batch index -> this process's rows of that global batch (picklable)."""
 
@@ -400,22 +484,13 @@ def make_eval_batches(config, split: str, *, process_index: int,
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
   process_index, process_count = _process(process_index, process_count)
-  context = _int(config, 'dataset.eval_context', 1)
-  step = _int(config, 'dataset.eval_step', 1)
-  if step > context:
-    raise ValueError(f'config.dataset.eval_step={step} must be <='
-                     f' config.dataset.eval_context={context}.')
-  global_batch = _int(config, 'dataset.eval_batch_size', 1)
+  context, step, global_batch, max_bytes = _eval_settings(config)
   if global_batch % process_count:
     raise ValueError(f'config.dataset.eval_batch_size={global_batch} is not'
                      f' divisible by process_count={process_count}.')
-  max_bytes = _int(config, 'dataset.eval_max_bytes', 0, 0)
   read_options = _read_options(config)
   corpus = load_split(config, split)
   num_bytes = len(corpus) if not max_bytes else min(len(corpus), max_bytes)
-  if num_bytes < 2:
-    raise ValueError(f'config.dataset.eval_max_bytes={max_bytes} leaves'
-                     f' {num_bytes} bytes of {split}; need at least 2.')
   windows = eval_windows(num_bytes, context, step)
   num_batches = -(-len(windows[0]) // global_batch)
   fn = _EvalBatch(corpus, num_bytes, context, windows, global_batch,

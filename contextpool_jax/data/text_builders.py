@@ -13,6 +13,10 @@ Three builders, all with a vocabulary of 256 (one token per byte):
 * :class:`LocalText` -- any local text files (or, by default, the running
   Python's standard-library ``*.py`` sources), concatenated in sorted path
   order and split by contiguous byte ranges: first 90% / next 5% / last 5%.
+  Files are checked when the builder is made (patterns naming nothing, binary
+  files, a corpus too small to split are errors naming the setting; empty
+  files are skipped with a warning), and the prepared data is keyed by the
+  content of the files, so edited files are never read stale.
 
 Storage (all builders): each split is a sequence of records
 ``{'offset': int64, 'bytes': uint8[n]}``, one per ``chunk_bytes`` (64 KiB by
@@ -40,12 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import hashlib
 import inspect
 import json
 import os
 import sysconfig
+import warnings
 from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 import zipfile
 
@@ -444,12 +450,43 @@ def _walk_files(root: str, suffix: str = '') -> list[str]:
   return found
 
 
+def files_setting(patterns: Sequence[str]) -> str:
+  """How messages name the input setting, e.g. ``config.dataset.files=('a/*.txt',)``."""
+  if not patterns:
+    return "config.dataset.files=() (the standard library's *.py sources)"
+  return f'config.dataset.files={tuple(patterns)!r}'
+
+
+_EXPECTED_FILES = (
+    'expected existing files, directories (every non-hidden file under them)'
+    " or glob patterns ('**' recursive); files=() reads the standard"
+    " library's *.py sources"
+)
+
+
+def _match(pattern: str) -> tuple[list[str], str]:
+  """The regular files one pattern names, and why there are none (if so)."""
+  expanded = os.path.expanduser(pattern)
+  if os.path.isdir(expanded):
+    return _walk_files(expanded), 'a directory without non-hidden files'
+  if _GLOB_CHARS & set(expanded):
+    matched = glob.glob(expanded, recursive=True)
+    return ([p for p in matched if os.path.isfile(p)],
+            'a glob pattern that matches no file')
+  return ([expanded] if os.path.isfile(expanded) else [],
+          'no such file or directory')
+
+
 def resolve_files(patterns: Sequence[str]) -> list[str]:
   """Sorted, de-duplicated absolute paths named by files/dirs/glob patterns.
 
-  An empty ``patterns`` means the standard library's ``*.py`` sources. A
-  directory means every (non-hidden) file under it, recursively; ``**`` in a
-  glob is recursive. A pattern naming nothing raises DatasetNotFoundError.
+  An empty ``patterns`` (the default ``files=()``) means the standard
+  library's ``*.py`` sources. A directory means every (non-hidden) file under
+  it, recursively; ``**`` in a glob is recursive. A pattern naming no file (a
+  missing path, a glob matching nothing, a directory without files) raises
+  DatasetNotFoundError naming it; an empty pattern (``''``, e.g. from
+  ``--config.dataset.files=`` with nothing after it) raises ValueError: it is
+  never read as "the default".
   """
   if not patterns:
     root = stdlib_source_dir()
@@ -460,20 +497,17 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
           ' name text files in config.dataset.files.'
       )
     return sorted({os.path.abspath(p) for p in paths})
+  setting = files_setting(patterns)
   paths = set()
   for pattern in patterns:
-    expanded = os.path.expanduser(pattern)
-    if os.path.isdir(expanded):
-      matched = _walk_files(expanded)
-    elif _GLOB_CHARS & set(expanded):
-      matched = [p for p in glob.glob(expanded, recursive=True)
-                 if os.path.isfile(p)]
-    else:
-      matched = [expanded] if os.path.isfile(expanded) else []
+    if not pattern.strip():
+      raise ValueError(f'local_text: {setting} has an empty pattern;'
+                       f' {_EXPECTED_FILES}.')
+    matched, why = _match(pattern)
     if not matched:
       raise DatasetNotFoundError(
-          f'local_text: {pattern!r} names no file (files, directories or glob'
-          ' patterns are accepted in config.dataset.files / files=).'
+          f'local_text: {setting}: {pattern!r} names no file ({why});'
+          f' {_EXPECTED_FILES}.'
       )
     paths.update(os.path.abspath(p) for p in matched)
   return sorted(paths)
@@ -483,33 +517,141 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
 class LocalTextConfig(tfds.core.BuilderConfig):
   """Resolved input of LocalText; the name embeds a fingerprint of it.
 
-  ``inputs`` lists ``(path, size, mtime_ns)`` of the files that contribute
-  (sorted by path, up to the byte cap); any change of these, of ``max_bytes``
-  or of ``chunk_bytes`` changes the fingerprint, hence the config name and the
-  prepared-data directory.
+  ``inputs`` lists ``(path, bytes used, sha256 of those bytes)`` of the files
+  that contribute (sorted by path, up to the byte cap; the last one may be
+  used in part). The fingerprint (hence the config name and the
+  prepared-data directory) covers ``inputs`` and ``chunk_bytes``: any change
+  of a used byte, of the file set or of the cap's effect gives a new
+  directory, while touching a file or changing unused bytes keeps it.
   """
 
   patterns: tuple[str, ...] = ()
   max_bytes: int = DEFAULT_MAX_BYTES
   chunk_bytes: int = CHUNK_BYTES
-  inputs: tuple[tuple[str, int, int], ...] = dataclasses.field(
+  inputs: tuple[tuple[str, int, str], ...] = dataclasses.field(
       default=(), repr=False)
   total_bytes: int = 0
 
 
-def _local_inputs(paths):
-  return tuple(
-      (p, st.st_size, st.st_mtime_ns) for p, st in
-      ((p, os.stat(p)) for p in paths)
-  )
+_SCAN_BLOCK = 2**20
+
+
+@functools.lru_cache(maxsize=8192)
+def _scan(path: str, used: int, version: tuple[int, ...]) -> tuple[str, int]:
+  """(sha256 of the first ``used`` bytes of ``path``, offset of its first NUL or -1).
+
+  Cached per file ``version`` (size, mtime, ctime, inode): any write changes
+  ctime, which ``os.utime`` cannot set back, so a changed file is read again.
+  """
+  del version  # Only the cache key.
+  digest, nul, pos = hashlib.sha256(), -1, 0
+  with open(path, 'rb') as f:
+    while pos < used:
+      block = f.read(min(_SCAN_BLOCK, used - pos))
+      if not block:
+        raise ValueError(f'local_text: {path} got shorter while being read.')
+      if nul < 0 and b'\0' in block:
+        nul = pos + block.index(b'\0')
+      digest.update(block)
+      pos += len(block)
+  return digest.hexdigest(), nul
+
+
+def _local_inputs(paths: Sequence[str], max_bytes: int):
+  """What the corpus reads from ``paths``, in order, up to ``max_bytes`` (0 = all).
+
+  Returns:
+    ``(inputs, binary, empty)``: ``(path, bytes used, sha256 of them)`` per
+    contributing file; ``(path, offset of the first NUL)`` per contributing
+    file whose used bytes hold a NUL; the empty files skipped.
+  """
+  inputs, binary, empty, total = [], [], [], 0
+  for path in paths:
+    if max_bytes and total >= max_bytes:
+      break
+    st = os.stat(path)
+    if st.st_size == 0:
+      empty.append(path)
+      continue
+    used = min(st.st_size, max_bytes - total) if max_bytes else st.st_size
+    digest, nul = _scan(path, used, (st.st_size, st.st_mtime_ns,
+                                     st.st_ctime_ns, st.st_ino))
+    inputs.append((path, used, digest))
+    if nul >= 0:
+      binary.append((path, nul))
+    total += used
+  return inputs, binary, empty
+
+
+def _some(items: Sequence[str], limit: int = 5) -> str:
+  more = f' and {len(items) - limit} more' if len(items) > limit else ''
+  return ', '.join(items[:limit]) + more
+
+
+def local_split_ranges(size: int) -> dict[str, tuple[int, int]]:
+  """LocalText's contiguous 90/5/5% byte ranges of a ``size``-byte corpus."""
+  bounds, start = {}, 0
+  for split in SPLITS[:-1]:
+    stop = start + size * LOCAL_SPLIT_PERCENT[split] // 100
+    bounds[split] = (start, stop)
+    start = stop
+  bounds[SPLITS[-1]] = (start, size)
+  return bounds
+
+
+def _binary_error(setting: str, binary) -> ValueError:
+  where = [f'{p} (first NUL at byte {n})' for p, n in binary]
+  return ValueError(
+      f'local_text: {setting} includes {len(binary)} file(s) with NUL bytes,'
+      f' which text does not contain: {_some(where)}. Text globs that match'
+      ' binary files (compiled code, images, archives, UTF-16 text) are'
+      ' almost always a mistake: narrow config.dataset.files (e.g.'
+      " 'dir/**/*.txt'), or set config.dataset.allow_binary=True to train"
+      ' on their raw bytes.')
+
+
+def _check_local_corpus(files, max_bytes, inputs, binary, empty,
+                        allow_binary) -> None:
+  """Raises for a corpus LocalText cannot store; warns about empty files.
+
+  Choices: empty files add no bytes, so they are skipped (with a warning
+  naming them when the files were named explicitly: the standard library has
+  empty ``__init__.py`` files by design); no bytes at all is a missing
+  dataset; a NUL byte means a binary file, an error unless ``allow_binary``;
+  every split must get at least one byte.
+  """
+  setting = files_setting(files)
+  if not inputs:
+    raise DatasetNotFoundError(
+        f'local_text: {setting} names only empty files ({_some(empty)});'
+        ' name files that hold text.')
+  if empty and files:
+    warnings.warn(f'local_text: {setting}: skipping {len(empty)} empty'
+                  f' file(s): {_some(empty)}.', stacklevel=3)
+  if binary and not allow_binary:
+    raise _binary_error(setting, binary)
+  total = sum(used for _, used, _ in inputs)
+  for split, (start, stop) in local_split_ranges(total).items():
+    if stop <= start:
+      raise ValueError(
+          f'local_text: {setting} gives a corpus of {total} bytes'
+          f' (config.dataset.max_bytes={max_bytes}, 0 = no cap), too few for'
+          f' a non-empty {split} split ({LOCAL_SPLIT_PERCENT[split]}% of the'
+          ' corpus); name more text.')
 
 
 def make_local_text_config(
     files: str | Sequence[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     chunk_bytes: int = CHUNK_BYTES,
+    allow_binary: bool = False,
 ) -> LocalTextConfig:
-  """Resolves ``files`` and fingerprints them into a LocalTextConfig."""
+  """Resolves ``files``, checks and fingerprints them into a LocalTextConfig.
+
+  Reads the used bytes of every contributing file once per process and file
+  version (to hash them and look for NUL bytes); see
+  :func:`_check_local_corpus` for what is rejected.
+  """
   if files is None:
     files = ()
   elif isinstance(files, (str, os.PathLike)):
@@ -523,18 +665,11 @@ def make_local_text_config(
       chunk_bytes < 1):
     raise ValueError(f'chunk_bytes must be a positive int, got'
                      f' {chunk_bytes!r}.')
-  inputs, total = [], 0
-  for entry in _local_inputs(resolve_files(files)):
-    if max_bytes and total >= max_bytes:
-      break
-    if entry[1] == 0:
-      continue
-    inputs.append(entry)
-    total += entry[1]
-  if max_bytes:
-    total = min(total, max_bytes)
+  inputs, binary, empty = _local_inputs(resolve_files(files), max_bytes)
+  _check_local_corpus(files, max_bytes, inputs, binary, empty, allow_binary)
+  total = sum(used for _, used, _ in inputs)
   fingerprint = hashlib.sha256(json.dumps(
-      {'inputs': inputs, 'max_bytes': max_bytes, 'chunk_bytes': chunk_bytes},
+      {'inputs': inputs, 'chunk_bytes': chunk_bytes},
       sort_keys=True).encode()).hexdigest()[:16]
   kind = 'files' if files else 'stdlib'
   return LocalTextConfig(
@@ -561,6 +696,15 @@ class LocalText(_ByteCorpusBuilder):
   byte ranges: first 90% train, next 5% validation, last 5% test -- the same
   scheme as enwik8, so no byte is in two splits (a file may straddle a split
   boundary; its two parts are disjoint text).
+
+  Bad input fails when the builder is made, before anything is prepared:
+  a pattern naming no file, or only empty files (DatasetNotFoundError); an
+  empty pattern, a file with a NUL byte in its used part (unless
+  ``allow_binary``), a corpus too small for three non-empty splits
+  (ValueError). Empty files are skipped with a warning. The prepared data is
+  keyed by the content of the used bytes (see :class:`LocalTextConfig`), so
+  edited files are prepared again (into a new directory; the old one stays
+  until deleted) and never silently read stale.
   """
 
   name = 'local_text'
@@ -571,6 +715,7 @@ class LocalText(_ByteCorpusBuilder):
       files: str | Sequence[str] | None = None,
       max_bytes: int = DEFAULT_MAX_BYTES,
       chunk_bytes: int = CHUNK_BYTES,
+      allow_binary: bool = False,
       config: LocalTextConfig | None = None,
       **kwargs,
   ):
@@ -582,48 +727,35 @@ class LocalText(_ByteCorpusBuilder):
         site-packages).
       max_bytes: cap on the concatenated corpus (0 = no cap), default 16 MiB.
       chunk_bytes: bytes per stored record, default 64 KiB.
+      allow_binary: accept files with NUL bytes (default: ValueError).
       config: a ready LocalTextConfig (then the arguments above are unused).
       **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).
     """
     if config is None:
-      config = make_local_text_config(files, max_bytes, chunk_bytes)
+      config = make_local_text_config(files, max_bytes, chunk_bytes,
+                                      allow_binary)
     elif not isinstance(config, LocalTextConfig):
       raise ValueError('LocalText needs a LocalTextConfig (or files=...).')
     super().__init__(config=config, **kwargs)
 
   def _split_ranges(self, size):
-    bounds, start = {}, 0
-    for split in SPLITS[:-1]:
-      stop = start + size * LOCAL_SPLIT_PERCENT[split] // 100
-      bounds[split] = (start, stop)
-      start = stop
-    bounds[SPLITS[-1]] = (start, size)
-    for split, (a, b) in bounds.items():
-      if b <= a:
-        raise ValueError(
-            f'local_text: the corpus has only {size} bytes, too few for a'
-            f' non-empty {split} split; name more text.'
-        )
-    return bounds
+    return local_split_ranges(size)
 
   def _open_source(self, dl_manager):
     del dl_manager
     cfg = self.builder_config
-    if not cfg.inputs:
-      raise DatasetNotFoundError(
-          f'local_text: the files named by {list(cfg.patterns)} are all empty.'
-      )
     paths = [p for p, _, _ in cfg.inputs]
     try:
-      current = _local_inputs(paths)
+      current, _, _ = _local_inputs(paths, cfg.max_bytes)
     except OSError as e:
       raise DatasetNotFoundError(f'local_text: {e}') from e
-    if current != tuple(tuple(x) for x in cfg.inputs):
+    if current != [tuple(x) for x in cfg.inputs]:
       raise ValueError(
           'local_text: input files changed since the builder was made;'
           ' make a new builder (its config name will change).'
       )
-    return _ConcatSource(paths, [s for _, s, _ in cfg.inputs], cfg.total_bytes)
+    return _ConcatSource(paths, [used for _, used, _ in cfg.inputs],
+                         cfg.total_bytes)
 
 
 # ---------------------------------------------------------------------------
@@ -707,7 +839,7 @@ def prepare_text_dataset(
     download: enwik8/text8 only: may download when no manual file is found.
     **builder_kwargs: for the builder: ``train_bytes``, ``validation_bytes``,
       ``test_bytes``, ``chunk_bytes`` (enwik8/text8); ``files``, ``max_bytes``,
-      ``chunk_bytes`` (local_text).
+      ``chunk_bytes``, ``allow_binary`` (local_text).
 
   Returns:
     ``{'train': ..., 'validation': ..., 'test': ...}`` random-access data
@@ -715,7 +847,10 @@ def prepare_text_dataset(
 
   Raises:
     DatasetNotFoundError: not prepared and cannot be (no network and no
-      manual file; local_text files missing); the message says what to do.
+      manual file; local_text patterns naming no file or only empty files);
+      the message says what to do.
+    ValueError: local_text files that are binary or too small to split, or a
+      corpus of the wrong size (enwik8/text8); the message names the setting.
   """
   if name in ('enwik8', 'text8'):
     builder_kwargs['allow_download'] = download

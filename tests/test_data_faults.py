@@ -1,0 +1,259 @@
+"""Bad data (issue 12): each fault gives a clear error naming the setting, or is handled exactly.
+
+Byte-level LM (local_text, enwik8/text8): patterns naming nothing, empty and binary
+files, corpora too small for the splits or for one training window, evaluation splits
+too short, files edited under a prepared data_dir; BPC is exact on an evaluation split
+smaller than one batch (padding has zero weight).
+"""
+
+import math
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import lm_input
+from contextpool_jax.data import text_builders as tb
+from contextpool_jax.training import tasks
+
+
+def _text(n, seed=0):
+  return np.random.default_rng(seed).integers(32, 127, n, np.uint8).tobytes()
+
+
+def _lm_config(tmp_path, files, **dataset):
+  config = ml_collections.ConfigDict({
+      'seed': 0, 'batch_size': 4, 'dataset': lm_input.default_dataset_config()})
+  config.dataset.update(name='local_text', data_dir=str(tmp_path / 'tfds'), files=files,
+                        max_bytes=0, seq_len=16, eval_context=32, eval_step=16,
+                        eval_batch_size=4)
+  config.dataset.update(**dataset)
+  return config
+
+
+def _train(config):
+  return lm_input.make_train_dataset(config, process_index=0, process_count=1)
+
+
+def _prepared(tmp_path):
+  """The local_text configurations prepared under the test's data_dir."""
+  root = tmp_path / 'tfds' / 'local_text'
+  return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def _split_bytes(config, split):
+  corpus = lm_input.load_split(config, split)
+  return corpus.read(0, len(corpus)).tobytes()
+
+
+# ---------------------------------------------------------------------------
+# local_text inputs.
+# ---------------------------------------------------------------------------
+
+
+def test_files_default_is_the_standard_library_and_an_empty_pattern_is_an_error(tmp_path):
+  assert tb.make_local_text_config((), max_bytes=1000).name.startswith('stdlib_')
+  assert tb.make_local_text_config(None, max_bytes=1000).name.startswith('stdlib_')
+  with pytest.raises(ValueError) as e:  # `--config.dataset.files=` gives ('',)
+    _train(_lm_config(tmp_path, ('',)))
+  assert "config.dataset.files=('',) has an empty pattern" in str(e.value)
+  assert 'files=() reads the standard library' in str(e.value)
+  assert _prepared(tmp_path) == []
+
+
+@pytest.mark.parametrize('pattern,why', [
+    ('text/*.md', 'a glob pattern that matches no file'),
+    ('text/**/*.rst', 'a glob pattern that matches no file'),
+    ('empty_dir', 'a directory without non-hidden files'),
+    ('hidden_only', 'a directory without non-hidden files'),
+    ('text/missing.txt', 'no such file or directory'),
+])
+def test_a_pattern_naming_no_file_is_dataset_not_found_naming_it(tmp_path, pattern, why):
+  (tmp_path / 'text').mkdir()
+  (tmp_path / 'text' / 'a.txt').write_bytes(_text(5000))
+  (tmp_path / 'empty_dir').mkdir()
+  (tmp_path / 'hidden_only').mkdir()
+  (tmp_path / 'hidden_only' / '.notes.txt').write_bytes(_text(5000))
+  files = (str(tmp_path / 'text' / 'a.txt'), str(tmp_path / pattern))
+  with pytest.raises(DatasetNotFoundError) as e:
+    _train(_lm_config(tmp_path, files))
+  message = str(e.value)
+  assert f'config.dataset.files={files!r}' in message
+  assert f'{str(tmp_path / pattern)!r} names no file ({why})' in message
+  assert _prepared(tmp_path) == []
+
+
+def test_empty_files_are_skipped_with_a_warning_naming_them(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(_text(3000))
+  (tmp_path / 'b.txt').write_bytes(b'')
+  config = _lm_config(tmp_path, (str(tmp_path / '*.txt'),))
+  with pytest.warns(UserWarning, match=r'skipping 1 empty file\(s\): .*b\.txt'):
+    data = b''.join(_split_bytes(config, s) for s in tb.SPLITS)
+  assert data == (tmp_path / 'a.txt').read_bytes()
+  # Only empty files: no data.
+  with pytest.raises(DatasetNotFoundError, match=r'names only empty files \(.*b\.txt\)'):
+    _train(_lm_config(tmp_path, (str(tmp_path / 'b.txt'),)))
+  # The standard library has empty __init__.py files by design: no warning for the default.
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    tb.make_local_text_config((), max_bytes=0)
+
+
+def test_a_binary_file_is_an_error_naming_it_unless_allowed(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(_text(3000))
+  binary = b'\x89PNG\x01\x00\x00\x00' + _text(100)
+  (tmp_path / 'b.png').write_bytes(binary)
+  files = (str(tmp_path / '*'),)
+  with pytest.raises(ValueError) as e:
+    _train(_lm_config(tmp_path, files))
+  message = str(e.value)
+  assert f'config.dataset.files={files!r}' in message
+  assert f'{tmp_path / "b.png"} (first NUL at byte 5)' in message
+  assert 'config.dataset.allow_binary=True' in message
+  assert _prepared(tmp_path) == []
+  allowed = _lm_config(tmp_path, files, allow_binary=True)
+  data = b''.join(_split_bytes(allowed, s) for s in tb.SPLITS)
+  assert data == (tmp_path / 'a.txt').read_bytes() + binary
+  # Only the bytes used are checked: a NUL past the byte cap is never read.
+  capped = _lm_config(tmp_path, files, max_bytes=3000)
+  assert b''.join(_split_bytes(capped, s) for s in tb.SPLITS) == (tmp_path / 'a.txt').read_bytes()
+
+
+# ---------------------------------------------------------------------------
+# Too little data.
+# ---------------------------------------------------------------------------
+
+
+def test_a_corpus_too_small_for_the_90_5_5_split_fails_before_preparing(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(_text(1000))
+  files = (str(tmp_path / 'a.txt'),)
+  with pytest.raises(ValueError) as e:
+    _train(_lm_config(tmp_path, files, max_bytes=19))
+  assert str(e.value).startswith(
+      f'local_text: config.dataset.files={files!r} gives a corpus of 19 bytes'
+      ' (config.dataset.max_bytes=19, 0 = no cap), too few for a non-empty validation split')
+  assert _prepared(tmp_path) == []
+
+
+def test_a_train_split_shorter_than_two_windows_is_an_error_naming_seq_len(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(_text(1000))  # train: 900 bytes
+  files = (str(tmp_path / 'a.txt'),)
+  config = _lm_config(tmp_path, files, seq_len=451)
+  for make in (_train, lambda c: lm_input.make_eval_batches(
+      c, 'validation', process_index=0, process_count=1)):
+    with pytest.raises(ValueError) as e:
+      make(config)
+    message = str(e.value)
+    assert message.startswith('config.dataset.seq_len=451 is too large for the train split of'
+                              f' config.dataset.files={files!r} (config.dataset.max_bytes=0):'
+                              ' it has 900 bytes')
+    assert 'at least 2 * seq_len = 902' in message
+  # Exactly 2 * seq_len bytes: one window per epoch, at phase 0..seq_len-1.
+  fits = _lm_config(tmp_path, files, seq_len=450)
+  batch = next(iter(_train(fits)))
+  assert batch['tokens'].shape == (4, 451)
+  train = _split_bytes(fits, 'train')
+  for row in batch['tokens']:
+    assert row.astype(np.uint8).tobytes() in train
+
+
+def test_an_evaluation_split_shorter_than_two_bytes_is_an_error(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(_text(39))  # validation: 1 byte
+  files = (str(tmp_path / 'a.txt'),)
+  with pytest.raises(ValueError) as e:
+    _train(_lm_config(tmp_path, files, seq_len=8))  # checked before training
+  assert str(e.value).startswith(
+      f'The validation split of config.dataset.files={files!r} (config.dataset.max_bytes=0)'
+      ' has 1 byte(s); evaluation needs at least 2')
+  (tmp_path / 'a.txt').write_bytes(_text(40))  # validation: 2 bytes, test: 2 bytes
+  (batch,) = lm_input.make_eval_batches(_lm_config(tmp_path, files, seq_len=8), 'validation',
+                                        process_index=0, process_count=1)
+  assert batch['weights'].sum() == 1
+  with pytest.raises(ValueError, match=r'config.dataset.eval_max_bytes=1 must be 0'):
+    _train(_lm_config(tmp_path, files, seq_len=8, eval_max_bytes=1))
+
+
+def test_enwik8_split_sizes_too_small_name_split_bytes(tmp_path):
+  manual = tmp_path / 'tfds' / 'downloads' / 'manual'
+  manual.mkdir(parents=True)
+  (manual / 'enwik8').write_bytes(_text(1000))
+  config = _lm_config(tmp_path, (), name='enwik8', download=False,
+                      split_bytes=(998, 1, 1), seq_len=8)
+  with pytest.raises(ValueError, match=r"^The validation split of config.dataset.name="
+                     r"'enwik8' with config.dataset.split_bytes=\(998, 1, 1\) has 1 byte"):
+    _train(config)
+
+
+# ---------------------------------------------------------------------------
+# Evaluation splits smaller than one batch: exact metrics.
+# ---------------------------------------------------------------------------
+
+
+def _bigram_logits(tokens, table):
+  return jnp.asarray(table)[tokens[:, :-1]]
+
+
+@pytest.mark.parametrize('process_count', [1, 2])
+@pytest.mark.parametrize('context,step', [(32, 16), (256, 128)])
+def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(tmp_path, process_count, context,
+                                                             step):
+  (tmp_path / 'a.txt').write_bytes(_text(2000, seed=1))  # validation: 100 bytes
+  config = default_config.get_config()
+  config.dataset.update(data_dir=str(tmp_path / 'tfds'), files=(str(tmp_path / 'a.txt'),),
+                        max_bytes=0, seq_len=16, eval_context=context, eval_step=step,
+                        eval_batch_size=16, eval_max_bytes=0)
+  task = tasks.LanguageModelling(config, str(tmp_path))
+  table = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
+  shards = [lm_input.make_eval_batches(config, 'validation', process_index=p,
+                                       process_count=process_count)
+            for p in range(process_count)]
+  assert shards[0].num_windows < 16 and all(len(s) == 1 for s in shards)
+  sums = {}
+  for shard in shards:
+    (batch,) = list(shard)
+    padding = batch['weights'].sum(1) == 0
+    assert padding.any() and not batch['tokens'][padding].any()
+    for k, v in task.eval_sums(_bigram_logits(batch['tokens'], table), batch).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  data = np.frombuffer(_split_bytes(config, 'validation'), np.uint8)
+  assert len(data) == 100 and sums['weight'] == 99
+  log_p = jax.nn.log_softmax(table[data[:-1]], axis=-1)
+  direct_bpc = -float(np.take_along_axis(np.asarray(log_p), data[1:, None], 1).sum()) / (
+      99 * math.log(2.0))
+  np.testing.assert_allclose(task.finalize(sums)['bpc'], direct_bpc, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Files edited under a prepared data_dir.
+# ---------------------------------------------------------------------------
+
+
+def test_edited_files_are_prepared_again_never_read_stale(tmp_path):
+  path = tmp_path / 'a.txt'
+  path.write_bytes(_text(4000, seed=1))
+  config = _lm_config(tmp_path, (str(path),))
+  before = _split_bytes(config, 'train')
+  assert before == path.read_bytes()[:3600]
+  # Same size, same mtime (what (path, size, mtime) keys would miss): prepared again.
+  st = os.stat(path)
+  path.write_bytes(_text(4000, seed=2))
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert os.stat(path).st_mtime_ns == st.st_mtime_ns
+  assert _split_bytes(config, 'train') == path.read_bytes()[:3600] != before
+  assert len(_prepared(tmp_path)) == 2  # the old directory stays until deleted
+  # Touching a file (same bytes) reuses the prepared data.
+  name = tb.make_local_text_config((str(path),), max_bytes=0).name
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+  assert tb.make_local_text_config((str(path),), max_bytes=0).name == name
+  assert len(_prepared(tmp_path)) == 2
+  # A builder made before an edit refuses to prepare.
+  stale = tb.LocalText(files=(str(path),), max_bytes=0, data_dir=str(tmp_path / 'other'))
+  path.write_bytes(_text(4000, seed=3))
+  with pytest.raises(ValueError, match='input files changed since the builder was made'):
+    stale.download_and_prepare(file_format='array_record')
