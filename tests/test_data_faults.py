@@ -2,10 +2,14 @@
 
 Byte-level LM (local_text, enwik8/text8): patterns naming nothing, empty and binary
 files, corpora too small for the splits or for one training window, evaluation splits
-too short, files edited under a prepared data_dir; BPC is exact on an evaluation split
-smaller than one batch (padding has zero weight).
+too short, files edited under a prepared data_dir. Evaluation splits smaller than one
+batch (LM, images, translation) give exact metrics (padding has zero weight). Images and
+translation read real prepared TFDS datasets (array_record, written here offline by a
+stand-in builder under the real dataset name) to check missing and empty splits.
 """
 
+import importlib
+import io
 import math
 import os
 import warnings
@@ -15,11 +19,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
+from etils import epath
+from PIL import Image
 
+from configs import cifar10_resnet
 from configs import default as default_config
+from configs import wmt14
 from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import image_input
 from contextpool_jax.data import lm_input
 from contextpool_jax.data import text_builders as tb
+from contextpool_jax.data import translation_input
 from contextpool_jax.training import tasks
 
 
@@ -257,3 +268,202 @@ def test_edited_files_are_prepared_again_never_read_stale(tmp_path):
   path.write_bytes(_text(4000, seed=3))
   with pytest.raises(ValueError, match='input files changed since the builder was made'):
     stale.download_and_prepare(file_format='array_record')
+
+
+# ---------------------------------------------------------------------------
+# Images and translation: real prepared TFDS datasets (written offline).
+# ---------------------------------------------------------------------------
+
+
+def _prepare_tfds(data_dir, full_name, splits):
+  """Prepares ``splits`` ({split: [example]}) as array_record under the real TFDS name.
+
+  A stand-in builder with the real builder's name, config, version and features,
+  so ``tfds.data_source(full_name, data_dir=...)`` reads it like the real one.
+  """
+  real = tfds.builder(full_name, data_dir=str(data_dir / 'unused'))
+  dataset_name = real.name
+  configs = [real.builder_config] if real.builder_config else []
+
+  class StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    name = dataset_name
+    VERSION = real.version
+    BUILDER_CONFIGS = configs
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):  # As in text_builders (no importlib_resources needed).
+      return epath.Path(__file__)
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=real.info.features,
+                                   disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+      return {split: self._generate_examples(examples) for split, examples in splits.items()}
+
+    def _generate_examples(self, examples):
+      yield from enumerate(examples)
+
+  StandIn(data_dir=str(data_dir), config=configs[0].name if configs else None
+          ).download_and_prepare(file_format='array_record')
+
+
+def _png(value):
+  buffer = io.BytesIO()
+  Image.fromarray(np.full((32, 32, 3), value, np.uint8)).save(buffer, format='PNG')
+  buffer.seek(0)
+  return buffer
+
+
+@pytest.fixture(scope='module')
+def cifar_dir(tmp_path_factory):
+  data_dir = tmp_path_factory.mktemp('cifar')
+  example = lambda i: {'id': f'x{i}', 'image': _png(20 * i), 'label': i % 10}
+  _prepare_tfds(data_dir, 'cifar10', {'train': [example(i) for i in range(6)],
+                                      'test': [example(i) for i in range(3)]})
+  return data_dir
+
+
+def _cifar_config(data_dir, **dataset):
+  config = cifar10_resnet.get_config('resnet20')
+  config.dataset.update(data_dir=str(data_dir), eval_batch_size=8, **dataset)
+  return config
+
+
+@pytest.mark.parametrize('process_count', [1, 2])
+def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(cifar_dir, tmp_path,
+                                                                    process_count):
+  config = _cifar_config(cifar_dir)
+  task = tasks.Classification(config, str(tmp_path))
+  weights = np.random.default_rng(0).normal(size=(3, 10)).astype(np.float32)
+  logits_of = lambda images: jnp.asarray(images.mean(axis=(1, 2)) @ weights)
+  sums, labels = {}, []
+  for p in range(process_count):
+    (batch,) = list(image_input.make_eval_batches(config, process_index=p,
+                                                  process_count=process_count))
+    assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
+    assert not batch['image'][~batch['mask']].any()
+    labels += batch['label'][batch['mask']].tolist()
+    for k, v in task.eval_sums(logits_of(batch['image']), batch).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  assert sorted(labels) == [0, 1, 2] and sums['weight'] == 3
+  spec = image_input.resolve_spec(config)
+  source = tfds.data_source('cifar10', split='test', data_dir=str(cifar_dir))
+  examples = [image_input.eval_example(source[i], spec) for i in range(3)]
+  logits = np.asarray(logits_of(np.stack([e['image'] for e in examples])))
+  truth = np.array([e['label'] for e in examples])
+  nll = -np.asarray(jax.nn.log_softmax(logits))[np.arange(3), truth]
+  metrics = task.finalize(sums)
+  np.testing.assert_allclose(metrics['loss'], nll.mean(), rtol=1e-6)
+  assert metrics['top1'] == np.mean(logits.argmax(1) == truth)
+
+
+def test_image_missing_or_empty_split_names_the_setting(cifar_dir, tmp_path):
+  available = 'Prepared splits: train (6 examples), test (3 examples)'
+  cases = [
+      (dict(split='valid'), "the evaluation split 'valid' (config.eval_splits)"),
+      (dict(dataset=dict(eval_split='validation')), "config.dataset.eval_split='validation'"),
+      (dict(split='test[3:]'), "the evaluation split 'test[3:]' (config.eval_splits)"),
+      (dict(dataset=dict(train_split='train[:0]'), train=True),
+       "config.dataset.train_split='train[:0]'"),
+  ]
+  for case, setting in cases:
+    config = _cifar_config(cifar_dir, **case.get('dataset', {}))
+    with pytest.raises(ValueError) as e:
+      if case.get('train'):
+        image_input.make_train_dataset(config, process_index=0, process_count=1)
+      else:
+        image_input.make_eval_batches(config, case.get('split'), process_index=0,
+                                      process_count=1)
+    assert str(e.value).startswith(f"{setting} cannot be read from 'cifar10'")
+    assert available in str(e.value)
+  with pytest.raises(ValueError, match=r"^the evaluation split 'test' \(config.eval_splits\) selects "
+                     r"no example of 'cifar10'"):
+    image_input.make_eval_batches(_cifar_config(cifar_dir), 'test', process_index=0,
+                                  process_count=1, source=[])
+  # Not prepared at all: DatasetNotFoundError saying how to prepare it.
+  with pytest.raises(DatasetNotFoundError, match='tfds build cifar10'):
+    image_input.make_eval_batches(_cifar_config(tmp_path), process_index=0, process_count=1)
+
+
+EN = 'the a house cat dog is small big green red sees runs and old new'.split()
+DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
+
+
+def _pairs(n, seed):
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    w = rng.integers(0, len(EN), int(rng.integers(2, 10)))
+    out.append({'en': ' '.join(EN[j] for j in w) + f' {i}',
+                'de': ' '.join(DE[j] for j in w) + f' {i}'})
+  return out
+
+
+@pytest.fixture(scope='module')
+def wmt_dir(tmp_path_factory):
+  data_dir = tmp_path_factory.mktemp('wmt')
+  importlib.import_module('tensorflow_datasets.translate.wmt14')  # registers it without TF
+  _prepare_tfds(data_dir, 'wmt14_translate/de-en',
+                {'train': _pairs(48, 0), 'validation': _pairs(3, 1)})  # no 'test'
+  return data_dir
+
+
+def _wmt_config(data_dir, workdir, **dataset):
+  config = wmt14.get_config('en-de,tiny,standard')
+  config.dataset.update(data_dir=str(data_dir), vocab_size=40, max_source_len=32,
+                        max_target_len=32, eval_batch_size=8, vocab_path=str(workdir / 'v.model'))
+  config.dataset.update(**dataset)
+  return config
+
+
+@pytest.mark.parametrize('process_count', [1, 2])
+def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(wmt_dir, tmp_path,
+                                                                        process_count):
+  config = _wmt_config(wmt_dir, tmp_path)
+  task = tasks.Translation(config, str(tmp_path))
+  vocab = task.vocab
+  table = np.random.default_rng(0).normal(size=(vocab.vocab_size, 32, vocab.vocab_size))
+  logits_of = lambda inputs: jnp.asarray(table[inputs[:, 0]], jnp.float32)
+  sums, seen = {}, []
+  for p in range(process_count):
+    (batch,) = list(translation_input.make_eval_batches(
+        config, 'validation', process_index=p, process_count=process_count, vocab=vocab))
+    assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
+    assert not batch['targets'][~batch['mask']].any()
+    seen += batch['index'][batch['mask']].tolist()
+    for k, v in task.eval_sums(logits_of(batch['inputs']), batch).items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  assert sorted(seen) == [0, 1, 2]
+  nll, count = 0.0, 0
+  for pair in _pairs(3, 1):
+    source = vocab.encode(pair['en'])[:31] + [1]  # truncated to 32 with EOS, as the
+    target = vocab.encode(pair['de'])[:31] + [1]  # evaluation pipeline does
+    log_p = np.asarray(jax.nn.log_softmax(jnp.asarray(table[source[0]], jnp.float32)))
+    nll -= sum(log_p[t, y] for t, y in enumerate(target))
+    count += len(target)
+  assert sums['weight'] == count
+  np.testing.assert_allclose(task.finalize(sums)['loss'], nll / count, rtol=1e-5)
+
+
+def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path):
+  config = _wmt_config(wmt_dir, tmp_path)
+  vocab = translation_input.get_vocab(config, process_index=0)
+  with pytest.raises(ValueError) as e:
+    translation_input.make_eval_batches(config, 'test', process_index=0, process_count=1,
+                                        vocab=vocab)
+  assert str(e.value).startswith(
+      "the evaluation split 'test' (config.eval_splits) cannot be read from"
+      " 'wmt14_translate/de-en'")
+  assert 'Prepared splits: train (48 examples), validation (3 examples)' in str(e.value)
+  with pytest.raises(ValueError, match=r"^config.dataset.train_split='train\[:0\]' cannot be"):
+    translation_input.make_train_dataset(_wmt_config(wmt_dir, tmp_path, train_split='train[:0]'),
+                                         process_index=0, process_count=1, vocab=vocab)
+  one = _wmt_config(wmt_dir, tmp_path, train_split='train[:1]', bucket_boundaries=[32])
+  with pytest.raises(ValueError, match=r"train_split='train\[:1\]' has no examples for "
+                     'process 1 of 2'):
+    translation_input.make_train_dataset(one, process_index=1, process_count=2, vocab=vocab)
+  with pytest.raises(DatasetNotFoundError, match='tfds build wmt14_translate/de-en'):
+    translation_input.make_train_dataset(_wmt_config(tmp_path / 'none', tmp_path),
+                                         process_index=0, process_count=1, vocab=vocab)

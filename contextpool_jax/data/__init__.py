@@ -21,7 +21,11 @@ Batch formats:
 * classification: ``{'image': float32 [b, h, w, 3], 'label': int32 [b]}`` (eval
   batches add ``'mask'`` for padded examples).
 * A missing dataset raises :class:`DatasetNotFoundError` with one message saying
-  how to prepare it.
+  how to prepare it; so do local_text patterns that name no file.
+* Unusable data (binary or too little text, a split that is not prepared or
+  selects no example, splits too short for the windows) raises ``ValueError``
+  naming the setting, its value and what is expected. An evaluation split
+  smaller than one batch is not an error: padding rows have zero weight.
 """
 
 

@@ -98,7 +98,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
-from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import tfds_splits
 
 DATASETS = ('cifar10', 'imagenet2012')
 
@@ -273,19 +273,28 @@ def _how_to_prepare(name: str, data_dir: Optional[str]) -> str:
           'building (not reading) needs TensorFlow installed.')
 
 
-def open_source(spec: ImageInputSpec, split: str) -> Sequence[dict]:
+def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None
+                ) -> Sequence[dict]:
   """``tfds.data_source(name, split)``: random access to ``{'image', 'label', ...}``.
+
+  ``setting`` names where ``split`` came from in messages (default ``split=...``).
 
   Raises:
     DatasetNotFoundError: the dataset is not prepared as array_record in
       ``spec.data_dir``; the message says how to prepare it.
+    ValueError: the dataset is prepared but ``split`` is not one of its splits
+      or selects no example; the message names ``setting`` and the splits.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    return tfds.data_source(spec.name, split=split, data_dir=spec.data_dir, download=False)
-  except (NotImplementedError, FileNotFoundError, AssertionError) as e:
-    raise DatasetNotFoundError(f'{_how_to_prepare(spec.name, spec.data_dir)} '
-                               f'(TFDS said: {e})') from e
+  return tfds_splits.open_split(
+      spec.name, split, spec.data_dir, setting=setting or f'split={split!r}',
+      how_to_prepare=lambda: _how_to_prepare(spec.name, spec.data_dir))
+
+
+def _eval_setting(spec: ImageInputSpec, split: Optional[str]) -> tuple[str, str]:
+  """The evaluation split and how messages name it."""
+  if split is None:
+    return spec.eval_split, f'config.dataset.eval_split={spec.eval_split!r}'
+  return split, f'the evaluation split {split!r} (config.eval_splits)'
 
 
 # --------------------------------------------------------------------------
@@ -464,7 +473,8 @@ def make_train_dataset(config: Any, *, process_index: int, process_count: int,
   spec = resolve_spec(config)
   batch = _per_process(_get(config, 'batch_size'), 'batch_size', process_index, process_count)
   if source is None:
-    source = open_source(spec, spec.train_split)
+    source = open_source(spec, spec.train_split,
+                         f'config.dataset.train_split={spec.train_split!r}')
   shard = grain.MapDataset.source(source)[process_index::process_count]
   if len(shard) == 0:
     raise ValueError(f'config.dataset.train_split={spec.train_split!r} has no examples for '
@@ -495,14 +505,17 @@ def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index
     source: replaces ``tfds.data_source`` (tests, custom data).
 
   Every example of the split appears exactly once across processes with
-  ``mask`` True; padding rows have zero images, label 0 and ``mask`` False.
+  ``mask`` True; padding rows have zero images, label 0 and ``mask`` False
+  (so a split smaller than one batch gives one batch, mostly padding). A
+  split with no examples raises ValueError naming it.
   """
   spec = resolve_spec(config)
   batch = _per_process(spec.eval_batch_size, 'dataset.eval_batch_size', process_index,
                        process_count)
-  split = spec.eval_split if split is None else split
+  split, setting = _eval_setting(spec, split)
   if source is None:
-    source = open_source(spec, split)
+    source = open_source(spec, split, setting)
+  tfds_splits.require_examples(source, setting, spec.name, spec.data_dir)
   shard = grain.MapDataset.source(source)[process_index::process_count]
   total = num_eval_batches(len(source), batch, process_count) * batch
   ds = (grain.MapDataset.range(total)

@@ -69,7 +69,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import tfds_splits
 
 PAD_ID = 0
 EOS_ID = 1
@@ -250,7 +250,7 @@ def train_sentencepiece(sentences, *, vocab_size: int, model_type: str = 'unigra
 
 def _sample_training_text(config) -> list[str]:
   """Source and target sentences of random training pairs, up to ``vocab_max_chars``."""
-  source = _open_split(config, _ds(config, 'train_split'))
+  source = _train_split(config)
   src, tgt = _ds(config, 'source_lang'), _ds(config, 'target_lang')
   budget = int(_ds(config, 'vocab_max_chars'))
   order = np.random.default_rng(_get(config, 'seed', 0)).permutation(len(source))
@@ -272,9 +272,24 @@ def _sample_training_text(config) -> list[str]:
 # ----------------------------------------------------------------------------
 
 
-def _open_split(config, split: str):
-  """``tfds.data_source`` for one split; a clear DatasetNotFoundError if not prepared."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+def _how_to_prepare(name: str, data_dir: Optional[str], split: str) -> str:
+  where = data_dir or '~/tensorflow_datasets (the TFDS default; or $TFDS_DATA_DIR)'
+  return (f"TFDS dataset '{name}' (split '{split}') is not prepared in array_record format "
+          f'under data_dir={where}. Prepare it once on a machine with internet access: '
+          f'`tfds build {name} --file_format=array_record --data_dir=DIR` (or in Python '
+          f"`tfds.builder('{name}', data_dir=DIR, file_format='array_record')"
+          '.download_and_prepare()`; an existing tfrecord copy converts with '
+          '`tfds convert_format --out_file_format=array_record`), then set '
+          'config.dataset.data_dir=DIR.')
+
+
+def _open_split(config, split: str, setting: Optional[str] = None):
+  """``tfds.data_source`` for one split; a clear error if it cannot be read.
+
+  DatasetNotFoundError (saying how to prepare it) if the dataset is not
+  prepared; ValueError naming ``setting`` (default ``split=...``) if the split
+  is not one of the prepared ones or selects no example (see ``tfds_splits``).
+  """
   name, data_dir = str(_ds(config, 'name')), _ds(config, 'data_dir') or None
   # Builders whose module imports TensorFlow at registration time are not
   # registered without TF; import the WMT builder module directly (it does not
@@ -285,27 +300,20 @@ def _open_split(config, split: str):
       importlib.import_module(f'tensorflow_datasets.translate.{family[:-len("_translate")]}')
     except ImportError:
       pass
-  try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except (NotImplementedError, AssertionError, FileNotFoundError,
-          tfds.core.registered.DatasetNotFoundError) as e:
-    where = data_dir or '~/tensorflow_datasets (the TFDS default; or $TFDS_DATA_DIR)'
-    raise DatasetNotFoundError(
-        f"TFDS dataset '{name}' (split '{split}') is not prepared in array_record format "
-        f'under data_dir={where}. Prepare it once on a machine with internet access: '
-        f'`tfds build {name} --file_format=array_record --data_dir=DIR` (or in Python '
-        f"`tfds.builder('{name}', data_dir=DIR, file_format='array_record')"
-        '.download_and_prepare()`; an existing tfrecord copy converts with '
-        '`tfds convert_format --out_file_format=array_record`), then set '
-        f'config.dataset.data_dir=DIR. ({type(e).__name__}: {str(e).splitlines()[0][:200]})'
-    ) from e
-  if len(source):
-    keys = set(source[0])
-    for lang in (_ds(config, 'source_lang'), _ds(config, 'target_lang')):
-      if lang not in keys:
-        raise ValueError(f"'{name}' has features {sorted(keys)}; config.dataset "
-                         f'source_lang/target_lang {lang!r} is not one of them.')
+  source = tfds_splits.open_split(
+      name, split, data_dir, setting=setting or f'split={split!r}',
+      how_to_prepare=lambda: _how_to_prepare(name, data_dir, split))
+  keys = set(source[0])
+  for lang in (_ds(config, 'source_lang'), _ds(config, 'target_lang')):
+    if lang not in keys:
+      raise ValueError(f"'{name}' has features {sorted(keys)}; config.dataset "
+                       f'source_lang/target_lang {lang!r} is not one of them.')
   return source
+
+
+def _train_split(config):
+  split = _ds(config, 'train_split')
+  return _open_split(config, split, f'config.dataset.train_split={split!r}')
 
 
 def _text(record, lang: str) -> str:
@@ -465,9 +473,11 @@ def make_train_dataset(config, *, process_index: int, process_count: int,
   batch = _per_process(int(config.batch_size), process_count, 'config.batch_size')
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
   max_src, max_tgt = int(_ds(config, 'max_source_len')), int(_ds(config, 'max_target_len'))
-  source = _open_split(config, _ds(config, 'train_split'))
-  examples = (grain.MapDataset.source(source)
-              .slice(slice(process_index, None, process_count))
+  shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
+  if not len(shard):
+    raise ValueError(f"config.dataset.train_split={_ds(config, 'train_split')!r} has no "
+                     f'examples for process {process_index} of {process_count}.')
+  examples = (shard
               .shuffle(seed=int(_get(config, 'seed', 0)))
               .repeat()
               .map_with_index(_TokenizePair(vocab, _ds(config, 'source_lang'),
@@ -496,8 +506,9 @@ class EvalBatches:
   (the whole split, for BLEU after gathering all processes' hypotheses).
 
   Every process gets the same number of batches (a contiguous block of
-  ``ceil(N / process_count)`` examples each, padded), so collective eval
-  steps stay in lockstep. With ``eval_sort_by_length`` the block is ordered by
+  ``ceil(N / process_count)`` examples each, padded; at least one batch, so a
+  split smaller than one batch is one mostly-padding batch), so collective
+  eval steps stay in lockstep. With ``eval_sort_by_length`` the block is ordered by
   source length (longest first), so a decoding batch finishes together.
   """
 
@@ -568,8 +579,9 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
   max_src = int(_ds(config, 'max_eval_source_len') or _ds(config, 'max_source_len'))
   max_tgt = int(_ds(config, 'max_eval_target_len') or _ds(config, 'max_target_len'))
+  source = _open_split(config, split, f'the evaluation split {split!r} (config.eval_splits)')
   return EvalBatches(
-      _open_split(config, split), vocab, source_lang=_ds(config, 'source_lang'),
+      source, vocab, source_lang=_ds(config, 'source_lang'),
       target_lang=_ds(config, 'target_lang'), batch_size=batch, max_source_len=max_src,
       max_target_len=max_tgt, process_index=process_index, process_count=process_count,
       sort_by_length=bool(_ds(config, 'eval_sort_by_length')))
