@@ -5,7 +5,8 @@ files, corpora too small for the splits or for one training window, evaluation s
 too short, files edited under a prepared data_dir. Evaluation splits smaller than one
 batch (LM, images, translation) give exact metrics (padding has zero weight). Images and
 translation read real prepared TFDS datasets (array_record, written here offline by a
-stand-in builder under the real dataset name) to check missing and empty splits.
+stand-in builder under the real dataset name) to check missing and empty splits. The
+trainer surfaces data errors before compiling.
 """
 
 import importlib
@@ -32,6 +33,8 @@ from contextpool_jax.data import lm_input
 from contextpool_jax.data import text_builders as tb
 from contextpool_jax.data import translation_input
 from contextpool_jax.training import tasks
+from contextpool_jax.training import trainer
+from tests.test_training import tiny_config
 
 
 def _text(n, seed=0):
@@ -467,3 +470,60 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   with pytest.raises(DatasetNotFoundError, match='tfds build wmt14_translate/de-en'):
     translation_input.make_train_dataset(_wmt_config(tmp_path / 'none', tmp_path),
                                          process_index=0, process_count=1, vocab=vocab)
+
+
+# ---------------------------------------------------------------------------
+# Through the trainer: errors before compiling; exact BPC with padding rows.
+# ---------------------------------------------------------------------------
+
+
+def _no_compiling(monkeypatch):
+  def jit(*args, **kwargs):
+    raise AssertionError('jax.jit was called: the data error came after compiling started')
+  monkeypatch.setattr(jax, 'jit', jit)
+
+
+@pytest.mark.parametrize('fault,error,expected', [
+    ('glob_matches_nothing', DatasetNotFoundError, "names no file (a glob pattern"),
+    ('binary_file', ValueError, 'first NUL at byte'),
+    ('shorter_than_seq_len', ValueError, 'config.dataset.seq_len=32 is too large'),
+    ('validation_too_short', ValueError, 'The validation split of'),
+])
+def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault, error,
+                                                    expected):
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  sizes = {'shorter_than_seq_len': 60, 'validation_too_short': 39}
+  (corpus / 'a.txt').write_bytes(_text(sizes.get(fault, 5000)))
+  if fault == 'binary_file':
+    (corpus / 'b.txt').write_bytes(b'text\x00')
+  config = tiny_config(corpus, tmp_path / 'data')
+  if fault == 'glob_matches_nothing':
+    config.dataset.files = (str(corpus / '*.md'),)
+  if fault == 'validation_too_short':
+    config.dataset.seq_len = 8
+  _no_compiling(monkeypatch)
+  with pytest.raises(error) as e:
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert expected in str(e.value) and 'config.dataset.' in str(e.value)
+  saved = tmp_path / 'run' / 'checkpoints'
+  assert not saved.exists() or not any(p.name.isdigit() for p in saved.iterdir())
+
+
+def test_trainer_bpc_is_exact_on_a_validation_split_smaller_than_one_batch(tmp_path):
+  from contextpool_jax.training import load
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  (corpus / 'a.txt').write_bytes(_text(600, seed=4))  # validation: 30 bytes, one window
+  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=2, log_every_steps=2,
+                       eval_every_steps=2, checkpoint_every_steps=2)
+  result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  model, variables, _ = load(str(tmp_path / 'run'))
+  data = np.frombuffer(_split_bytes(config, 'validation'), np.uint8)
+  assert len(data) == 30
+  window = np.zeros((1, config.dataset.eval_context + 1), np.int32)
+  window[0, :30] = data
+  logits = model.apply(variables, jnp.asarray(window[:, :-1]))
+  log_p = np.asarray(jax.nn.log_softmax(logits[0, :29].astype(jnp.float32)))
+  direct_bpc = -log_p[np.arange(29), data[1:]].sum() / (29 * math.log(2.0))
+  np.testing.assert_allclose(result['eval_validation']['bpc'], direct_bpc, rtol=1e-5)
