@@ -13,6 +13,8 @@ import importlib
 import io
 import math
 import os
+import re
+import threading
 import warnings
 
 import jax
@@ -450,6 +452,14 @@ def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(wmt_dir,
   np.testing.assert_allclose(task.finalize(sums)['loss'], nll / count, rtol=1e-5)
 
 
+def _raised(fn):
+  try:
+    fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  return None
+
+
 def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path):
   config = _wmt_config(wmt_dir, tmp_path)
   vocab = translation_input.get_vocab(config, process_index=0)
@@ -467,6 +477,17 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   with pytest.raises(ValueError, match=r"train_split='train\[:1\]' has no examples for "
                      'process 1 of 2'):
     translation_input.make_train_dataset(one, process_index=1, process_count=2, vocab=vocab)
+  # Every pair too long (and truncate=False): an error after two epochs, not a hang.
+  too_short = _wmt_config(wmt_dir, tmp_path, max_source_len=2, max_target_len=2)
+  it = iter(translation_input.make_train_dataset(too_short, process_index=0, process_count=1,
+                                                 vocab=vocab))
+  raised = []
+  puller = threading.Thread(target=lambda: raised.append(_raised(lambda: next(it))), daemon=True)
+  puller.start()
+  puller.join(timeout=120)  # a regression hangs: fail instead of waiting forever
+  assert raised and isinstance(raised[0], ValueError), raised
+  assert re.match(r'96 training pairs in a row are longer than config.dataset.max_source_len=2'
+                  r' or max_target_len=2 .* none fits', str(raised[0]))
   with pytest.raises(DatasetNotFoundError, match='tfds build wmt14_translate/de-en'):
     translation_input.make_train_dataset(_wmt_config(tmp_path / 'none', tmp_path),
                                          process_index=0, process_count=1, vocab=vocab)

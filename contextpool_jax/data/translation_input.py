@@ -24,8 +24,9 @@ Config fields (``config.dataset.<field>``, default in brackets):
   ``vocab_path`` [None = ``<workdir>/<auto name>.model``],
   ``vocab_wait_seconds`` [3600: how long processes > 0 wait for process 0's file].
 * ``max_source_len`` / ``max_target_len`` [256 / 256, tokens incl. EOS],
-  ``truncate`` [False: training pairs that are too long are dropped; True:
-  truncated, keeping the EOS].
+  ``truncate`` [False: training pairs that are too long are dropped (when none
+  fits, a ValueError after two epochs of drops, not a hang); True: truncated,
+  keeping the EOS].
 * ``bucket_boundaries`` [None = 8, 16, 24, 32, 48, 64, 96, 128, 192, ... up to
   max(max_source_len, max_target_len)].
 * ``max_eval_source_len`` / ``max_eval_target_len`` [= the training maxima],
@@ -332,7 +333,11 @@ def _encode(vocab, text: str, max_len: Optional[int]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class _TokenizePair:
-  """Record -> ``{'inputs', 'targets', 'index'}`` (with EOS); None when too long (dropped)."""
+  """Record -> ``{'inputs', 'targets', 'index'}`` (with EOS); ``{'index'}`` when too long.
+
+  A dropped pair still yields its index, so the bucketing iterator can tell a
+  stream in which nothing fits (an error) from one that is merely slow.
+  """
 
   vocab: SentencePieceVocab
   source_lang: str
@@ -341,14 +346,14 @@ class _TokenizePair:
   max_target_len: int
   truncate: bool
 
-  def __call__(self, index: int, record) -> Optional[dict[str, Any]]:
+  def __call__(self, index: int, record) -> dict[str, Any]:
     cut = self.truncate
     inputs = _encode(self.vocab, _text(record, self.source_lang),
                      self.max_source_len if cut else None)
     targets = _encode(self.vocab, _text(record, self.target_lang),
                       self.max_target_len if cut else None)
     if len(inputs) > self.max_source_len or len(targets) > self.max_target_len:
-      return None
+      return {'index': index}
     return {'inputs': inputs, 'targets': targets, 'index': index}
 
 
@@ -385,8 +390,11 @@ class _BucketIterator(grain.DatasetIterator):
   """Groups examples by length into per-bucket buffers; emits a batch when one is full."""
 
   def __init__(self, parent, examples: grain.MapDataset, boundaries: list[int],
-               batch_size: int, max_source_len: int, max_target_len: int):
+               batch_size: int, max_source_len: int, max_target_len: int,
+               max_dropped: Optional[int] = None):
     super().__init__(parent)
+    self._max_dropped = max_dropped
+    self._dropped = 0  # consecutive
     self._examples = examples
     self._boundaries = boundaries
     self._batch_size = batch_size
@@ -401,9 +409,25 @@ class _BucketIterator(grain.DatasetIterator):
         return i
     raise AssertionError(f'example of length {longest} exceeds every bucket')
 
+  def _count_dropped(self, example) -> bool:
+    """True for a dropped (too long) pair; raises when too many come in a row."""
+    if 'inputs' in example:
+      self._dropped = 0
+      return False
+    self._dropped += 1
+    if self._max_dropped is not None and self._dropped >= self._max_dropped:
+      raise ValueError(
+          f'{self._dropped} training pairs in a row are longer than config.dataset.'
+          f'max_source_len={self._max_source_len} or max_target_len={self._max_target_len}'
+          ' tokens (with EOS) and were dropped: none fits. Raise them, or set'
+          ' config.dataset.truncate=True.')
+    return True
+
   def __next__(self) -> dict[str, np.ndarray]:
     while True:
       example = next(self._parent)
+      if self._count_dropped(example):
+        continue
       i = self._bucket(example)
       self._buffers[i].append(example)
       if len(self._buffers[i]) == self._batch_size:
@@ -431,23 +455,29 @@ class _BucketIterator(grain.DatasetIterator):
 class BucketBatchDataset(grain.IterDataset):
   """``IterDataset`` of length-bucketed batches over a (random-access) MapDataset.
 
-  ``examples[i]`` must be ``{'inputs', 'targets', 'index': i}`` or None
-  (skipped); the index lets ``set_state`` re-read the pairs held in buckets.
+  ``examples[i]`` must be ``{'inputs', 'targets', 'index': i}``, or ``{'index': i}``
+  for a dropped pair (skipped); the index lets ``set_state`` re-read the pairs
+  held in buckets. ``max_dropped`` consecutive dropped pairs raise ValueError
+  (None = never): ``make_train_dataset`` sets two epochs of its shard, which
+  always hold a whole epoch, so the error means that no pair fits.
   """
 
   def __init__(self, examples: grain.MapDataset, *, boundaries: Sequence[int], batch_size: int,
                max_source_len: int, max_target_len: int,
-               read_options: Optional[grain.ReadOptions] = None):
+               read_options: Optional[grain.ReadOptions] = None,
+               max_dropped: Optional[int] = None):
     super().__init__(examples.to_iter_dataset(read_options))
     self._examples = examples
     self._boundaries = list(boundaries)
     self._batch_size = batch_size
     self._max_source_len = max_source_len
     self._max_target_len = max_target_len
+    self._max_dropped = max_dropped
 
   def __iter__(self) -> _BucketIterator:
     return _BucketIterator(self._parent.__iter__(), self._examples, self._boundaries,
-                           self._batch_size, self._max_source_len, self._max_target_len)
+                           self._batch_size, self._max_source_len, self._max_target_len,
+                           self._max_dropped)
 
   def __str__(self) -> str:
     return f'BucketBatchDataset(boundaries={self._boundaries}, batch_size={self._batch_size})'
@@ -485,7 +515,7 @@ def make_train_dataset(config, *, process_index: int, process_count: int,
                                             bool(_ds(config, 'truncate')))))
   return BucketBatchDataset(examples, boundaries=bucket_boundaries(config), batch_size=batch,
                             max_source_len=max_src, max_target_len=max_tgt,
-                            read_options=read_options)
+                            read_options=read_options, max_dropped=2 * len(shard))
 
 
 # ----------------------------------------------------------------------------
