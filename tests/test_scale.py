@@ -104,6 +104,7 @@ def params(workdir):
   return step, jax.tree.map(np.asarray, variables['params'])
 
 
+@pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
 def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
     corpus, tmp_path, param_sharding):
   extra = {'param_sharding': param_sharding}
