@@ -65,11 +65,17 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # orbax/grain INFO logs drown the progress bar
   initialize_distributed()
-  from contextpool_jax.data import DatasetNotFoundError  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.data import DatasetNotFoundError
+  from contextpool_jax.errors import ConfigError, DataError
+  from contextpool_jax.training import checkpoints, trainer
+  # The project's own messages about the config, the data and the checkpoints are
+  # complete in one line; anything else (a bug in a module you edited) keeps its
+  # traceback.
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (DatasetNotFoundError, trainer.NonFiniteLossError, ValueError) as e:
+  except (ConfigError, DataError, DatasetNotFoundError, trainer.NonFiniteLossError,
+          checkpoints.CheckpointError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
   if result.get('preempted'):

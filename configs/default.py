@@ -16,12 +16,13 @@ reduced context (256 bytes, step 128; the paper uses 32k, step 512). Not a paper
 import ml_collections
 
 from configs import common
+from contextpool_jax.errors import ConfigError
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
   if variant not in ('', 'baseline'):
-    raise ValueError(f"configs/default.py variant {variant!r} is not one of '', 'baseline'.")
+    raise ConfigError(f"configs/default.py variant {variant!r} is not one of '', 'baseline'.")
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500
@@ -41,7 +42,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.optimizer.update(name='adamw', learning_rate=2e-3, schedule='cosine', warmup_steps=50,
                      weight_decay=0.01, grad_clip_norm=1.0)
   c.dataset = ml_collections.ConfigDict(dict(
-      name='local_text', data_dir='', files=(), max_bytes=4 * 2 ** 20,
+      name='local_text', data_dir='', files=(), max_bytes=4 * 2 ** 20, allow_binary=False,
       # Evaluation context = training length: sinusoidal positions do not extrapolate.
       seq_len=256, eval_context=256, eval_step=128, eval_batch_size=16,
       eval_max_bytes=64 * 1024))

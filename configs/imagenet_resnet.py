@@ -21,6 +21,7 @@ in the README.
 import ml_collections
 
 from configs import common
+from contextpool_jax.errors import ConfigError
 
 _TRAIN_IMAGES = 1_281_167
 _NAMES = ('resnet50', 'cp_resnet50', 'resnet101', 'cp_resnet101', 'lambda_resnet50',
@@ -29,7 +30,7 @@ _NAMES = ('resnet50', 'cp_resnet50', 'resnet101', 'cp_resnet101', 'lambda_resnet
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
   if arg not in _NAMES:
-    raise ValueError(f'configs/imagenet_resnet.py:{arg!r}: expected one of {_NAMES}.')
+    raise ConfigError(f'configs/imagenet_resnet.py:{arg!r}: expected one of {_NAMES}.')
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))

@@ -14,6 +14,7 @@ error message says where the tar files go).
 import ml_collections
 
 from configs import common
+from contextpool_jax.errors import ConfigError
 
 _TRAIN_IMAGES = 1_281_167
 
@@ -21,7 +22,7 @@ _TRAIN_IMAGES = 1_281_167
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
   names = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti16')
   if arg not in names:
-    raise ValueError(f'configs/imagenet_vit.py:{arg!r}: expected one of {names}.')
+    raise ConfigError(f'configs/imagenet_vit.py:{arg!r}: expected one of {names}.')
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024

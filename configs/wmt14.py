@@ -24,6 +24,7 @@ steps (Big: ~16k tokens, 600k steps). We batch a fixed number of sentence pairs
 import ml_collections
 
 from configs import common
+from contextpool_jax.errors import ConfigError
 
 SIZES = ('tiny', 'small', 'base', 'big')
 KINDS = ('standard', 'local', 'area', 'cp')
@@ -36,7 +37,7 @@ PEAK_LR = {'tiny': 2e-3, 'small': 1.4e-3, 'base': 1e-3, 'big': 7e-4}
 def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
   pair, size, kind = (a.strip() for a in arg.split(','))
   if pair not in PAIRS or size not in SIZES or kind not in KINDS:
-    raise ValueError(f'configs/wmt14.py:{arg!r}: expected "<pair>,<size>,<kind>" with pair in '
+    raise ConfigError(f'configs/wmt14.py:{arg!r}: expected "<pair>,<size>,<kind>" with pair in '
                      f'{tuple(PAIRS)}, size in {SIZES}, kind in {KINDS}.')
   name, source, target = PAIRS[pair]
   c = common.base_config()

@@ -16,8 +16,20 @@ if '--xla_backend_optimization_level' not in _flags:
 import sys
 import pathlib
 
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 # `configs/` lives at the repository root (not in the installed package).
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+  """A small real-text corpus: this repository's first 12 Python sources."""
+  root = tmp_path_factory.mktemp('corpus')
+  for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
+    (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
+  return root
 
 # tests/multi_device/ needs several (fake) devices, fixed when JAX starts:
 # tests/test_multi_device.py runs it in a subprocess that sets them.

@@ -319,3 +319,13 @@ def test_relative_logits_bad_inputs_raise():
   per_head = jax.ShapeDtypeStruct((2, 5, 2), jnp.float32)
   with pytest.raises(ValueError, match='per-head'):
     jax.eval_shape(logits, q, per_head, r5)
+
+
+def test_empty_batch_gives_empty_outputs_and_zero_gradients():
+  """Batch 0 (the end of a sharded evaluation)."""
+  module = AugmentedConv2D(features=8, key_ratio=0.5, value_ratio=0.5, num_heads=2, strides=2)
+  variables = module.init(jax.random.key(0), jnp.ones((2, 6, 6, 4)))
+  empty = jnp.zeros((0, 6, 6, 4))
+  chex.assert_shape(module.apply(variables, empty), (0, 3, 3, 8))
+  grads = jax.grad(lambda p: module.apply({'params': p}, empty).sum())(variables['params'])
+  chex.assert_trees_all_equal(grads, jax.tree.map(jnp.zeros_like, grads))

@@ -19,7 +19,8 @@ import pytest
 
 from contextpool_jax.training import checkpoints, trainer
 from contextpool_jax.training.load import load_variables
-from test_scale import REPO, corpus, flags, metrics  # pylint: disable=unused-import
+from conftest import REPO
+from test_scale import flags, metrics
 from test_training import tiny_config
 
 # Runs train.py with a fault injected: SIGKILL of the whole process at the

@@ -433,3 +433,16 @@ def test_global_input_larger_than_table_raises():
   variables = jax.eval_shape(module.init, jax.random.key(0), _x((1, 4, 4, D)))
   with pytest.raises(ValueError, match=r'\(5, 4\) exceeds the global table size \(4, 4\)'):
     jax.eval_shape(module.apply, variables, jnp.zeros((1, 5, 4, D)))
+
+
+@pytest.mark.parametrize('position', ['global', 'conv'])
+def test_empty_batch_gives_empty_outputs_and_zero_gradients(position):
+  """Batch 0 (the end of a sharded evaluation) in evaluation mode."""
+  module = LambdaLayer(key_depth=K, heads=HEADS, position=position, scope_size=3)
+  variables = _init(module, _x(SHAPES['2d']))
+  empty = jnp.zeros((0, *SHAPES['2d'][1:]))
+  y = _apply(module, variables, empty)
+  chex.assert_shape(y, (0, *SHAPES['2d'][1:-1], D))
+  grads = jax.grad(lambda p: module.apply({**variables, 'params': p}, empty).sum())(
+      variables['params'])
+  chex.assert_trees_all_equal(grads, jax.tree.map(jnp.zeros_like, grads))

@@ -25,17 +25,7 @@ import numpy as np
 import pytest
 
 from contextpool_jax.training.load import load_variables
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope='module')
-def corpus(tmp_path_factory):
-  """A small real-text corpus: this repository's Python sources."""
-  root = tmp_path_factory.mktemp('corpus')
-  for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
-    (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
-  return root
+from conftest import REPO
 
 
 def flags(corpus, data_dir, workdir, steps=8, **overrides):

@@ -11,17 +11,7 @@ import pytest
 
 from configs import default as default_config
 from contextpool_jax.training import trainer
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope='module')
-def corpus(tmp_path_factory):
-  """A small text corpus (real text: this repository's Python sources)."""
-  root = tmp_path_factory.mktemp('corpus')
-  for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
-    (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
-  return root
+from conftest import REPO
 
 
 def tiny_config(corpus, data_dir, **overrides):
@@ -167,6 +157,42 @@ def test_command_line_rejects_unknown_keys(tmp_path):
       capture_output=True, text=True, timeout=300, cwd=REPO)
   assert out.returncode != 0
   assert 'num_train_stepz' in out.stderr
+
+
+# train.py with the model's forward pass replaced by one that has a shape bug.
+_BROKEN_MODEL_DRIVER = r'''
+import runpy, sys
+import flax.linen as nn
+from contextpool_jax.training import tasks
+
+class Broken(nn.Module):
+  @nn.compact
+  def __call__(self, tokens, train=False):
+    raise ValueError('shape bug in a module the researcher edited')
+
+tasks.build_model = lambda config: Broken()
+script = sys.argv.pop(1)
+runpy.run_path(script, run_name='__main__')
+'''
+
+
+def _cli(args, driver=None):
+  script = [str(REPO / 'train.py')] if driver is None else ['-c', driver, str(REPO / 'train.py')]
+  return subprocess.run([sys.executable, *script, '--config', str(REPO / 'configs/default.py'),
+                         *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_command_line_errors_config_one_line_other_errors_traceback(corpus, tmp_path):
+  data = ['--config.dataset.data_dir=' + str(tmp_path / 'data'),
+          f"--config.dataset.files=('{corpus}/*.txt',)", '--config.dataset.max_bytes=0']
+  config_error = _cli(['--workdir', str(tmp_path / 'a'), "--config.optimizer.name=adamx"])
+  assert config_error.returncode == 1
+  assert config_error.stderr.strip().splitlines()[-1].startswith(
+      "error: config.optimizer.name='adamx' is not supported")
+  assert 'Traceback' not in config_error.stderr
+  bug = _cli(['--workdir', str(tmp_path / 'b'), *data], driver=_BROKEN_MODEL_DRIVER)
+  assert bug.returncode == 1
+  assert 'Traceback' in bug.stderr and 'shape bug in a module' in bug.stderr
 
 
 def test_bpc_of_a_uniform_model_is_eight_bits(corpus, tmp_path):

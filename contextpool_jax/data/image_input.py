@@ -99,6 +99,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from contextpool_jax.data import tfds_splits
+from contextpool_jax.errors import ConfigError
 
 DATASETS = ('cifar10', 'imagenet2012')
 
@@ -156,8 +157,8 @@ def _get(cfg: Any, field: str, default: Any = None) -> Any:
   return default if value is None else value
 
 
-def _bad(field: str, value: Any, expected: str) -> ValueError:
-  return ValueError(f'config.dataset.{field}={value!r} is invalid; expected {expected}.')
+def _bad(field: str, value: Any, expected: str) -> ConfigError:
+  return ConfigError(f'config.dataset.{field}={value!r} is invalid; expected {expected}.')
 
 
 def _int(d: Any, field: str, default: int, minimum: int) -> int:
@@ -193,7 +194,7 @@ def resolve_spec(config: Any) -> ImageInputSpec:
   """Reads and validates ``config.dataset``; raises ValueError naming a bad field."""
   d = _get(config, 'dataset')
   if d is None:
-    raise ValueError('config.dataset is missing.')
+    raise ConfigError('config.dataset is missing.')
   name = _get(d, 'name')
   if name not in DATASETS:
     raise _bad('name', name, f'one of {", ".join(map(repr, DATASETS))}')
@@ -239,7 +240,7 @@ def _per_process(total: Any, field: str, process_index: int, process_count: int)
                      'are invalid; expected 0 <= process_index < process_count.')
   if (isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1
       or total % process_count):
-    raise ValueError(f'config.{field}={total!r} is invalid; expected a positive integer '
+    raise ConfigError(f'config.{field}={total!r} is invalid; expected a positive integer '
                      f'divisible by process_count={process_count}.')
   return int(total) // process_count
 
@@ -247,7 +248,7 @@ def _per_process(total: Any, field: str, process_index: int, process_count: int)
 def _seed(config: Any, process_index: int, salt: int) -> int:
   seed = _get(config, 'seed', 0)
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ValueError(f'config.seed={seed!r} is invalid; expected an integer.')
+    raise ConfigError(f'config.seed={seed!r} is invalid; expected an integer.')
   state = np.random.SeedSequence([int(seed) % 2**63, process_index, salt]).generate_state(1)
   return int(state[0])
 
@@ -477,7 +478,7 @@ def make_train_dataset(config: Any, *, process_index: int, process_count: int,
                          f'config.dataset.train_split={spec.train_split!r}')
   shard = grain.MapDataset.source(source)[process_index::process_count]
   if len(shard) == 0:
-    raise ValueError(f'config.dataset.train_split={spec.train_split!r} has no examples for '
+    raise ConfigError(f'config.dataset.train_split={spec.train_split!r} has no examples for '
                      f'process {process_index} of {process_count}.')
   ds = (shard.shuffle(seed=_seed(config, process_index, 0))
         .repeat(None)

@@ -89,6 +89,7 @@ import ml_collections
 import numpy as np
 
 from contextpool_jax.data import text_builders
+from contextpool_jax.errors import ConfigError, DataError
 
 VOCAB_SIZE = text_builders.VOCAB_SIZE
 DATASET_NAMES = ('enwik8', 'text8', 'local_text')
@@ -132,7 +133,7 @@ def _get(config, path: str, default: Any = ...):
       node = node[key]
     except (KeyError, AttributeError, TypeError):
       if default is ...:
-        raise ValueError(f'config.{path} is missing.') from None
+        raise ConfigError(f'config.{path} is missing.') from None
       return default
   return node
 
@@ -140,9 +141,9 @@ def _get(config, path: str, default: Any = ...):
 def _int(config, path: str, minimum: int, default: Any = ...) -> int:
   value = _get(config, path, default)
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise ValueError(f'config.{path} must be an int, got {value!r}.')
+    raise ConfigError(f'config.{path} must be an int, got {value!r}.')
   if value < minimum:
-    raise ValueError(f'config.{path} must be >= {minimum}, got {value}.')
+    raise ConfigError(f'config.{path} must be >= {minimum}, got {value}.')
   return int(value)
 
 
@@ -167,7 +168,7 @@ def _read_options(config) -> grain.ReadOptions:
 def _seed_words(config) -> int:
   seed = _get(config, 'seed')
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ValueError(f'config.seed must be an int, got {seed!r}.')
+    raise ConfigError(f'config.seed must be an int, got {seed!r}.')
   return int(seed) % 2**64
 
 
@@ -179,11 +180,11 @@ def _local_text_kwargs(config) -> dict[str, Any]:
     files = (files,)  # '' stays an (invalid) empty pattern, not the default.
   if not isinstance(files, (tuple, list)) or not all(
       isinstance(f, str) for f in files):
-    raise ValueError('config.dataset.files must be a str or a tuple of str'
+    raise ConfigError('config.dataset.files must be a str or a tuple of str'
                      f' (files, directories, glob patterns), got {files!r}.')
   allow_binary = _get(config, 'dataset.allow_binary', False)
   if not isinstance(allow_binary, bool):
-    raise ValueError(f'config.dataset.allow_binary must be a bool, got'
+    raise ConfigError(f'config.dataset.allow_binary must be a bool, got'
                      f' {allow_binary!r}.')
   return dict(files=tuple(files), allow_binary=allow_binary,
               max_bytes=_int(config, 'dataset.max_bytes', 0,
@@ -196,7 +197,7 @@ def _split_bytes_kwargs(config) -> dict[str, Any]:
     return {}
   split_bytes = tuple(_get(config, 'dataset.split_bytes'))
   if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
-    raise ValueError('config.dataset.split_bytes must be 3 positive ints (train, '
+    raise ConfigError('config.dataset.split_bytes must be 3 positive ints (train, '
                      f'validation, test bytes), got {split_bytes!r}.')
   return dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), split_bytes))
 
@@ -204,7 +205,7 @@ def _split_bytes_kwargs(config) -> dict[str, Any]:
 def _dataset_name(config) -> str:
   name = _get(config, 'dataset.name')
   if name not in DATASET_NAMES:
-    raise ValueError(
+    raise ConfigError(
         f'config.dataset.name must be one of {DATASET_NAMES}, got {name!r}.')
   return name
 
@@ -229,12 +230,12 @@ def _prepare(config) -> Mapping[str, Any]:
   for path, value in (('dataset.data_dir', data_dir),
                       ('dataset.manual_dir', manual_dir)):
     if value is not None and not isinstance(value, str):
-      raise ValueError(f'config.{path} must be a str or None, got {value!r}.')
+      raise ConfigError(f'config.{path} must be a str or None, got {value!r}.')
   kwargs = (_local_text_kwargs(config) if name == 'local_text'
             else _split_bytes_kwargs(config))
   download = _get(config, 'dataset.download', True)
   if not isinstance(download, bool):
-    raise ValueError(f'config.dataset.download must be a bool, got'
+    raise ConfigError(f'config.dataset.download must be a bool, got'
                      f' {download!r}.')
   return text_builders.prepare_text_dataset(
       name, data_dir, manual_dir=manual_dir, download=download, **kwargs)
@@ -243,7 +244,7 @@ def _prepare(config) -> Mapping[str, Any]:
 def _check_train_bytes(config, num_bytes: int) -> None:
   seq_len = _int(config, 'dataset.seq_len', 1)
   if num_bytes // seq_len - 1 < 1:
-    raise ValueError(
+    raise ConfigError(
         f'config.dataset.seq_len={seq_len} is too large for the train split'
         f' of {_data_setting(config)}: it has {num_bytes} bytes, and windows'
         f' of seq_len + 1 bytes at a random phase need at least 2 * seq_len ='
@@ -256,7 +257,7 @@ def _check_splits(config, sizes: Mapping[str, int]) -> None:
   _eval_settings(config)
   for split in EVAL_SPLITS[1:]:
     if sizes[split] < 2:
-      raise ValueError(
+      raise DataError(
           f'The {split} split of {_data_setting(config)} has {sizes[split]}'
           ' byte(s); evaluation needs at least 2 (the first byte is only'
           ' context). Use more data.')
@@ -357,7 +358,7 @@ def make_train_dataset(config, *, process_index: int,
   process_index, process_count = _process(process_index, process_count)
   batch_size = _int(config, 'batch_size', 1)
   if batch_size % process_count:
-    raise ValueError(f'config.batch_size={batch_size} is not divisible by'
+    raise ConfigError(f'config.batch_size={batch_size} is not divisible by'
                      f' process_count={process_count}.')
   _int(config, 'dataset.seq_len', 1)
   read_options = _read_options(config)
@@ -385,7 +386,7 @@ def eval_windows(num_bytes: int, context: int,
     i.e. bytes ``starts[i] + 1 + j``.
   """
   if num_bytes < 2:
-    raise ValueError(f'Need at least 2 bytes to evaluate, got {num_bytes}.')
+    raise DataError(f'Need at least 2 bytes to evaluate, got {num_bytes}.')
   if context < 1 or not 1 <= step <= context:
     raise ValueError(f'Need 1 <= step <= context, got {step} and {context}.')
   last = num_bytes - 1  # Last target position (byte index).
@@ -408,12 +409,12 @@ def _eval_settings(config) -> tuple[int, int, int, int]:
   context = _int(config, 'dataset.eval_context', 1)
   step = _int(config, 'dataset.eval_step', 1)
   if step > context:
-    raise ValueError(f'config.dataset.eval_step={step} must be <='
+    raise ConfigError(f'config.dataset.eval_step={step} must be <='
                      f' config.dataset.eval_context={context}.')
   global_batch = _int(config, 'dataset.eval_batch_size', 1)
   max_bytes = _int(config, 'dataset.eval_max_bytes', 0, 0)
   if max_bytes == 1:
-    raise ValueError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
+    raise ConfigError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
                      ' split) or >= 2 (a single byte is only context).')
   return context, step, global_batch, max_bytes
 
@@ -486,7 +487,7 @@ def make_eval_batches(config, split: str, *, process_index: int,
   process_index, process_count = _process(process_index, process_count)
   context, step, global_batch, max_bytes = _eval_settings(config)
   if global_batch % process_count:
-    raise ValueError(f'config.dataset.eval_batch_size={global_batch} is not'
+    raise ConfigError(f'config.dataset.eval_batch_size={global_batch} is not'
                      f' divisible by process_count={process_count}.')
   read_options = _read_options(config)
   corpus = load_split(config, split)

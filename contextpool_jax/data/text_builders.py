@@ -60,6 +60,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.errors import DataError
 
 VOCAB_SIZE = 256
 SPLITS = ('train', 'validation', 'test')
@@ -114,7 +115,7 @@ class _ZipMemberSource:
       try:
         self.size = zf.getinfo(member).file_size
       except KeyError:
-        raise ValueError(
+        raise DataError(
             f'{zip_path} has no member {member!r} (it has {zf.namelist()[:5]}).'
         ) from None
 
@@ -333,7 +334,7 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
     cfg = self.builder_config
     expected = cfg.train_bytes + cfg.validation_bytes + cfg.test_bytes
     if size != expected:
-      raise ValueError(
+      raise DataError(
           f'{self.name}: the source has {size} bytes but the split sizes'
           f' ({cfg.train_bytes} + {cfg.validation_bytes} + {cfg.test_bytes})'
           f' sum to {expected}; the file is wrong or truncated.'
@@ -501,7 +502,7 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
   paths = set()
   for pattern in patterns:
     if not pattern.strip():
-      raise ValueError(f'local_text: {setting} has an empty pattern;'
+      raise DataError(f'local_text: {setting} has an empty pattern;'
                        f' {_EXPECTED_FILES}.')
     matched, why = _match(pattern)
     if not matched:
@@ -549,7 +550,7 @@ def _scan(path: str, used: int, version: tuple[int, ...]) -> tuple[str, int]:
     while pos < used:
       block = f.read(min(_SCAN_BLOCK, used - pos))
       if not block:
-        raise ValueError(f'local_text: {path} got shorter while being read.')
+        raise DataError(f'local_text: {path} got shorter while being read.')
       if nul < 0 and b'\0' in block:
         nul = pos + block.index(b'\0')
       digest.update(block)
@@ -599,9 +600,9 @@ def local_split_ranges(size: int) -> dict[str, tuple[int, int]]:
   return bounds
 
 
-def _binary_error(setting: str, binary) -> ValueError:
+def _binary_error(setting: str, binary) -> DataError:
   where = [f'{p} (first NUL at byte {n})' for p, n in binary]
-  return ValueError(
+  return DataError(
       f'local_text: {setting} includes {len(binary)} file(s) with NUL bytes,'
       f' which text does not contain: {_some(where)}. Text globs that match'
       ' binary files (compiled code, images, archives, UTF-16 text) are'
@@ -633,7 +634,7 @@ def _check_local_corpus(files, max_bytes, inputs, binary, empty,
   total = sum(used for _, used, _ in inputs)
   for split, (start, stop) in local_split_ranges(total).items():
     if stop <= start:
-      raise ValueError(
+      raise DataError(
           f'local_text: {setting} gives a corpus of {total} bytes'
           f' (config.dataset.max_bytes={max_bytes}, 0 = no cap), too few for'
           f' a non-empty {split} split ({LOCAL_SPLIT_PERCENT[split]}% of the'
@@ -750,7 +751,7 @@ class LocalText(_ByteCorpusBuilder):
     except OSError as e:
       raise DatasetNotFoundError(f'local_text: {e}') from e
     if current != [tuple(x) for x in cfg.inputs]:
-      raise ValueError(
+      raise DataError(
           'local_text: input files changed since the builder was made;'
           ' make a new builder (its config name will change).'
       )

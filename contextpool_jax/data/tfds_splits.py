@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.errors import ConfigError
 
 _EXPECTED_SPLIT = ("expected one of them, or a TFDS slice of one that selects at least one "
                    "example (e.g. 'train[:90%]')")
@@ -38,7 +39,7 @@ def require_examples(source: Sequence[Any], setting: str, name: str,
                      data_dir: Optional[str] = None) -> None:
   """Raises ValueError naming ``setting`` if ``source`` has no examples."""
   if len(source) == 0:
-    raise ValueError(f"{setting} selects no example of '{name}'. Prepared splits: "
+    raise ConfigError(f"{setting} selects no example of '{name}'. Prepared splits: "
                      f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.')
 
 
@@ -62,7 +63,7 @@ def open_split(name: str, split: str, data_dir: Optional[str], *, setting: str,
     raise DatasetNotFoundError(
         f'{how_to_prepare()} ({type(e).__name__}: {str(e).splitlines()[0][:200]})') from e
   except ValueError as e:  # The dataset is prepared: the split is wrong.
-    raise ValueError(f"{setting} cannot be read from '{name}' ({e}). Prepared splits: "
+    raise ConfigError(f"{setting} cannot be read from '{name}' ({e}). Prepared splits: "
                      f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.') from e
   require_examples(source, setting, name, data_dir)
   return source

@@ -71,6 +71,7 @@ import sentencepiece as spm
 from etils import epath
 
 from contextpool_jax.data import tfds_splits
+from contextpool_jax.errors import ConfigError, DataError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -184,7 +185,7 @@ def _vocab_path(config, workdir) -> epath.Path:
     return epath.Path(explicit)
   workdir = workdir or _get(config, 'workdir', None)
   if not workdir:
-    raise ValueError('translation_input: no place for the SentencePiece model; set '
+    raise ConfigError('translation_input: no place for the SentencePiece model; set '
                      'config.dataset.vocab_path or config.workdir, or pass workdir=/vocab=.')
   return epath.Path(workdir) / vocab_filename(config)
 
@@ -230,7 +231,7 @@ def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
         time.sleep(poll_seconds)
   vocab = SentencePieceVocab.load(path)
   if vocab.vocab_size > int(_ds(config, 'vocab_size')):
-    raise ValueError(f'{path} has {vocab.vocab_size} pieces, more than '
+    raise ConfigError(f'{path} has {vocab.vocab_size} pieces, more than '
                      f"config.dataset.vocab_size={_ds(config, 'vocab_size')}.")
   return vocab
 
@@ -239,7 +240,7 @@ def train_sentencepiece(sentences, *, vocab_size: int, model_type: str = 'unigra
                         num_threads: Optional[int] = None) -> bytes:
   """Trains SentencePiece on an iterable of sentences; returns the serialised model."""
   if model_type not in ('unigram', 'bpe'):
-    raise ValueError(f"vocab_type={model_type!r}; expected 'unigram' or 'bpe'.")
+    raise ConfigError(f"vocab_type={model_type!r}; expected 'unigram' or 'bpe'.")
   out = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size,
@@ -307,7 +308,7 @@ def _open_split(config, split: str, setting: Optional[str] = None):
   keys = set(source[0])
   for lang in (_ds(config, 'source_lang'), _ds(config, 'target_lang')):
     if lang not in keys:
-      raise ValueError(f"'{name}' has features {sorted(keys)}; config.dataset "
+      raise DataError(f"'{name}' has features {sorted(keys)}; config.dataset "
                        f'source_lang/target_lang {lang!r} is not one of them.')
   return source
 
@@ -374,7 +375,7 @@ def bucket_boundaries(config) -> list[int]:
       p *= 2
     given = [b for b in given if b < longest]
   if any(int(b) <= 0 for b in given):
-    raise ValueError(f'bucket_boundaries={list(given)} must be positive.')
+    raise ConfigError(f'bucket_boundaries={list(given)} must be positive.')
   return sorted({min(int(b), longest) for b in given} | {longest})
 
 
@@ -416,7 +417,7 @@ class _BucketIterator(grain.DatasetIterator):
       return False
     self._dropped += 1
     if self._max_dropped is not None and self._dropped >= self._max_dropped:
-      raise ValueError(
+      raise DataError(
           f'{self._dropped} training pairs in a row are longer than config.dataset.'
           f'max_source_len={self._max_source_len} or max_target_len={self._max_target_len}'
           ' tokens (with EOS) and were dropped: none fits. Raise them, or set'
@@ -485,7 +486,7 @@ class BucketBatchDataset(grain.IterDataset):
 
 def _per_process(total: int, process_count: int, what: str) -> int:
   if total <= 0 or total % process_count:
-    raise ValueError(f'{what}={total} must be a positive multiple of process_count='
+    raise ConfigError(f'{what}={total} must be a positive multiple of process_count='
                      f'{process_count}.')
   return total // process_count
 
@@ -505,7 +506,7 @@ def make_train_dataset(config, *, process_index: int, process_count: int,
   max_src, max_tgt = int(_ds(config, 'max_source_len')), int(_ds(config, 'max_target_len'))
   shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
   if not len(shard):
-    raise ValueError(f"config.dataset.train_split={_ds(config, 'train_split')!r} has no "
+    raise ConfigError(f"config.dataset.train_split={_ds(config, 'train_split')!r} has no "
                      f'examples for process {process_index} of {process_count}.')
   examples = (shard
               .shuffle(seed=int(_get(config, 'seed', 0)))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from contextpool_jax.errors import ConfigError
+
 
 def check_choice(owner: str, field: str, value: Any, allowed: Iterable[Any]) -> None:
   """Raises unless ``value`` is one of ``allowed``."""
   allowed = tuple(allowed)
   if value not in allowed:
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.{field}={value!r} is not supported; allowed values: '
         f'{", ".join(repr(a) for a in allowed)}.')
 
@@ -33,7 +35,7 @@ def check_positive(owner: str, field: str, value: Any, *, allow_none: bool = Fal
     ok = value >= 0 if allow_zero else value > 0
   if not ok:
     extra = ' or None' if allow_none else ''
-    raise ValueError(f'{owner}.{field}={value!r} is invalid; expected a {kind} '
+    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a {kind} '
                      f'{bound}{extra}.')
 
 
@@ -41,7 +43,7 @@ def check_probability(owner: str, field: str, value: Any) -> None:
   """Raises unless ``0 <= value < 1`` (a dropout rate)."""
   if (not isinstance(value, (int, float)) or isinstance(value, bool)
       or not 0.0 <= value < 1.0):
-    raise ValueError(f'{owner}.{field}={value!r} is invalid; expected a '
+    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a '
                      'number in [0, 1).')
 
 
@@ -63,6 +65,6 @@ def as_tuple(owner: str, field: str, value: Any, length: int) -> tuple[int, ...]
   value = tuple(value) if isinstance(value, (tuple, list)) else value
   if (not isinstance(value, tuple) or len(value) != length
       or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-    raise ValueError(f'{owner}.{field}={given!r} is invalid; expected a positive '
+    raise ConfigError(f'{owner}.{field}={given!r} is invalid; expected a positive '
                      f'int or a sequence of {length} positive ints.')
   return value

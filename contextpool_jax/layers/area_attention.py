@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers._softmax import masked_softmax
 
@@ -165,7 +166,7 @@ def _check_area_options(owner: str, max_area_width: Any, max_area_height: Any,
 
 def _check_divisible(owner: str, length: int, memory_height: int, what: str) -> None:
   if length % memory_height:
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.memory_height={memory_height!r} does not divide the {what} '
         f'length {length}; a 2D memory is memory_height rows of '
         f'length // memory_height items, so the length must be a multiple of '
@@ -664,7 +665,7 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
   _check_common(owner, key_mode, value_mode, max_area_width, max_area_height, memory_height,
                 dropout_rate, causal, std_epsilon)
   if key_mode in LEARNED_KEY_MODES:
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.key_mode={key_mode!r} has learned parameters (Eq. 9); use '
         'contextpool_jax.AreaAttention, or compute keys with AreaKeyEncoder on '
         f'area_features(...) and call attend_to_areas. Parameter-free key modes: '
@@ -723,12 +724,12 @@ def _check_embedding_dim(owner: str, field: str, embedding_dim: int | None,
   if combine != 'sum':
     return
   if depth % 2:
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.{mode_field}={mode!r} needs an even head depth: its height and width '
         f'embeddings (depth // 2 each, as in tensor2tensor) are concatenated and added '
         f"to the key features; got depth {depth}. Use an even depth or a 'concat' mode.")
   if embedding_dim not in (None, depth // 2):
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.{field}={embedding_dim!r} is invalid for {mode_field}={mode!r}, whose '
         f'[e_h; e_w] is added to the depth-{depth} key features; use None or {depth // 2}.')
 
@@ -1002,7 +1003,7 @@ class AreaAttention(nn.Module):
     memory_height = self.memory_height
     if inputs_kv.ndim == 4:
       if memory_height not in (1, inputs_kv.shape[1]):
-        raise ValueError(
+        raise ConfigError(
             f'{owner}.memory_height={memory_height!r} conflicts with the 2D memory '
             f'inputs_kv of shape {inputs_kv.shape} (height {inputs_kv.shape[1]}); use '
             f'memory_height=1 or {inputs_kv.shape[1]}.')
@@ -1014,7 +1015,7 @@ class AreaAttention(nn.Module):
 
     features = self.qkv_features or q_shape[-1]
     if features % self.num_heads:
-      raise ValueError(f'{owner}.qkv_features={features!r} is not divisible by '
+      raise ConfigError(f'{owner}.qkv_features={features!r} is not divisible by '
                        f'num_heads={self.num_heads!r}.')
     head_dim = features // self.num_heads
     out_features = self.out_features or q_shape[-1]

@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as val
 
 _OWNER = 'AugmentedConv2D'
@@ -106,7 +107,7 @@ def attention_depths(features: int, key_ratio: float, value_ratio: float,
       depth = round(exact)
       if (abs(exact - depth) > 1e-6 * max(1.0, exact) or depth <= 0
           or depth % num_heads):
-        raise ValueError(
+        raise ConfigError(
             f'{owner}.{field}={ratio!r} is invalid: {symbol} = {field} * '
             f'features = {ratio!r} * {features} = {exact:g} must be a positive '
             f'integer divisible by num_heads={num_heads}. Pick {field} so that '
@@ -115,7 +116,7 @@ def attention_depths(features: int, key_ratio: float, value_ratio: float,
     depths.append(depth)
   d_k, d_v = depths
   if d_v >= features:
-    raise ValueError(
+    raise ConfigError(
         f'{owner}.value_ratio={value_ratio!r} is invalid: d_v = {d_v} must be '
         f'smaller than features={features} so that the convolution keeps '
         'features - d_v > 0 channels.')

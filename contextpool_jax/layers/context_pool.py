@@ -82,6 +82,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers._softmax import masked_softmax
 
@@ -782,17 +783,17 @@ class ContextPool(nn.Module):
     if self.random_span is not None and not (
         isinstance(self.random_span, int) and not isinstance(self.random_span, bool)
         and self.random_span >= self.window):
-      raise ValueError(f'{_OWNER}.random_span={self.random_span!r} is invalid; expected '
+      raise ConfigError(f'{_OWNER}.random_span={self.random_span!r} is invalid; expected '
                        f'an int >= window ({self.window!r}), or None (4 * window).')
     v.check_positive(_OWNER, 'nonlocal_features', self.nonlocal_features,
                      allow_none=True, integer=True)
     v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
     if not isinstance(self.random_seed, int) or isinstance(self.random_seed, bool):
-      raise ValueError(f'{_OWNER}.random_seed={self.random_seed!r} is invalid; '
+      raise ConfigError(f'{_OWNER}.random_seed={self.random_seed!r} is invalid; '
                        'expected an int.')
     for name in ('residual', 'causal'):
       if not isinstance(getattr(self, name), bool):
-        raise ValueError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
+        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
                          'expected True or False.')
 
   def _check_inputs(self, x: Array, mask: Optional[Array]) -> tuple[int, ...]:
@@ -804,11 +805,11 @@ class ContextPool(nn.Module):
     if self.window_shape is not None:
       v.as_tuple(_OWNER, 'window_shape', self.window_shape, ndim)
     if self.causal and ndim != 1:
-      raise ValueError(f'{_OWNER}.causal=True needs a sequence [batch, length, '
+      raise ConfigError(f'{_OWNER}.causal=True needs a sequence [batch, length, '
                        f'features]; got a grid of shape {x.shape}. Causal pooling '
                        'is only defined for 1D sequences.')
     if self.causal and any(s != 1 for s in strides):
-      raise ValueError(f'{_OWNER}.strides={self.strides!r} is not allowed with '
+      raise ConfigError(f'{_OWNER}.strides={self.strides!r} is not allowed with '
                        'causal=True; allowed: 1.')
     if mask is not None and tuple(mask.shape) != tuple(x.shape[:-1]):
       raise ValueError(f'{_OWNER}: mask has shape {tuple(mask.shape)}; expected '

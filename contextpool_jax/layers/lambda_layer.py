@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as val
 
 Array = jax.Array
@@ -231,7 +232,7 @@ class LambdaLayer(nn.Module):
     val.check_probability(_OWNER, 'batch_norm_momentum', self.batch_norm_momentum)
     val.check_positive(_OWNER, 'batch_norm_epsilon', self.batch_norm_epsilon)
     if self.position == 'none' and not self.content:
-      raise ValueError(
+      raise ConfigError(
           f"{_OWNER}.content=False with {_OWNER}.position='none' leaves nothing "
           "to compute; enable the content lambda or choose position 'global' or "
           "'conv'.")
@@ -244,7 +245,7 @@ class LambdaLayer(nn.Module):
         val.check_positive(_OWNER, 'scope_size', self.scope_size, integer=True)
       scope = val.as_tuple(_OWNER, 'scope_size', self.scope_size, rank)
       if any(r % 2 == 0 for r in scope):
-        raise ValueError(
+        raise ConfigError(
             f'{_OWNER}.scope_size={self.scope_size!r} is invalid; expected odd '
             'positive sizes (the window is centred on the query).')
       return scope
@@ -287,7 +288,7 @@ class LambdaLayer(nn.Module):
     spatial = tuple(spatial)
     d_out = d if self.out_features is None else self.out_features
     if d_out % self.heads:
-      raise ValueError(
+      raise ConfigError(
           f'{_OWNER}.heads={self.heads} must divide the output depth '
           f'{d_out} (out_features={self.out_features!r}, input depth {d}); '
           '|v| = d_out / heads.')

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Optional
 
 import jax
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool import ContextPool
 
 Dtype = Any
@@ -31,11 +32,11 @@ def make_context_pool(context_pool: Optional[Mapping[str, Any]], *,
   fields = set(ContextPool.__dataclass_fields__) - {'parent', 'name'}
   unknown = sorted(set(overrides) - fields)
   if unknown:
-    raise ValueError(f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
+    raise ConfigError(f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
                      f'{", ".join(sorted(fields))}.')
   for key, value in defaults.items():
     if key in overrides and overrides[key] != value:
-      raise ValueError(f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
+      raise ConfigError(f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
                        f'which needs {key}={value!r}.')
   kwargs = {**defaults, **overrides}
   kwargs.setdefault('dtype', dtype)

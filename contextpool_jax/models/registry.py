@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
+from contextpool_jax.errors import ConfigError
+
 # The model files that contribute names; imported on first use.
 _MODEL_MODULES = (
     'contextpool_jax.models.transformer',
@@ -49,10 +51,10 @@ def create(name: str, **overrides: Any) -> nn.Module:
   if name not in table:
     close = difflib.get_close_matches(name, table, n=3)
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
-    raise ValueError(f'model={name!r} is not registered.{hint} Available: '
+    raise ConfigError(f'model={name!r} is not registered.{hint} Available: '
                      f'{", ".join(sorted(table))}.')
   factory = table[name]
   try:
     return factory(**overrides)
   except TypeError as e:
-    raise ValueError(f'model={name!r}: invalid override(s) {sorted(overrides)}: {e}') from e
+    raise ConfigError(f'model={name!r}: invalid override(s) {sorted(overrides)}: {e}') from e

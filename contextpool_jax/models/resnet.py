@@ -41,6 +41,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
@@ -83,7 +84,7 @@ def parse_stage_pattern(pattern: Optional[Union[str, Sequence[str]]],
     letters = tuple(letters[0])  # 'CCLL'
   bad = [p for p in letters if p not in SPATIAL_OPS]
   if bad or len(letters) != num_stages:
-    raise ValueError(
+    raise ConfigError(
         f'{_OWNER}.stage_pattern={pattern!r} is invalid; expected {num_stages} '
         f'comma-separated letters (one per stage), each one of '
         f'{", ".join(f"{k!r} ({n})" for k, n in SPATIAL_OPS.items())}.')
@@ -99,7 +100,7 @@ def parse_cp_placement(placement: Union[str, Sequence[str]]) -> tuple[str, ...]:
            if isinstance(placement, str) else tuple(placement))
   bad = [p for p in names if p not in CP_PLACEMENTS]
   if bad or not names:
-    raise ValueError(
+    raise ConfigError(
         f'{_OWNER}.cp_placement={placement!r} is invalid; expected one or more '
         f'(comma-separated) of {", ".join(map(repr, CP_PLACEMENTS))}.')
   return tuple(p for p in CP_PLACEMENTS if p in names)
@@ -125,7 +126,7 @@ def augmented_depths(features: int, key_ratio: float, value_ratio: float,
   d_k = max(round_to_multiple(key_ratio * features, heads), min_key_depth_per_head * heads)
   d_v = round_to_multiple(value_ratio * features, heads)
   if d_v >= features:
-    raise ValueError(
+    raise ConfigError(
         f'{_OWNER}.aa_value_ratio={value_ratio!r} is invalid for a layer with '
         f'{features} channels and aa_heads={heads}: d_v = {d_v} leaves the '
         'convolution no channel; lower aa_value_ratio or aa_heads, or raise width.')
@@ -141,7 +142,7 @@ def zero_pad_shortcut(x: Array, features: int, strides: int) -> Array:
   x = x[:, ::strides, ::strides, :]
   extra = features - x.shape[-1]
   if extra < 0:
-    raise ValueError(f"{_OWNER}.shortcut='A' cannot reduce channels "
+    raise ConfigError(f"{_OWNER}.shortcut='A' cannot reduce channels "
                      f'({x.shape[-1]} -> {features}); use shortcut=\'B\'.')
   return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra))) if extra else x
 
@@ -465,7 +466,7 @@ class ResNet(nn.Module):
     if (not isinstance(sizes, (tuple, list)) or not sizes
         or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
                    for n in sizes)):
-      raise ValueError(f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
+      raise ConfigError(f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
                        'non-empty sequence of positive ints.')
     v.check_choice(_OWNER, 'block', self.block, BLOCKS)
     v.check_choice(_OWNER, 'stem', self.stem, STEMS)
@@ -481,7 +482,7 @@ class ResNet(nn.Module):
                      integer=True, allow_zero=True)
     if self.lambda_scope_size is None or not isinstance(self.lambda_scope_size, int) \
         or self.lambda_scope_size <= 0 or self.lambda_scope_size % 2 == 0:
-      raise ValueError(f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
+      raise ConfigError(f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
                        'invalid; expected an odd positive int.')
     for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
       v.check_positive(_OWNER, name, getattr(self, name))
@@ -489,13 +490,13 @@ class ResNet(nn.Module):
     for name in ('zero_init_residual', 'remat'):
       v.check_choice(_OWNER, name, getattr(self, name), (True, False))
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ValueError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
                        'expected None or a mapping of ContextPool fields.')
     pattern = parse_stage_pattern(self.stage_pattern, len(sizes))
     placement = parse_cp_placement(self.cp_placement)
     if (self.context_pool is not None and 'stem_pool' in placement
         and self.stem != 'imagenet'):
-      raise ValueError(f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
+      raise ConfigError(f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
                        f"needs stem='imagenet' (stem={self.stem!r} has no pooling); "
                        "allowed here: 'downsample', 'global_pool'.")
     return pattern, placement

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
@@ -120,7 +121,7 @@ class MultiHeadAttention(nn.Module):
           dtype=self.dtype,
           param_dtype=self.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
     if features % self.num_heads:
-      raise ValueError(f'MultiHeadAttention: features={features} is not divisible by '
+      raise ConfigError(f'MultiHeadAttention: features={features} is not divisible by '
                        f'num_heads={self.num_heads}.')
     head_dim = features // self.num_heads
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim),
@@ -336,7 +337,7 @@ def _check_common(owner: str, m: nn.Module) -> None:
   v.check_probability(owner, 'dropout_rate', m.dropout_rate)
   v.check_probability(owner, 'attention_dropout_rate', m.attention_dropout_rate)
   if m.emb_dim % m.num_heads:
-    raise ValueError(f'{owner}.num_heads={m.num_heads!r} does not divide emb_dim={m.emb_dim!r}.')
+    raise ConfigError(f'{owner}.num_heads={m.num_heads!r} does not divide emb_dim={m.emb_dim!r}.')
 
 
 def _check_tokens(owner: str, name: str, tokens: Array) -> None:

@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.models.common import make_context_pool
 
@@ -355,20 +356,20 @@ class ViT(nn.Module):
     v.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
     for name in ('context_pool_last', 'remat', 'scan_layers'):
       if not isinstance(getattr(self, name), bool):
-        raise ValueError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
+        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
                          'expected True or False.')
     if self.image_size % self.patch_size:
-      raise ValueError(f'{_OWNER}.image_size={self.image_size} is invalid; expected '
+      raise ConfigError(f'{_OWNER}.image_size={self.image_size} is invalid; expected '
                        f'a multiple of patch_size={self.patch_size}.')
     if self.hidden_size % self.num_heads:
-      raise ValueError(f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
+      raise ConfigError(f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
                        f'divisor of hidden_size={self.hidden_size}.')
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ValueError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
                        'expected None or a mapping of ContextPool fields.')
     if (self.context_pool is not None and self.num_layers == 1
         and not self.context_pool_last):
-      raise ValueError(f'{_OWNER}.num_layers=1 with context_pool and '
+      raise ConfigError(f'{_OWNER}.num_layers=1 with context_pool and '
                        'context_pool_last=False would insert no ContextPool; use '
                        'num_layers >= 2 or context_pool_last=True.')
     # Unknown or conflicting ContextPool fields raise here, before tracing.

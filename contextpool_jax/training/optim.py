@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
@@ -58,7 +59,7 @@ def make_schedule(cfg: ml_collections.ConfigDict, num_train_steps: int) -> optax
     boundaries = tuple(cfg.get('boundaries', ()))
     factor = float(cfg.get('decay_factor', 0.1))
     if not all(isinstance(b, int) and b > warmup for b in boundaries):
-      raise ValueError(f'{_OWNER}.boundaries={boundaries!r} must be steps > warmup_steps.')
+      raise ConfigError(f'{_OWNER}.boundaries={boundaries!r} must be steps > warmup_steps.')
     after = optax.piecewise_constant_schedule(peak, {b - warmup: factor for b in boundaries})
     if warmup == 0:
       return optax.piecewise_constant_schedule(peak, {b: factor for b in boundaries})
@@ -84,7 +85,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_train_steps: int
   wd = float(cfg.get('weight_decay', 0.0))
   clip = float(cfg.get('grad_clip_norm', 0.0))
   if wd < 0 or clip < 0:
-    raise ValueError(f'{_OWNER}.weight_decay={wd!r} / grad_clip_norm={clip!r} must be >= 0.')
+    raise ConfigError(f'{_OWNER}.weight_decay={wd!r} / grad_clip_norm={clip!r} must be >= 0.')
   schedule = make_schedule(cfg, num_train_steps)
   chain = []
   if clip > 0:

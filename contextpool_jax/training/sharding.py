@@ -23,6 +23,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from contextpool_jax.errors import ConfigError
+
 PARAM_SHARDINGS = ('replicated', 'fsdp')
 DATA_AXIS = 'data'
 _FSDP_MIN_SIZE = 2 ** 14  # arrays smaller than this stay replicated under FSDP
@@ -56,7 +58,7 @@ def _fsdp_spec(shape: tuple[int, ...], num_devices: int) -> P:
 def state_shardings(abstract_state: Any, mesh: Mesh, mode: str) -> Any:
   """NamedShardings for a (shape-only) train state: replicated or FSDP."""
   if mode not in PARAM_SHARDINGS:
-    raise ValueError(f'config.param_sharding={mode!r} is not supported; allowed values: '
+    raise ConfigError(f'config.param_sharding={mode!r} is not supported; allowed values: '
                      f'{", ".join(map(repr, PARAM_SHARDINGS))}.')
   n = mesh.devices.size
 

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from contextpool_jax import models
+from contextpool_jax.errors import ConfigError
 
 TASKS = ('lm', 'translation', 'classification')
 
@@ -27,7 +28,7 @@ TASKS = ('lm', 'translation', 'classification')
 def _dtype(name: str):
   allowed = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
   if name not in allowed:
-    raise ValueError(f'config.dtype={name!r} is not supported; allowed values: '
+    raise ConfigError(f'config.dtype={name!r} is not supported; allowed values: '
                      f"{', '.join(map(repr, allowed))}.")
   return allowed[name]
 
@@ -293,6 +294,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   classes = {'lm': LanguageModelling, 'translation': Translation,
              'classification': Classification}
   if config.task not in classes:
-    raise ValueError(f'config.task={config.task!r} is not supported; allowed values: '
+    raise ConfigError(f'config.task={config.task!r} is not supported; allowed values: '
                      f"{', '.join(map(repr, classes))}.")
   return classes[config.task](config, workdir)

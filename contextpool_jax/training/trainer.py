@@ -48,6 +48,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.training import checkpoints, optim, sharding, tasks
 
@@ -82,7 +83,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                 'param_sharding', 'nan_check_every_steps', 'log_pool_sizes', 'progress_bar',
                 'eval_splits', *_COMMON_INT_FIELDS):
     if field not in config:
-      raise ValueError(f'config.{field} is missing; every config needs it '
+      raise ConfigError(f'config.{field} is missing; every config needs it '
                        '(see configs/default.py).')
   for field in _COMMON_INT_FIELDS:
     v.check_positive('config', field, config[field], integer=True)
@@ -93,15 +94,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                  sharding.PARAM_SHARDINGS)
   tasks._dtype(config.dtype)  # pylint: disable=protected-access
   if 'name' not in config.model:
-    raise ValueError('config.model.name is missing: the registry name of the model '
+    raise ConfigError('config.model.name is missing: the registry name of the model '
                      '(contextpool_jax.models.available()).')
   n_dev, n_proc = jax.device_count(), jax.process_count()
   if config.batch_size % n_proc:
-    raise ValueError(f'config.batch_size={config.batch_size} is not divisible by the '
+    raise ConfigError(f'config.batch_size={config.batch_size} is not divisible by the '
                      f'{n_proc} processes.')
   micro = config.batch_size // config.grad_accum_steps
   if config.batch_size % config.grad_accum_steps or micro % n_dev:
-    raise ValueError(
+    raise ConfigError(
         f'config.batch_size={config.batch_size} with config.grad_accum_steps='
         f'{config.grad_accum_steps} gives micro-batches of {config.batch_size} / '
         f'{config.grad_accum_steps}; each must be a whole multiple of the {n_dev} devices.')
@@ -380,7 +381,7 @@ def evaluate(task: tasks.Task, eval_step, state: TrainState, split: str,
     sums = eval_step(state, batch, sums)
     in_flight.add(sums)
   if sums is None:
-    raise ValueError(f'evaluation split {split!r} produced no batches.')
+    raise ConfigError(f'config.eval_splits: split {split!r} produced no evaluation batches.')
   metrics = task.finalize(_scalars(sums))
   variables = {'params': state.params, **state.model_state}
   metrics.update(task.extra_evaluation(task.model.apply, variables, split, data_sharding))
@@ -429,6 +430,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     train_ds = task.train_dataset(jax.process_index(), jax.process_count())
     train_iter = iter(train_ds)
+    for split in config.eval_splits:  # a missing or empty split fails now, not after training
+      task.eval_batches(split, jax.process_index(), jax.process_count())
     found = checkpoints.restore_latest(
         manager, workdir / 'checkpoints', lambda: ocp.args.Composite(
             state=ocp.args.StandardRestore(target),
