@@ -227,6 +227,49 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
   assert dep[np.tril_indices(9, -1)].sum() > 0.0
 
 
+def _take_positions(t, s):
+  """Positions ``s`` (a slice) of a Centres or Context: index on axis 0, the rest on axis 1."""
+  return type(t)(*(None if a is None else (a[s] if name == 'index' else a[:, s])
+                   for name, a in zip(t._fields, t)))
+
+
+@pytest.mark.parametrize('weights,locality', [
+    ('learned', 'gaussian'), ('nonlocal', 'random_sparse'),
+    ('unnormalized', 'adaptive_window'), ('uniform', 'fixed_window')])
+def test_pool_block_of_any_block_is_that_slice_of_the_whole(weights, locality):
+  """pool_block (what the dense path calls on everything and the blockwise path per
+  block) depends only on each pair's positions and features: any block, e.g. the
+  single centre of a decoding step, gives the slice of the whole-array block."""
+  b, n, k = 2, 13, 4
+  keys = iter(jax.random.split(jax.random.key(0), 5))
+  valid = _right_pad_mask(n, [n, 9])
+  nonlocal_ = weights == 'nonlocal'
+  rule = ContextPool(weights=weights, locality=locality, causal=True, window=2,
+                     dropout_rate=0.2).pool_rule((n,), dropout=True)
+  centres = cp.Centres(
+      index=np.arange(n), valid=valid,
+      sigma=3.0 * jax.random.uniform(next(keys), (b, n)),
+      theta=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None)
+  context = cp.Context(
+      index=np.arange(n), valid=valid, x=_x((b, n, D)),
+      log_w=None if nonlocal_ or weights == 'uniform' else jax.random.normal(next(keys), (b, n)),
+      phi=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None)
+  seeds = jnp.array([3, 4], jnp.uint32)
+  whole = cp.pool_block(rule, centres, context, seeds)
+  assert (whole.allowed & whole.keep)[0].sum() < n * (n + 1) // 2  # not vacuous
+  for q, k_ in [(slice(5, 6), slice(0, 6)), (slice(0, 4), slice(4, 13)), (slice(12, 13), None)]:
+    k_ = k_ or slice(0, n)
+    part = cp.pool_block(rule, _take_positions(centres, q), _take_positions(context, k_), seeds)
+    for name, got in part._asdict().items():
+      want = getattr(whole, name)
+      if want is None:
+        assert got is None, name
+      elif want.dtype == bool:
+        chex.assert_trees_all_equal(got, want[:, q, k_])
+      else:
+        chex.assert_trees_all_close(got, want[:, q, k_], atol=1e-6, rtol=0)
+
+
 def test_skipped_key_blocks():
   """Causal: no key block above the diagonal; fixed window: none out of reach."""
   q = np.arange(37)

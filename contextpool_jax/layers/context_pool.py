@@ -42,10 +42,16 @@ how ``l_ij`` is built:
 Choices the paper leaves open (papers README, A1-A5) are fields, documented on
 :class:`ContextPool` and in the README table.
 
-Two implementations compute the same ``y`` (field ``implementation``):
+One function, :func:`pool_block`, builds ``l_ij`` and its support for a block
+of centres (:class:`Centres`: positions, validity, sigma, theta) x a block of
+inputs (:class:`Context`: positions, validity, features, a_j, phi); a new
+weights or locality variant is one edit there. Two implementations call it
+and compute the same ``y`` (field ``implementation``); the per-call arrays
+travel as one :class:`PoolInputs`:
 
-* ``'dense'`` builds the ``[batch, m, n]`` pooling matrix (m outputs, n inputs)
-  and lets autodiff differentiate it: O(m n) memory.
+* ``'dense'`` calls it once on every centre and input: the ``[batch, m, n]``
+  pooling matrix (m outputs, n inputs), differentiated by autodiff: O(m n)
+  memory.
 * ``'blockwise'`` never materialises it. Since every variant's ``l_ij`` is a
   query term plus a key term plus a function of the two positions (the
   non-local ``theta_i . phi_j`` included), Eq. 4 is an attention with one head,
@@ -53,7 +59,8 @@ Two implementations compute the same ``y`` (field ``implementation``):
   ``block_size``, an online (running max / running sum) float32 softmax in the
   forward pass, and a ``jax.custom_vjp`` whose backward pass recomputes each
   block's probabilities from the saved per-row (max, sum) and differentiates
-  the block's logits with ``jax.vjp``. Memory per example is
+  the block's logits (:func:`pool_block` again) with ``jax.vjp``. Memory per
+  example is
   O((m + n) d + block_size^2).
   Causal pooling skips the key blocks above the diagonal, a fixed window the
   key blocks out of its reach. Every weights x locality x mapping variant is
@@ -75,6 +82,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import flax.linen as nn
@@ -148,24 +156,29 @@ def pool_centres(spatial: Sequence[int], strides: Sequence[int],
   return centres
 
 
-def _key_coordinates(spatial: Sequence[int]) -> Array:
-  """Float32 coordinates of every input position, ``[n, ndim]`` (row-major)."""
-  grids = jnp.meshgrid(*[jnp.arange(s, dtype=jnp.float32) for s in spatial],
-                       indexing='ij')
-  return jnp.stack([g.reshape(-1) for g in grids], axis=-1)
-
-
 def _query_indices(spatial: Sequence[int], centres: Sequence[np.ndarray]) -> np.ndarray:
   """Flat (row-major) input indices of the pooling centres, ``[m]``."""
   mesh = np.meshgrid(*centres, indexing='ij')
   return np.ravel_multi_index([c.reshape(-1) for c in mesh], tuple(spatial))
 
 
-def squared_distances(spatial: Sequence[int], query_index: np.ndarray) -> Array:
-  """Squared Euclidean grid distance between centres and inputs, ``[m, n]``."""
-  coords = _key_coordinates(spatial)
-  q = coords[jnp.asarray(query_index)]
-  return jnp.sum(jnp.square(q[:, None, :] - coords[None, :, :]), axis=-1)
+def _grid_coordinates(index: Any, spatial: Sequence[int]) -> list[Any]:
+  """Row-major integer coordinates of flat indices (numpy or jax), one per axis."""
+  coords = []
+  for size in reversed(spatial[1:]):
+    coords.append(index % size)
+    index = index // size
+  coords.append(index)
+  return coords[::-1]
+
+
+def squared_distances(q_coords: Sequence[Array], k_coords: Sequence[Array]) -> Array:
+  """Squared Euclidean grid distances ``[Bq, Bk]`` (float32, exact integers)
+  between centres and inputs given by their integer grid coordinates (one
+  ``[Bq]`` / ``[Bk]`` array per axis, :func:`_grid_coordinates`)."""
+  return functools.reduce(operator.add, [
+      jnp.square(q.astype(jnp.float32)[:, None] - k.astype(jnp.float32)[None, :])
+      for q, k in zip(q_coords, k_coords)])
 
 
 # ----------------------------------------------------------------------------
@@ -231,16 +244,6 @@ def _fmix32(h: Array) -> Array:
   return h ^ (h >> 16)
 
 
-def _grid_coordinates(index: Any, spatial: Sequence[int]) -> list[Any]:
-  """Row-major integer coordinates of flat indices (numpy or jax), one per axis."""
-  coords = []
-  for size in reversed(spatial[1:]):
-    coords.append(index % size)
-    index = index // size
-  coords.append(index)
-  return coords[::-1]
-
-
 def _row_hash(seed: Any, salt: int, row: Sequence[Array]) -> Array:
   """The per-row half of :func:`_pair_hash`: a uint32 mix of (seed, salt, *row),
   ``row`` a sequence of integer arrays (a flat index, or one coordinate per axis)."""
@@ -291,14 +294,14 @@ def _support_probability(ndim: int, window: int, span: int) -> float:
 
 def _random_support(seed: int, prob: float, span: int, q_coords: Sequence[Array],
                     k_coords: Sequence[Array], d2: Array) -> Array:
-  """``'random_sparse'`` support ``[m, n]`` (bool) for centres and inputs given by
-  their grid coordinates (``[m]`` and ``[n]`` per axis) and squared distances
-  ``d2 [m, n]``: the centre itself, and every input within Euclidean distance
+  """``'random_sparse'`` support ``[Bq, Bk]`` (bool) for centres and inputs given by
+  their grid coordinates (``[Bq]`` and ``[Bk]`` per axis) and squared distances
+  ``d2 [Bq, Bk]``: the centre itself, and every input within Euclidean distance
   ``span`` whose ``hash(seed, centre coordinates, input coordinates) < prob * 2^32``.
 
   Hashing coordinates (not flat indices, which depend on the padded width of
   a grid) makes the support of a pair of positions independent of the input's
-  size and padding; both implementations call this.
+  size and padding, and of the block it is evaluated in.
   """
   support = d2 <= float(span) ** 2
   if prob < 1.0:
@@ -313,6 +316,195 @@ def _dropout_keep(seeds: Array, rate: float, q_index: Array, k_index: Array) -> 
   uint32 ``seeds [batch]``: ``hash(seed_b, i, j) >= rate * 2^32``."""
   rows = _row_hash(seeds[:, None], _SALT_DROPOUT, [q_index[None, :]])
   return _pair_hash(rows[:, :, None], [k_index[None, None, :]]) >= np.uint32(_threshold(rate))
+
+
+# ----------------------------------------------------------------------------
+# Eq. 4 on a block of centres x inputs: the one place that builds l_ij and its
+# support (the dense path is one block of everything, the blockwise path
+# visits blocks, the sown weights are a block without locality).
+# ----------------------------------------------------------------------------
+
+
+class PoolRule(NamedTuple):
+  """What the module's fields say about a pair (centre i, input j); static and
+  hashable (part of the blockwise custom VJP's non-differentiable argument).
+
+  Attributes:
+    spatial: the input grid, ``(length,)`` or ``(height, width)``; positions
+      are its row-major flat indices.
+    causal: only inputs ``j <= i`` are pooled.
+    locality: ``'gaussian' | 'none' | 'fixed_window' | 'adaptive_window' |
+      'random_sparse'``.
+    window: radius (tokens) of the ``'fixed_window'`` support.
+    window_softness: width (tokens) of the adaptive window's sigmoid edge.
+    support_seed: uint32 seed of the ``'random_sparse'`` support.
+    support_prob: keep probability K / M of the ``'random_sparse'`` support
+      (:func:`_support_probability`); 1.0 for the other localities.
+    support_span: radius of the ``'random_sparse'`` support.
+    dropout_rate: dropout on the pooling weights; 0.0 when it is off.
+  """
+  spatial: tuple[int, ...]
+  causal: bool
+  locality: str
+  window: int
+  window_softness: float
+  support_seed: int
+  support_prob: float
+  support_span: int
+  dropout_rate: float
+
+
+class Centres(NamedTuple):
+  """The centres i of a block: all m of them, a block of them, or one.
+
+  Attributes:
+    index: ``[Bq]`` int, the flat input position of each centre (shared by the
+      batch). The module passes a numpy array: the blockwise path reads it at
+      trace time to skip key blocks.
+    valid: ``[batch, Bq]`` bool; False: a padded centre, pooling nothing.
+    sigma: ``[batch, Bq]`` float32 Gaussian std or adaptive window radius in
+      tokens; None for localities without a learned size.
+    theta: ``[batch, Bq, k]`` non-local queries ``W^theta x_i`` (Eq. 3); None
+      unless ``weights='nonlocal'``.
+  """
+  index: Any
+  valid: Array
+  sigma: Optional[Array] = None
+  theta: Optional[Array] = None
+
+
+class Context(NamedTuple):
+  """The inputs j a block pools over, by position and features.
+
+  Attributes:
+    index: ``[Bk]`` int flat input positions.
+    valid: ``[batch, Bk]`` bool; False: padding, never pooled.
+    x: ``[batch, Bk, features]``, the features pooled.
+    log_w: ``[batch, Bk]`` float32 log pooling weights a_j; None for uniform
+      weights (a_j = 0) and non-local ones.
+    phi: ``[batch, Bk, k]`` non-local keys ``W^phi x_j`` (Eq. 3); None unless
+      ``weights='nonlocal'``.
+  """
+  index: Any
+  valid: Array
+  x: Array
+  log_w: Optional[Array] = None
+  phi: Optional[Array] = None
+
+
+class PoolInputs(NamedTuple):
+  """Every per-call array of one pooling (a pytree): its centres, its inputs and
+  ``dropout_seeds [batch]`` uint32 (None: no dropout)."""
+  centres: Centres
+  context: Context
+  dropout_seeds: Optional[Array] = None
+
+
+class PoolBlock(NamedTuple):
+  """Eq. 4 before its softmax, on a block: ``[batch, Bq, Bk]`` arrays.
+
+  Attributes:
+    logits: float32 ``l_ij``, differentiable in sigma, theta, a and phi.
+    soft_window: ``'adaptive_window'`` only: ``sigmoid((sigma_i - d_ij) /
+      window_softness)``, whose gradient the hard window takes
+      (straight-through); else None.
+    allowed: bool; a real centre and input, ``j <= i`` if causal, inside the
+      fixed window or the random sparse support.
+    in_window: ``'adaptive_window'`` only: the hard window ``d_ij <= sigma_i``
+      (bool); else None.
+    keep: dropout keep bits (:func:`_dropout_keep`); None without dropout.
+  """
+  logits: Array
+  soft_window: Optional[Array]
+  allowed: Array
+  in_window: Optional[Array]
+  keep: Optional[Array]
+
+
+def pool_block(rule: PoolRule, centres: Centres, context: Context,
+               dropout_seeds: Optional[Array] = None) -> PoolBlock:
+  """The logits and support of Eq. 4 / Eq. 6 for a block of centres x inputs.
+
+  ``l_ij = a_j + theta_i . phi_j / sqrt(k) - d(i, j)^2 / (2 sigma_i^2)``, each
+  term only where the variant has it: ``a_j`` (``context.log_w``; learned or
+  unnormalised weights), the non-local ``theta_i . phi_j / sqrt(k)`` (Eq. 3)
+  and the log of the Gaussian g^i_j (``'gaussian'``), with ``d`` the
+  Euclidean grid distance of the two positions and ``2 sigma^2`` floored at
+  1e-12. The support: a real centre and a real input, ``j <= i`` if causal,
+  ``d <= window`` (``'fixed_window'``), the seeded random support
+  (``'random_sparse'``, :func:`_random_support`), and for
+  ``'adaptive_window'`` the hard window ``d <= sigma_i`` with its soft edge.
+  Dropout keep bits hash (seed, i, j) (:func:`_dropout_keep`). Every value
+  depends on the two positions only, never on the block's size or offset.
+
+  The dense path calls this once with every centre and input, the blockwise
+  path once per (query block, key block), :func:`pool_weights` without the
+  locality; a decoding step can call it with one centre.
+
+  Returns:
+    A :class:`PoolBlock` of ``[batch, Bq, Bk]`` arrays (``Bq`` centres,
+    ``Bk`` inputs).
+  """
+  q_index, k_index = jnp.asarray(centres.index), jnp.asarray(context.index)
+  shape = (centres.valid.shape[0], q_index.shape[0], k_index.shape[0])
+  q_coords = k_coords = d2 = None  # not needed without locality
+  if rule.locality != 'none':
+    q_coords = _grid_coordinates(q_index, rule.spatial)
+    k_coords = _grid_coordinates(k_index, rule.spatial)
+    d2 = squared_distances(q_coords, k_coords)  # [Bq, Bk]
+  sigma = None if centres.sigma is None else centres.sigma[:, :, None]  # [b, Bq, 1]
+
+  terms = []
+  if context.log_w is not None:
+    terms.append(context.log_w[:, None, :])
+  if centres.theta is not None:  # Eq. 3
+    terms.append(jnp.einsum('bmk,bnk->bmn', centres.theta, context.phi,
+                            preferred_element_type=jnp.float32)
+                 / math.sqrt(centres.theta.shape[-1]))
+  if rule.locality == 'gaussian':
+    terms.append(-d2[None] / (2.0 * jnp.square(sigma) + _MIN_TWO_VARIANCE))
+  logits = functools.reduce(operator.add, terms) if terms else jnp.zeros((), jnp.float32)
+
+  allowed = centres.valid[:, :, None] & context.valid[:, None, :]
+  if rule.causal:
+    allowed = allowed & (k_index[None, :] <= q_index[:, None])[None]
+  if rule.locality == 'fixed_window':
+    allowed = allowed & (d2 <= float(rule.window) ** 2)[None]
+  elif rule.locality == 'random_sparse':
+    allowed = allowed & _random_support(rule.support_seed, rule.support_prob,
+                                        rule.support_span, q_coords, k_coords, d2)[None]
+  in_window = soft_window = None
+  if rule.locality == 'adaptive_window':
+    in_window = d2[None] <= jnp.square(sigma)
+    soft_window = jax.nn.sigmoid((sigma - jnp.sqrt(d2)[None]) / rule.window_softness)
+  keep = None
+  if rule.dropout_rate > 0.0:
+    keep = _dropout_keep(dropout_seeds, rule.dropout_rate, q_index, k_index)
+  return PoolBlock(jnp.broadcast_to(logits, shape), soft_window, allowed, in_window, keep)
+
+
+def pool_weights(rule: PoolRule, centres: Centres, context: Context, weights: str) -> Array:
+  """The pooling weights w of Eq. 4 without the locality prior (the sown
+  ``'pool_weights'``), from :func:`pool_block` with ``locality='none'``.
+
+  ``weights='nonlocal'`` (Eq. 3, query dependent): ``[batch, m, n]``, each
+  centre's softmax over the inputs it may read (real, and ``j <= i`` if
+  causal). Otherwise w does not depend on the centre: ``[batch, n]``, the row
+  of a centre that reads every real input: ``softmax_j(a_j)`` (learned; 1 / n
+  for uniform), or ``exp(a_j) = softplus(raw_j)`` for ``'unnormalized'``
+  (not normalised; 0 at padding).
+  """
+  rule = rule._replace(locality='none', dropout_rate=0.0)
+  if weights != 'nonlocal':
+    rule = rule._replace(causal=False)
+    centres = Centres(index=np.zeros((1,), np.int32),
+                      valid=jnp.ones((centres.valid.shape[0], 1), bool))
+  block = pool_block(rule, centres, context)
+  if weights == 'unnormalized':
+    w = jnp.where(block.allowed, jnp.exp(block.logits), 0.0)
+  else:
+    w = masked_softmax(block.logits, block.allowed)
+  return w if weights == 'nonlocal' else w[:, 0]
 
 
 # ----------------------------------------------------------------------------
@@ -374,6 +566,27 @@ def _apply_pool(p: Array, x: Array) -> Array:
   return y.astype(x.dtype)
 
 
+def _drop(p: Array, keep: Optional[Array], rate: float) -> Array:
+  """Inverted dropout of pooling weights with a block's keep bits (None: no dropout)."""
+  return p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
+
+
+def _pool_dense(rule: PoolRule, inputs: PoolInputs) -> Array:
+  """``implementation='dense'``: Eq. 4 as one :func:`pool_block` of every centre
+  and every input, the ``[batch, m, n]`` pooling matrix, differentiated by
+  autodiff. Returns ``[batch, m, features]`` in x's dtype."""
+  block = pool_block(rule, inputs.centres, inputs.context, inputs.dropout_seeds)
+  window_ste = None
+  if block.soft_window is not None:
+    # The adaptive window: exactly the hard window forward, the gradient of
+    # its sigmoid edge backward (straight-through), so the radius trains.
+    soft = block.soft_window
+    window_ste = block.in_window.astype(jnp.float32) + soft - jax.lax.stop_gradient(soft)
+  p = masked_pool(block.logits, block.allowed, in_window=block.in_window,
+                  window_ste=window_ste)
+  return _apply_pool(_drop(p, block.keep, rule.dropout_rate), inputs.context.x)
+
+
 # ----------------------------------------------------------------------------
 # Blockwise pooling: an online softmax over key blocks and a recomputing VJP.
 # ----------------------------------------------------------------------------
@@ -385,93 +598,58 @@ class _BlockSpec(NamedTuple):
   ``k_ranges[q]`` is the half-open range of key blocks query block q reads
   (causal: none above the diagonal; fixed window: none out of reach).
   """
-  spatial: tuple[int, ...]
+  rule: PoolRule
   block_q: int
   block_k: int
   k_ranges: tuple[tuple[int, int], ...]
-  causal: bool
-  locality: str
-  window: int
-  window_softness: float
-  support_seed: int
-  support_prob: float
-  support_span: int
-  dropout_rate: float
-  nonlocal_features: int  # 0: no non-local term
 
 
-def _flat_coordinates(index: Array, spatial: Sequence[int]) -> list[Array]:
-  """Float32 row-major coordinates of flat indices, one array per axis."""
-  return [c.astype(jnp.float32) for c in _grid_coordinates(index, spatial)]
+# The fields pool_block differentiates (the features x are differentiated by hand).
+_CENTRE_GRADS = ('sigma', 'theta')
+_CONTEXT_GRADS = ('log_w', 'phi')
 
 
-def _block_geometry(spec: _BlockSpec, q_idx: Array, k_idx: Array) -> Array:
-  """Squared grid distances ``[Bq, Bk]`` between centres and inputs."""
-  q = _flat_coordinates(q_idx, spec.spatial)
-  k = _flat_coordinates(k_idx, spec.spatial)
-  return sum(jnp.square(a[:, None] - b[None, :]) for a, b in zip(q, k))
-
-
-def _block_logits(spec: _BlockSpec, q_diff: dict[str, Array], k_diff: dict[str, Array],
-                  d2: Array, shape: tuple[int, int, int]) -> tuple[Array, Optional[Array]]:
-  """Differentiable part of one block: ``l [b, Bq, Bk]`` and the soft window.
-
-  ``q_diff``: ``'sigma' [b, Bq]``, ``'theta' [b, Bq, k]``; ``k_diff``:
-  ``'a' [b, Bk]``, ``'phi' [b, Bk, k]`` (each present only if the variant
-  uses it). Same operations as the dense path.
-  """
-  logits = None
-  if 'a' in k_diff:
-    logits = k_diff['a'][:, None, :]
-  if spec.nonlocal_features:
-    nl = jnp.einsum('bmk,bnk->bmn', q_diff['theta'], k_diff['phi'],
-                    preferred_element_type=jnp.float32) / math.sqrt(spec.nonlocal_features)
-    logits = nl if logits is None else logits + nl
-  soft = None
-  if spec.locality in ('gaussian', 'adaptive_window'):
-    sigma_q = q_diff['sigma'][:, :, None]
-    if spec.locality == 'gaussian':
-      bias = -d2[None] / (2.0 * jnp.square(sigma_q) + _MIN_TWO_VARIANCE)
-      logits = bias if logits is None else logits + bias
-    else:
-      soft = jax.nn.sigmoid((sigma_q - jnp.sqrt(d2)[None]) / spec.window_softness)
-  if logits is None:
-    logits = jnp.zeros((), jnp.float32)
-  return jnp.broadcast_to(logits, shape), soft
-
-
-def _block_support(spec: _BlockSpec, q_valid: Array, k_valid: Array, q_idx: Array,
-                   k_idx: Array, d2: Array, sigma: Optional[Array]
-                   ) -> tuple[Array, Optional[Array]]:
-  """Non-differentiable part of one block: ``allowed`` and the hard window."""
-  allowed = q_valid[:, :, None] & k_valid[:, None, :]
-  if spec.causal:
-    allowed = allowed & (k_idx[None, :] <= q_idx[:, None])[None]
-  if spec.locality == 'fixed_window':
-    allowed = allowed & (d2 <= float(spec.window) ** 2)[None]
-  elif spec.locality == 'random_sparse':
-    allowed = allowed & _random_support(
-        spec.support_seed, spec.support_prob, spec.support_span,
-        _grid_coordinates(q_idx, spec.spatial), _grid_coordinates(k_idx, spec.spatial),
-        d2)[None]
-  in_window = None
-  if spec.locality == 'adaptive_window':
-    in_window = d2[None] <= jnp.square(sigma)[:, :, None]
-  return allowed, in_window
+def _fields(t: NamedTuple, names: Sequence[str]) -> tuple[Any, ...]:
+  return tuple(getattr(t, name) for name in names)
 
 
 def _slice(a: Array, start: Array, size: int, axis: int = 1) -> Array:
   return jax.lax.dynamic_slice_in_dim(a, start, size, axis)
 
 
-def _key_block(spec: _BlockSpec, k_diff: dict[str, Array], k_valid: Array, q_idx: Array,
-               k0: Array) -> tuple[dict[str, Array], Array, Array, Array]:
-  """Key block starting at ``k0``: its differentiable inputs, validity
-  ``[b, Bk]``, flat indices ``[Bk]`` and squared distances ``[Bq, Bk]`` to ``q_idx``."""
-  bk = spec.block_k
-  k_idx = k0 + jnp.arange(bk, dtype=jnp.int32)
-  return ({k: _slice(v, k0, bk) for k, v in k_diff.items()}, _slice(k_valid, k0, bk), k_idx,
-          _block_geometry(spec, q_idx, k_idx))
+def _positions(t: NamedTuple, start: Array, size: int) -> NamedTuple:
+  """Positions ``start .. start + size - 1`` of a :class:`Centres` or
+  :class:`Context`: ``index`` along its axis 0, every other array along axis 1."""
+  return type(t)(*(None if a is None else _slice(a, start, size, 0 if name == 'index' else 1)
+                   for name, a in zip(t._fields, t)))
+
+
+def _pad_positions(t: NamedTuple, size: int, fill: dict[str, float]) -> NamedTuple:
+  """A :class:`Centres` or :class:`Context` padded to ``size`` positions:
+  ``index`` repeats its last entry, every other array gets ``fill.get(name, 0)``
+  (False for ``valid``, so the padding is never pooled)."""
+  def pad(name, a):
+    if a is None:
+      return None
+    if name == 'index':
+      a = jnp.asarray(a, jnp.int32)
+      return jnp.pad(a, (0, size - a.shape[0]), mode='edge')
+    widths = [(0, 0), (0, size - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
+    return jnp.pad(a, widths, constant_values=fill.get(name, 0))
+  return type(t)(*(pad(name, a) for name, a in zip(t._fields, t)))
+
+
+def _differentiable_block(rule: PoolRule, centres: Centres, context: Context,
+                          dropout_seeds: Optional[Array]):
+  """``jax.vjp`` of :func:`pool_block` in the fields it differentiates:
+  ``((logits, soft_window), vjp, (allowed, in_window, keep))``."""
+  def block(centre_grads, context_grads):
+    out = pool_block(rule, centres._replace(**dict(zip(_CENTRE_GRADS, centre_grads))),
+                     context._replace(**dict(zip(_CONTEXT_GRADS, context_grads))),
+                     dropout_seeds)
+    return (out.logits, out.soft_window), (out.allowed, out.in_window, out.keep)
+  return jax.vjp(block, _fields(centres, _CENTRE_GRADS), _fields(context, _CONTEXT_GRADS),
+                 has_aux=True)
 
 
 def _loop_bounds(spec: _BlockSpec, qb: Array) -> tuple[Any, Any]:
@@ -482,53 +660,65 @@ def _loop_bounds(spec: _BlockSpec, qb: Array) -> tuple[Any, Any]:
   return jnp.asarray(lo)[qb], jnp.asarray(hi)[qb]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _blockwise_pool(spec: _BlockSpec, q_diff: dict[str, Array], k_diff: dict[str, Array],
-                    x: Array, q_valid: Array, q_idx: Array, k_valid: Array,
-                    dropout_seeds: Array) -> Array:
-  """``y [b, m_pad, d]`` float32 = softmax-pooling of x, block by block.
+def _pool_blockwise(rule: PoolRule, block_size: int, inputs: PoolInputs) -> Array:
+  """``implementation='blockwise'``: :func:`_blockwise_pool` on the inputs padded
+  to whole blocks. Returns ``[batch, m, features]`` in x's dtype.
 
-  Shapes are padded to whole blocks: ``q_*`` ``[b, m_pad, ...]``, ``k_*`` and
-  ``x`` ``[b, n_pad, ...]``; ``q_idx [m_pad]`` are the centres' flat input
-  indices; the inputs' are ``arange(n_pad)``. ``dropout_seeds [b]`` uint32.
+  The context is the whole input in order (``context.index = arange(n)``) and
+  ``centres.index`` is static (numpy): the key blocks each query block reads
+  are computed from them at trace time.
   """
-  return _blockwise_forward(spec, q_diff, k_diff, x, q_valid, q_idx, k_valid,
-                            dropout_seeds)[0]
+  centres, context = inputs.centres, inputs.context
+  m, n = len(centres.index), len(context.index)
+  block_q, block_k = min(block_size, m), min(block_size, n)
+  m_pad, n_pad = -(-m // block_q) * block_q, -(-n // block_k) * block_k
+  spec = _BlockSpec(rule=rule, block_q=block_q, block_k=block_k,
+                    k_ranges=_key_block_ranges(np.asarray(centres.index), block_q, block_k,
+                                               n_pad // block_k, rule.causal, _reach(rule)))
+  padded = PoolInputs(_pad_positions(centres, m_pad, {'sigma': 1.0}),
+                      _pad_positions(context, n_pad, {}), inputs.dropout_seeds)
+  return _blockwise_pool(spec, padded)[:, :m].astype(context.x.dtype)
 
 
-def _blockwise_forward(spec, q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds):
-  batch, m_pad = q_valid.shape
-  features = x.shape[-1]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blockwise_pool(spec: _BlockSpec, inputs: PoolInputs) -> Array:
+  """``y [batch, m_pad, features]`` float32 = Eq. 4, block by block.
+
+  ``inputs`` is padded to whole blocks: ``m_pad`` centres and ``n_pad`` inputs
+  (the padding invalid). Each (query block, key block) is a :func:`pool_block`.
+  """
+  return _blockwise_forward(spec, inputs)[0]
+
+
+def _blockwise_forward(spec, inputs):
+  centres, context, dropout_seeds = inputs
+  batch, m_pad = centres.valid.shape
+  features = context.x.shape[-1]
   bq, bk = spec.block_q, spec.block_k
 
   def query_block(qb, carry):
     y_all, max_all, sum_all = carry
     q0 = qb * bq
-    q_d = {k: _slice(v, q0, bq) for k, v in q_diff.items()}
-    qv, qi = _slice(q_valid, q0, bq), _slice(q_idx, q0, bq, 0)
+    q = _positions(centres, q0, bq)
 
     def key_block(kb, state):
       row_max, row_sum, acc = state
-      k0 = kb * bk
-      k_d, kv, ki, d2 = _key_block(spec, k_diff, k_valid, qi, k0)
-      logits, _ = _block_logits(spec, q_d, k_d, d2, (batch, bq, bk))
-      allowed, in_window = _block_support(spec, qv, kv, qi, ki, d2, q_d.get('sigma'))
+      k = _positions(context, kb * bk, bk)
+      block = pool_block(spec.rule, q, k, dropout_seeds)
       # Forward values: the hard window is exactly in_window (the STE only
       # changes gradients), so the support is allowed & in_window.
-      support = allowed if in_window is None else allowed & in_window
-      new_max = jnp.maximum(row_max, jnp.max(jnp.where(support, logits, _NEG), axis=-1))
+      support = block.allowed if block.in_window is None else block.allowed & block.in_window
+      new_max = jnp.maximum(row_max, jnp.max(jnp.where(support, block.logits, _NEG), axis=-1))
       # min(., 0): XLA may evaluate the logits twice, with different rounding,
       # for the max and for the exponent; a huge transient max (a tiny sigma,
       # before the block holding the centre) must not overflow exp.
-      e = jnp.exp(jnp.where(support, jnp.minimum(logits - new_max[..., None], 0.0), _NEG))
+      e = jnp.exp(jnp.where(support, jnp.minimum(block.logits - new_max[..., None], 0.0),
+                            _NEG))
       rescale = jnp.exp(row_max - new_max)
       row_sum = row_sum * rescale + jnp.sum(e, axis=-1)
-      if spec.dropout_rate > 0.0:
-        keep = _dropout_keep(dropout_seeds, spec.dropout_rate, qi, ki)
-        e = jnp.where(keep, e / (1.0 - spec.dropout_rate), 0.0)
+      e = _drop(e, block.keep, spec.rule.dropout_rate)
       acc = acc * rescale[..., None] + jnp.einsum(
-          'bmn,bnd->bmd', e.astype(x.dtype), _slice(x, k0, bk),
-          preferred_element_type=jnp.float32)
+          'bmn,bnd->bmd', e.astype(k.x.dtype), k.x, preferred_element_type=jnp.float32)
       return new_max, row_sum, acc
 
     init = (jnp.full((batch, bq), _NEG, jnp.float32), jnp.zeros((batch, bq), jnp.float32),
@@ -542,26 +732,24 @@ def _blockwise_forward(spec, q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout
   init = (jnp.zeros((batch, m_pad, features), jnp.float32),
           jnp.zeros((batch, m_pad), jnp.float32), jnp.zeros((batch, m_pad), jnp.float32))
   y, row_max, row_sum = jax.lax.fori_loop(0, m_pad // bq, query_block, init)
-  residuals = (q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds, y, row_max,
-               row_sum)
-  return y, residuals
+  return y, (inputs, y, row_max, row_sum)
 
 
 def _blockwise_backward(spec, residuals, dy):
-  (q_diff, k_diff, x, q_valid, q_idx, k_valid, dropout_seeds, y, row_max,
-   row_sum) = residuals
-  batch, bq, bk = q_valid.shape[0], spec.block_q, spec.block_k
+  inputs, y, row_max, row_sum = residuals
+  centres, context, dropout_seeds = inputs
+  x = context.x
+  bq, bk, rate = spec.block_q, spec.block_k, spec.rule.dropout_rate
   dy = dy.astype(jnp.float32)
   # sum_j p_ij dp_ij = dy_i . y_i (dropout included: y is the dropped-out output).
   delta = jnp.sum(dy * y, axis=-1)
   denom = jnp.where(row_sum > 0, row_sum, 1.0)
-  zeros = lambda tree: {k: jnp.zeros(v.shape, jnp.float32) for k, v in tree.items()}
+  zeros = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)
 
   def query_block(qb, carry):
     dq_all, dk_all, dx_all = carry
     q0 = qb * bq
-    q_d = {k: _slice(v, q0, bq) for k, v in q_diff.items()}
-    qv, qi = _slice(q_valid, q0, bq), _slice(q_idx, q0, bq, 0)
+    q = _positions(centres, q0, bq)
     dy_q = _slice(dy, q0, bq)
     dy_x = dy_q.astype(x.dtype)
     delta_q, max_q, denom_q = (_slice(a, q0, bq) for a in (delta, row_max, denom))
@@ -569,49 +757,58 @@ def _blockwise_backward(spec, residuals, dy):
     def key_block(kb, state):
       dq, dk_all, dx_all = state
       k0 = kb * bk
-      k_d, kv, ki, d2 = _key_block(spec, k_diff, k_valid, qi, k0)
-      (logits, soft), logits_vjp = jax.vjp(
-          lambda a, b: _block_logits(spec, a, b, d2, (batch, bq, bk)), q_d, k_d)
-      allowed, in_window = _block_support(spec, qv, kv, qi, ki, d2, q_d.get('sigma'))
+      k = _positions(context, k0, bk)
+      (logits, soft), logits_vjp, (allowed, in_window, keep) = _differentiable_block(
+          spec.rule, q, k, dropout_seeds)
       # masked_pool's probabilities, from the final row max and sum. Inside
       # the support logits <= max, so min(., 0) only changes rounding there;
       # outside the hard window it is masked_pool's clamp.
       shifted = jnp.minimum(logits - max_q[..., None], 0.0)
       ex = jnp.exp(jnp.where(allowed, shifted, _NEG))
       e = ex if in_window is None else jnp.where(in_window, ex, 0.0)
-      p = e / denom_q[..., None]
-      dp = jnp.einsum('bmd,bnd->bmn', dy_x, _slice(x, k0, bk),
-                      preferred_element_type=jnp.float32)
-      if spec.dropout_rate > 0.0:
-        keep = _dropout_keep(dropout_seeds, spec.dropout_rate, qi, ki)
-        p = jnp.where(keep, p / (1.0 - spec.dropout_rate), 0.0)
-        dp = jnp.where(keep, dp / (1.0 - spec.dropout_rate), 0.0)
+      p = _drop(e / denom_q[..., None], keep, rate)
+      dp = _drop(jnp.einsum('bmd,bnd->bmn', dy_x, k.x, preferred_element_type=jnp.float32),
+                 keep, rate)
       dx = jnp.einsum('bmn,bmd->bnd', p, dy_q)
       # p = e / sum(e): d/de_ij = (dp_ij - delta_i) / sum_i.
       de = (dp - delta_q[..., None]) / denom_q[..., None]
       d_logits = de * e  # e = exp(logits - max) where it is not 0
       d_soft = None if soft is None else de * ex  # the STE: e = ex * window
       dq_blk, dk_blk = logits_vjp((d_logits, d_soft))
-      dq = {k: dq[k] + dq_blk[k].astype(jnp.float32) for k in dq}
+      dq = jax.tree.map(lambda a, u: a + u.astype(jnp.float32), dq, dq_blk)
       add = lambda a, u: jax.lax.dynamic_update_slice_in_dim(
           a, _slice(a, k0, bk) + u.astype(jnp.float32), k0, 1)
-      dk_all = {k: add(dk_all[k], dk_blk[k]) for k in dk_all}
-      return dq, dk_all, add(dx_all, dx)
+      return dq, jax.tree.map(add, dk_all, dk_blk), add(dx_all, dx)
 
     lo, hi = _loop_bounds(spec, qb)
-    dq, dk_all, dx_all = jax.lax.fori_loop(lo, hi, key_block,
-                                           (zeros(q_d), dk_all, dx_all))
-    dq_all = {k: jax.lax.dynamic_update_slice_in_dim(dq_all[k], dq[k], q0, 1)
-              for k in dq_all}
+    dq, dk_all, dx_all = jax.lax.fori_loop(
+        lo, hi, key_block, (zeros(_fields(q, _CENTRE_GRADS)), dk_all, dx_all))
+    dq_all = jax.tree.map(lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1),
+                          dq_all, dq)
     return dq_all, dk_all, dx_all
 
-  init = (zeros(q_diff), zeros(k_diff), jnp.zeros(x.shape, jnp.float32))
-  dq, dk, dx = jax.lax.fori_loop(0, q_valid.shape[1] // bq, query_block, init)
-  cast = lambda grads, like: {k: grads[k].astype(like[k].dtype) for k in grads}
-  return (cast(dq, q_diff), cast(dk, k_diff), dx.astype(x.dtype), None, None, None, None)
+  centre_grads, context_grads = _fields(centres, _CENTRE_GRADS), _fields(context, _CONTEXT_GRADS)
+  init = (zeros(centre_grads), zeros(context_grads), jnp.zeros(x.shape, jnp.float32))
+  dq, dk, dx = jax.lax.fori_loop(0, centres.valid.shape[1] // bq, query_block, init)
+  cast = lambda grads, like: jax.tree.map(lambda g, a: g.astype(a.dtype), grads, like)
+  # Integer and boolean inputs (positions, validity, dropout seeds) get None.
+  d_centres = Centres(None, None)._replace(**dict(zip(_CENTRE_GRADS, cast(dq, centre_grads))))
+  d_context = Context(None, None, dx.astype(x.dtype))._replace(
+      **dict(zip(_CONTEXT_GRADS, cast(dk, context_grads))))
+  return (PoolInputs(d_centres, d_context, None),)
 
 
 _blockwise_pool.defvjp(_blockwise_forward, _blockwise_backward)
+
+
+def _reach(rule: PoolRule) -> Optional[int]:
+  """The largest flat-index distance of an input a centre can read (None:
+  unbounded): a hard support of Euclidean radius R reaches
+  ``|d flat index| <= R * sum of the axis strides``."""
+  radius = {'fixed_window': rule.window, 'random_sparse': rule.support_span}.get(rule.locality)
+  if radius is None:
+    return None
+  return radius * sum(math.prod(rule.spatial[a + 1:]) for a in range(len(rule.spatial)))
 
 
 def _key_block_ranges(q_index: np.ndarray, block_q: int, block_k: int, num_k_blocks: int,
@@ -866,6 +1063,18 @@ class ContextPool(nn.Module):
       return self.implementation
     return 'blockwise' if num_inputs > AUTO_BLOCKWISE_THRESHOLD else 'dense'
 
+  def pool_rule(self, spatial: Sequence[int], dropout: bool) -> PoolRule:
+    """The fields as :func:`pool_block` reads them, for inputs on the grid
+    ``spatial``; ``dropout``: whether this call drops pooling weights."""
+    span = self.resolved_random_span()
+    return PoolRule(
+        spatial=tuple(spatial), causal=self.causal, locality=self.locality,
+        window=self.window, window_softness=float(self.window_softness),
+        support_seed=self.random_seed & 0xFFFFFFFF,
+        support_prob=(_support_probability(len(spatial), self.window, span)
+                      if self.locality == 'random_sparse' else 1.0),
+        support_span=span, dropout_rate=float(self.dropout_rate) if dropout else 0.0)
+
   @nn.compact
   def __call__(self, x: Array, mask: Optional[Array] = None,
                deterministic: bool = True) -> Array:
@@ -883,10 +1092,9 @@ class ContextPool(nn.Module):
              else jnp.asarray(mask).reshape(batch, n).astype(bool))
     tokens = x.reshape(batch, n, features)
 
-    centres = pool_centres(spatial, strides, window_shape)
-    out_spatial = tuple(len(c) for c in centres)
-    q_index = _query_indices(spatial, centres)  # [m] (static)
-    valid_q = valid[:, q_index]  # [b, m]
+    centre_axes = pool_centres(spatial, strides, window_shape)
+    out_spatial = tuple(len(c) for c in centre_axes)
+    q_index = _query_indices(spatial, centre_axes)  # [m] (static)
 
     # m(X): raw weight and/or raw size channels, only those the variant uses.
     uses_weight = self.weights in ('learned', 'unnormalized')
@@ -921,129 +1129,25 @@ class ContextPool(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_seeds = jax.random.bits(self.make_rng('dropout'), (batch,), jnp.uint32)
 
+    centres = Centres(index=q_index.astype(np.int32), valid=valid[:, q_index], sigma=sigma_q,
+                      theta=theta)
+    context = Context(index=jnp.arange(n, dtype=jnp.int32), valid=valid, x=tokens,
+                      log_w=log_w, phi=phi)
+    rule = self.pool_rule(spatial, dropout=dropout_seeds is not None)
     if self.is_mutable_collection('intermediates'):  # only built when they are sown
-      if self.weights == 'nonlocal':  # pairwise: [b, *out_spatial, *spatial]
-        allowed = valid[:, None, :] & valid_q[:, :, None]
-        if self.causal:
-          allowed = allowed & (np.arange(n)[None, :] <= q_index[:, None])[None]
-        w = masked_softmax(self._nonlocal_logits(theta, phi), allowed).reshape(
-            batch, *out_spatial, *spatial)
-      elif self.weights == 'unnormalized':
-        w = jnp.where(valid, jax.nn.softplus(raw[..., 0]), 0.0).reshape(batch, *spatial)
-      else:  # learned, or uniform (log-weights 0)
-        a = jnp.zeros((batch, n), jnp.float32) if log_w is None else log_w
-        w = masked_softmax(a, valid).reshape(batch, *spatial)
-      self.sow('intermediates', 'pool_weights', w)
+      pairwise = out_spatial if self.weights == 'nonlocal' else ()
+      w = pool_weights(rule, centres, context, self.weights)
+      self.sow('intermediates', 'pool_weights', w.reshape((batch,) + pairwise + spatial))
 
+    inputs = PoolInputs(centres, context, dropout_seeds)
     if implementation == 'dense':
-      y = self._pool_dense(tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
-                           sigma_q, dropout_seeds)
+      y = _pool_dense(rule, inputs)
     else:
-      y = self._pool_blockwise(tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
-                               sigma_q, dropout_seeds)
+      y = _pool_blockwise(rule, self.block_size, inputs)
 
     x_centres = tokens[:, q_index]
     if self.residual:
       y = x_centres + y
     # Padded positions are passed through unchanged.
-    y = _mask_features(valid_q[..., None], y, x_centres)
+    y = _mask_features(centres.valid[..., None], y, x_centres)
     return y.reshape(batch, *out_spatial, features)
-
-  def _nonlocal_logits(self, theta: Array, phi: Array) -> Array:
-    return jnp.einsum('bmk,bnk->bmn', theta, phi,
-                      preferred_element_type=jnp.float32) / math.sqrt(theta.shape[-1])
-
-  def _pool_dense(self, tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
-                  sigma_q, dropout_seeds) -> Array:
-    """``implementation='dense'``: the ``[b, m, n]`` pooling matrix. Returns ``[b, m, d]``."""
-    batch, n = valid.shape
-    key_index = jnp.arange(n)
-
-    # Which (centre, input) pairs may be pooled: real inputs, and j <= i if causal.
-    allowed = valid[:, None, :] & valid_q[:, :, None]  # [b, m, n]
-    if self.causal:
-      allowed = allowed & (key_index[None, :] <= jnp.asarray(q_index)[:, None])[None]
-
-    # Log pooling weights a: [b, 1, n] or, for non-local weights, [b, m, n].
-    if self.weights == 'nonlocal':
-      logits = self._nonlocal_logits(theta, phi)
-    elif log_w is None:  # 'uniform'
-      logits = jnp.zeros((batch, 1, n), jnp.float32)
-    else:
-      logits = log_w[:, None, :]
-
-    # Locality: a log-space bias and/or a hard support.
-    in_window = window_ste = None
-    if self.locality != 'none':
-      d2 = squared_distances(spatial, q_index)[None]  # [1, m, n]
-    if sigma_q is not None:
-      sigma_q = sigma_q[:, :, None]  # [b, m, 1]
-    if self.locality == 'gaussian':
-      logits = logits + -d2 / (2.0 * jnp.square(sigma_q) + _MIN_TWO_VARIANCE)
-    elif self.locality == 'fixed_window':
-      allowed = allowed & (d2 <= float(self.window) ** 2)
-    elif self.locality == 'adaptive_window':
-      # Hard window of learned radius rho = sigma. Forward: exactly the hard
-      # window. Backward: the gradient of a sigmoid edge of width
-      # `window_softness` (straight-through), so the radius is trainable.
-      in_window = d2 <= jnp.square(sigma_q)
-      soft = jax.nn.sigmoid((sigma_q - jnp.sqrt(d2)) / self.window_softness)
-      window_ste = (in_window.astype(jnp.float32) + soft
-                    - jax.lax.stop_gradient(soft))
-    elif self.locality == 'random_sparse':
-      span = self.resolved_random_span()
-      allowed = allowed & _random_support(
-          self.random_seed, _support_probability(len(spatial), self.window, span), span,
-          _grid_coordinates(q_index, spatial), _grid_coordinates(np.arange(n), spatial),
-          d2[0])[None]
-
-    p = masked_pool(logits, allowed, in_window=in_window, window_ste=window_ste)
-    if dropout_seeds is not None:
-      keep = _dropout_keep(dropout_seeds, self.dropout_rate, jnp.asarray(q_index), key_index)
-      p = jnp.where(keep, p / (1.0 - self.dropout_rate), 0.0)
-    return _apply_pool(p, tokens)
-
-  def _pool_blockwise(self, tokens, valid, valid_q, spatial, q_index, log_w, theta, phi,
-                      sigma_q, dropout_seeds) -> Array:
-    """``implementation='blockwise'``: :func:`_blockwise_pool`. Returns ``[b, m, d]``."""
-    batch, n = valid.shape
-    m = len(q_index)
-    block_q, block_k = min(self.block_size, m), min(self.block_size, n)
-    m_pad, n_pad = -(-m // block_q) * block_q, -(-n // block_k) * block_k
-    pad_q = lambda a, value=0: jnp.pad(a, [(0, 0), (0, m_pad - m)] + [(0, 0)] * (a.ndim - 2),
-                                       constant_values=value)
-    pad_k = lambda a, value=0: jnp.pad(a, [(0, 0), (0, n_pad - n)] + [(0, 0)] * (a.ndim - 2),
-                                       constant_values=value)
-    q_diff, k_diff = {}, {}
-    if sigma_q is not None:
-      q_diff['sigma'] = pad_q(sigma_q, 1.0)
-    if log_w is not None:
-      k_diff['a'] = pad_k(log_w)
-    if theta is not None:
-      q_diff['theta'], k_diff['phi'] = pad_q(theta), pad_k(phi)
-    q_idx = np.pad(q_index, (0, m_pad - m), mode='edge').astype(np.int32)
-
-    # The largest flat-index distance of a readable input: a hard support of
-    # Euclidean radius R reaches |d flat index| <= R * sum of axis strides.
-    radius = {'fixed_window': self.window,
-              'random_sparse': self.resolved_random_span()}.get(self.locality)
-    reach = (None if radius is None else
-             radius * sum(math.prod(spatial[a + 1:]) for a in range(len(spatial))))
-    spec = _BlockSpec(
-        spatial=tuple(spatial), block_q=block_q, block_k=block_k,
-        k_ranges=_key_block_ranges(q_index, block_q, block_k, n_pad // block_k,
-                                   self.causal, reach),
-        causal=self.causal, locality=self.locality, window=self.window,
-        window_softness=float(self.window_softness),
-        support_seed=self.random_seed & 0xFFFFFFFF,
-        support_prob=(_support_probability(len(spatial), self.window,
-                                           self.resolved_random_span())
-                      if self.locality == 'random_sparse' else 1.0),
-        support_span=self.resolved_random_span(),
-        dropout_rate=float(self.dropout_rate) if dropout_seeds is not None else 0.0,
-        nonlocal_features=0 if theta is None else theta.shape[-1])
-    seeds = (dropout_seeds if dropout_seeds is not None
-             else jnp.zeros((batch,), jnp.uint32))
-    y = _blockwise_pool(spec, q_diff, k_diff, pad_k(tokens), pad_q(valid_q, False),
-                        jnp.asarray(q_idx), pad_k(valid, False), seeds)
-    return y[:, :m].astype(tokens.dtype)
