@@ -42,6 +42,7 @@ treats every byte as a real token (its windows are never padded).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable, Mapping, Optional
@@ -56,6 +57,7 @@ from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.models.common import module_fields
 
 Array = jax.Array
 Dtype = Any
@@ -90,6 +92,80 @@ def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
   return q_valid[:, None, :, None] & kv_valid[:, None, None, :]
 
 
+CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+  """Every field of the Transformer family, declared once (flax wmt's ``TransformerConfig``).
+
+  :class:`Transformer` and :class:`TransformerLM` have these as their own
+  fields (``Transformer(num_layers=2)``, ``model.num_layers``, registry
+  overrides); ``model.config`` bundles them into this frozen dataclass, which
+  is passed down the tree: stack, layer, attention, feed-forward, embedder.
+  What differs inside the tree (encoder or decoder, a layer's attention kind,
+  training) are fields of those modules, not of the config.
+
+  Attributes:
+    vocab_size: token ids (shared source/target/output embedding).
+    num_layers: layers of the encoder, of the decoder, or of the LM.
+    emb_dim: token width.
+    mlp_dim: feed-forward hidden width.
+    num_heads: attention heads.
+    dropout_rate: dropout on the embeddings, each sub-layer output and the
+      feed-forward hidden layer.
+    attention_dropout_rate: dropout on the attention probabilities.
+    attention: ``'standard' | 'local' | 'area'`` (module docstring).
+    local_window: tokens on each side (causal: before) for ``'local'``.
+    num_area_layers: the first layers that use area attention (``'area'``).
+    max_area_width: largest area (``'area'``).
+    area_key_mode: area key, one of the area attention ``KEY_MODES``.
+    context_pool: None (off) or a mapping of ContextPool field overrides.
+    context_pool_position: ``'attention_input' | 'output'``
+      (:class:`TransformerLayer`).
+    scan_layers: one ``nn.scan`` over the identical layers of each stack.
+    remat: recompute each layer's activations in the backward pass.
+    dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
+    param_dtype: parameter dtype.
+  """
+
+  vocab_size: int = 32000
+  num_layers: int = 6
+  emb_dim: int = 512
+  mlp_dim: int = 2048
+  num_heads: int = 8
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  attention: str = 'standard'
+  local_window: int = 64
+  num_area_layers: int = 2
+  max_area_width: int = 5
+  area_key_mode: str = 'mean'
+  context_pool: Optional[Mapping[str, Any]] = None
+  context_pool_position: str = 'attention_input'
+  scan_layers: bool = False
+  remat: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  def check(self, owner: str) -> None:
+    """Raises ConfigError naming ``owner.field`` for an invalid value."""
+    v.check_choice(owner, 'attention', self.attention, ATTENTIONS)
+    v.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
+    v.check_choice(owner, 'context_pool_position', self.context_pool_position,
+                   CONTEXT_POOL_POSITIONS)
+    for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
+                  'local_window', 'max_area_width'):
+      v.check_positive(owner, field, getattr(self, field), integer=True)
+    v.check_positive(owner, 'num_area_layers', self.num_area_layers, integer=True,
+                     allow_zero=True)
+    v.check_probability(owner, 'dropout_rate', self.dropout_rate)
+    v.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
+    if self.emb_dim % self.num_heads:
+      raise ConfigError(f'{owner}.num_heads={self.num_heads!r} does not divide '
+                        f'emb_dim={self.emb_dim!r}.')
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention; standard, local window or area (Li et al., 2019).
 
@@ -97,35 +173,36 @@ class MultiHeadAttention(nn.Module):
   ``[batch, length, features]`` and a bool mask broadcastable to
   ``[batch, heads, q_len, kv_len]``. Standard and local attention use
   ``jax.nn.dot_product_attention`` (on GPU it can dispatch to cuDNN flash
-  attention); local attention passes ``local_window_size``.
+  attention); local attention passes ``local_window_size``. Every attention of
+  the family is this module (built in :meth:`TransformerLayer.make_attention`).
+
+  Attributes:
+    config: heads, windows, area options, ``attention_dropout_rate``, dtypes.
+    kind: ``'standard' | 'local' | 'area'``, this call site's.
+    causal: mask keys after the query.
   """
 
-  num_heads: int
+  config: TransformerConfig
   kind: str = 'standard'
   causal: bool = False
-  local_window: int = 64
-  max_area_width: int = 5
-  area_key_mode: str = 'mean'
-  dropout_rate: float = 0.0
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
                deterministic: bool) -> Array:
+    cfg = self.config
     features = inputs_q.shape[-1]
     if self.kind == 'area':
       return AreaAttention(
-          num_heads=self.num_heads, max_area_width=self.max_area_width,
-          key_mode=self.area_key_mode, causal=self.causal, dropout_rate=self.dropout_rate,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
-    if features % self.num_heads:
+          num_heads=cfg.num_heads, max_area_width=cfg.max_area_width,
+          key_mode=cfg.area_key_mode, causal=self.causal,
+          dropout_rate=cfg.attention_dropout_rate, dtype=cfg.dtype,
+          param_dtype=cfg.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
+    if features % cfg.num_heads:
       raise ConfigError(f'MultiHeadAttention: features={features} is not divisible by '
-                       f'num_heads={self.num_heads}.')
-    head_dim = features // self.num_heads
-    dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim),
-                              dtype=self.dtype, param_dtype=self.param_dtype,
+                        f'num_heads={cfg.num_heads}.')
+    head_dim = features // cfg.num_heads
+    dense = functools.partial(nn.DenseGeneral, features=(cfg.num_heads, head_dim),
+                              dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                               kernel_init=_KERNEL_INIT)
     q = dense(name='query')(inputs_q)
     k = dense(name='key')(inputs_kv)
@@ -135,15 +212,15 @@ class MultiHeadAttention(nn.Module):
       mask = cm if mask is None else mask & cm
     window = None
     if self.kind == 'local':
-      window = (self.local_window, 0 if self.causal else self.local_window)
-    if self.dropout_rate > 0.0 and not deterministic:
+      window = (cfg.local_window, 0 if self.causal else cfg.local_window)
+    rate = cfg.attention_dropout_rate
+    if rate > 0.0 and not deterministic:
       # jax.nn.dot_product_attention has no dropout on the probabilities.
-      y = _attention_with_dropout(q, k, val, mask, window, self.dropout_rate,
-                                  self.make_rng('dropout'))
+      y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
     else:
       y = jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=window)
-    return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype,
-                           param_dtype=self.param_dtype, kernel_init=_KERNEL_INIT,
+    return nn.DenseGeneral(features, axis=(-2, -1), dtype=cfg.dtype,
+                           param_dtype=cfg.param_dtype, kernel_init=_KERNEL_INIT,
                            name='out')(y)
 
 
@@ -168,18 +245,16 @@ def _attention_with_dropout(q, k, val, mask, window, rate, rng):
 class FeedForward(nn.Module):
   """Position-wise feed-forward ``W2 relu(W1 x)`` (Vaswani et al., Eq. 2)."""
 
-  mlp_dim: int
-  dropout_rate: float = 0.0
+  config: TransformerConfig
   deterministic: bool = True
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=self.param_dtype,
+    cfg = self.config
+    dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                               kernel_init=_KERNEL_INIT)
-    h = nn.relu(dense(self.mlp_dim, name='wi')(x))
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+    h = nn.relu(dense(cfg.mlp_dim, name='wi')(x))
+    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
     return dense(x.shape[-1], name='wo')(h)
 
 
@@ -197,56 +272,52 @@ class TransformerLayer(nn.Module):
   ``__call__(x, x_valid, memory, memory_valid) -> x`` where ``x_valid`` is
   ``[batch, length]`` (True = real token) and ``memory`` the encoder output
   (None for encoder and LM layers).
+
+  Attributes:
+    config: the model's :class:`TransformerConfig`.
+    attention_kind: this layer's self-attention kind (the stack sets
+      ``'area'`` in the first ``num_area_layers`` layers, see there).
+    causal: decoder or LM layer (causal self-attention and ContextPool).
+    deterministic: no dropout.
   """
 
-  num_heads: int
-  mlp_dim: int
-  attention: str = 'standard'
+  config: TransformerConfig
+  attention_kind: str = 'standard'
   causal: bool = False
-  local_window: int = 64
-  max_area_width: int = 5
-  area_key_mode: str = 'mean'
-  context_pool: Optional[Mapping[str, Any]] = None
-  context_pool_position: str = 'attention_input'
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
   deterministic: bool = True
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
+
+  def make_attention(self, kind: str, causal: bool, name: str) -> MultiHeadAttention:
+    """The layer's attention modules (self and cross), all built here."""
+    return MultiHeadAttention(self.config, kind=kind, causal=causal, name=name)
 
   @nn.compact
   def __call__(self, x: Array, x_valid: Array, memory: Optional[Array] = None,
                memory_valid: Optional[Array] = None) -> Array:
-    attn = functools.partial(
-        MultiHeadAttention, num_heads=self.num_heads, local_window=self.local_window,
-        max_area_width=self.max_area_width, area_key_mode=self.area_key_mode,
-        dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, param_dtype=self.param_dtype)
-    norm = functools.partial(nn.LayerNorm, dtype=self.dtype, param_dtype=self.param_dtype)
-    drop = lambda h: nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+    cfg = self.config
+    norm = functools.partial(nn.LayerNorm, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
 
-    pool = make_context_pool(self.context_pool, dtype=self.dtype,
-                             param_dtype=self.param_dtype, name='context_pool',
+    pool = make_context_pool(cfg.context_pool, dtype=cfg.dtype,
+                             param_dtype=cfg.param_dtype, name='context_pool',
                              **({'causal': True} if self.causal else {}))
     h = norm(name='self_attention_norm')(x)
-    if pool is not None and self.context_pool_position == 'attention_input':
+    if pool is not None and cfg.context_pool_position == 'attention_input':
       h = pool(h, x_valid, self.deterministic)  # attention reads pooled features
-    h = attn(kind=self.attention, causal=self.causal, name='self_attention')(
+    h = self.make_attention(self.attention_kind, self.causal, 'self_attention')(
         h, h, padding_mask(x_valid, x_valid), self.deterministic)
     x = x + drop(h)
     if memory is not None:
       # Encoder-decoder attention: area over the source when attention='area';
       # a local window is meaningless across languages, so 'local' uses standard.
-      kind = 'area' if self.attention == 'area' else 'standard'
+      kind = 'area' if self.attention_kind == 'area' else 'standard'
       h = norm(name='cross_attention_norm')(x)
-      h = attn(kind=kind, causal=False, name='cross_attention')(
+      h = self.make_attention(kind, False, 'cross_attention')(
           h, memory, padding_mask(x_valid, memory_valid), self.deterministic)
       x = x + drop(h)
     h = norm(name='mlp_norm')(x)
-    h = FeedForward(self.mlp_dim, self.dropout_rate, self.deterministic, self.dtype,
-                    self.param_dtype, name='mlp')(h)
+    h = FeedForward(cfg, self.deterministic, name='mlp')(h)
     x = x + drop(h)
-    if pool is not None and self.context_pool_position == 'output':
+    if pool is not None and cfg.context_pool_position == 'output':
       x = pool(x, x_valid, self.deterministic)
     return x
 
@@ -271,73 +342,38 @@ class TransformerStack(nn.Module):
   n. ``remat`` recomputes each layer's activations in the backward pass.
 
   ``__call__(x, valid, memory=None, memory_valid=None, train=False)``.
+
+  Attributes:
+    config: the model's :class:`TransformerConfig`.
+    causal: a decoder or LM stack.
   """
 
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  attention: str = 'standard'
+  config: TransformerConfig
   causal: bool = False
-  local_window: int = 64
-  num_area_layers: int = 2
-  max_area_width: int = 5
-  area_key_mode: str = 'mean'
-  context_pool: Optional[Mapping[str, Any]] = None
-  context_pool_position: str = 'attention_input'
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  scan_layers: bool = False
-  remat: bool = False
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, valid: Array, memory: Optional[Array] = None,
                memory_valid: Optional[Array] = None, train: bool = False) -> Array:
-    layer_cls = nn.remat(TransformerLayer) if self.remat else TransformerLayer
-    layer = functools.partial(
-        layer_cls, num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
-        local_window=self.local_window, max_area_width=self.max_area_width,
-        area_key_mode=self.area_key_mode, context_pool=self.context_pool,
-        context_pool_position=self.context_pool_position,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, deterministic=not train,
-        dtype=self.dtype, param_dtype=self.param_dtype)
+    cfg = self.config
+    layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
+    layer = functools.partial(layer_cls, cfg, causal=self.causal, deterministic=not train)
     args = (valid,) if memory is None else (valid, memory, memory_valid)
-    num_area = min(self.num_area_layers, self.num_layers) if self.attention == 'area' else 0
+    num_area = min(cfg.num_area_layers, cfg.num_layers) if cfg.attention == 'area' else 0
     for i in range(num_area):
-      x = layer(attention='area', name=f'layer_{i}')(x, *args)
-    rest_kind = 'standard' if self.attention == 'area' else self.attention
-    rest = self.num_layers - num_area
-    if self.scan_layers and rest > 1:
+      x = layer(attention_kind='area', name=f'layer_{i}')(x, *args)
+    rest_kind = 'standard' if cfg.attention == 'area' else cfg.attention
+    rest = cfg.num_layers - num_area
+    if cfg.scan_layers and rest > 1:
       scanned = nn.scan(
           _ScanBody, variable_axes={'params': 0, 'intermediates': 0},
           split_rngs={'params': True, 'dropout': True},
           in_axes=(nn.broadcast,) * len(args), length=rest)
-      x, _ = scanned(functools.partial(layer, attention=rest_kind), name='scanned_layers')(
-          x, *args)
+      x, _ = scanned(functools.partial(layer, attention_kind=rest_kind),
+                     name='scanned_layers')(x, *args)
     else:
-      for i in range(num_area, self.num_layers):
-        x = layer(attention=rest_kind, name=f'layer_{i}')(x, *args)
-    return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='norm')(x)
-
-
-CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
-
-
-def _check_common(owner: str, m: nn.Module) -> None:
-  v.check_choice(owner, 'attention', m.attention, ATTENTIONS)
-  v.check_choice(owner, 'area_key_mode', m.area_key_mode, AREA_KEY_MODES)
-  v.check_choice(owner, 'context_pool_position', m.context_pool_position,
-                 CONTEXT_POOL_POSITIONS)
-  for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
-                'local_window', 'max_area_width'):
-    v.check_positive(owner, field, getattr(m, field), integer=True)
-  v.check_positive(owner, 'num_area_layers', m.num_area_layers, integer=True, allow_zero=True)
-  v.check_probability(owner, 'dropout_rate', m.dropout_rate)
-  v.check_probability(owner, 'attention_dropout_rate', m.attention_dropout_rate)
-  if m.emb_dim % m.num_heads:
-    raise ConfigError(f'{owner}.num_heads={m.num_heads!r} does not divide emb_dim={m.emb_dim!r}.')
+      for i in range(num_area, cfg.num_layers):
+        x = layer(attention_kind=rest_kind, name=f'layer_{i}')(x, *args)
+    return nn.LayerNorm(dtype=cfg.dtype, param_dtype=cfg.param_dtype, name='norm')(x)
 
 
 def _check_tokens(owner: str, name: str, tokens: Array) -> None:
@@ -349,19 +385,18 @@ def _check_tokens(owner: str, name: str, tokens: Array) -> None:
 class _Embedder(nn.Module):
   """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions."""
 
-  vocab_size: int
-  emb_dim: int
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
+  config: TransformerConfig
 
   def setup(self):
+    cfg = self.config
     self.embedding = nn.Embed(
-        self.vocab_size, self.emb_dim, dtype=self.dtype, param_dtype=self.param_dtype,
-        embedding_init=nn.initializers.normal(stddev=self.emb_dim ** -0.5), name='embedding')
+        cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=cfg.emb_dim ** -0.5), name='embedding')
 
   def __call__(self, tokens: Array) -> Array:
-    x = self.embedding(tokens) * math.sqrt(self.emb_dim)
-    pe = sinusoidal_positions(tokens.shape[1], self.emb_dim)
+    d = self.config.emb_dim
+    x = self.embedding(tokens) * math.sqrt(d)
+    pe = sinusoidal_positions(tokens.shape[1], d)
     return x + jnp.asarray(pe, x.dtype)[None]
 
   def attend(self, x: Array) -> Array:
@@ -369,43 +404,14 @@ class _Embedder(nn.Module):
     return self.embedding.attend(x).astype(jnp.float32)
 
 
-class _TransformerFields(nn.Module):
-  """Fields shared by :class:`Transformer` and :class:`TransformerLM` (the configuration)."""
-
-  vocab_size: int = 32000
-  num_layers: int = 6
-  emb_dim: int = 512
-  mlp_dim: int = 2048
-  num_heads: int = 8
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  attention: str = 'standard'
-  local_window: int = 64
-  num_area_layers: int = 2
-  max_area_width: int = 5
-  area_key_mode: str = 'mean'
-  context_pool: Optional[Mapping[str, Any]] = None
-  context_pool_position: str = 'attention_input'
-  scan_layers: bool = False
-  remat: bool = False
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
-
-  def make_stack(self, causal: bool, **kwargs) -> TransformerStack:
-    """A :class:`TransformerStack` with this model's fields."""
-    return TransformerStack(
-        num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-        attention=self.attention, causal=causal, local_window=self.local_window,
-        num_area_layers=self.num_area_layers, max_area_width=self.max_area_width,
-        area_key_mode=self.area_key_mode, context_pool=self.context_pool,
-        context_pool_position=self.context_pool_position,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, scan_layers=self.scan_layers,
-        remat=self.remat, dtype=self.dtype, param_dtype=self.param_dtype, **kwargs)
+# The top modules' fields: those of TransformerConfig (common.module_fields).
+_TransformerFields = module_fields(TransformerConfig)
 
 
 class Transformer(_TransformerFields):
   """Encoder-decoder Transformer for translation (see the module docstring).
+
+  Fields: :class:`TransformerConfig`'s.
 
   ``__call__(inputs, targets, train=False) -> logits [batch, target_len, vocab]``
   with ``inputs [batch, source_len]`` and ``targets [batch, target_len]`` int
@@ -416,11 +422,12 @@ class Transformer(_TransformerFields):
   """
 
   def setup(self):
-    _check_common('Transformer', self)
-    self.embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype)
-    self.encoder = self.make_stack(causal=False)
-    self.decoder = self.make_stack(causal=True)
-    self.embedding_dropout = nn.Dropout(self.dropout_rate)
+    config = self.config
+    config.check('Transformer')
+    self.embedder = _Embedder(config)
+    self.encoder = TransformerStack(config, causal=False)
+    self.decoder = TransformerStack(config, causal=True)
+    self.embedding_dropout = nn.Dropout(config.dropout_rate)
 
   def encode(self, inputs: Array, train: bool = False) -> Array:
     """``[batch, source_len]`` ids -> ``[batch, source_len, emb_dim]``."""
@@ -451,10 +458,12 @@ class Transformer(_TransformerFields):
 class TransformerLM(_TransformerFields):
   """Decoder-only causal LM (the ContextPool paper's character-level model).
 
+  Fields: :class:`TransformerConfig`'s; the defaults that differ are
+  redeclared here (the paper's 12 x 512 model over 256 bytes).
+
   ``__call__(tokens, train=False) -> logits [batch, length, vocab]`` (float32),
   where logits[:, t] predicts tokens[:, t + 1]: every position only reads
   tokens <= t (attention, area attention and ContextPool are all causal).
-  Defaults: the paper's 12 x 512 model over 256 bytes.
   """
 
   vocab_size: int = 256
@@ -463,14 +472,15 @@ class TransformerLM(_TransformerFields):
 
   @nn.compact
   def __call__(self, tokens: Array, train: bool = False) -> Array:
-    _check_common('TransformerLM', self)
+    config = self.config
+    config.check('TransformerLM')
     _check_tokens('TransformerLM', 'tokens', tokens)
-    embedder = _Embedder(self.vocab_size, self.emb_dim, self.dtype, self.param_dtype,
-                         name='embedder')
-    x = nn.Dropout(self.dropout_rate)(embedder(tokens), deterministic=not train)
-    x = self.make_stack(causal=True, name='decoder')(
+    embedder = _Embedder(config, name='embedder')
+    x = nn.Dropout(config.dropout_rate)(embedder(tokens), deterministic=not train)
+    x = TransformerStack(config, causal=True, name='decoder')(
         x, jnp.ones(tokens.shape, bool), train=train)
     return embedder.attend(x)
+
 
 
 # ----------------------------------------------------------------------------
