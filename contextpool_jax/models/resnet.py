@@ -49,6 +49,7 @@ from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.layers.lambda_layer import POSITIONS as LAMBDA_POSITIONS
 from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.models.common import module_fields
 
 Array = jax.Array
 Dtype = Any
@@ -153,21 +154,60 @@ def conv_initializer(mode: str) -> Callable[..., Array]:
 
 
 # ----------------------------------------------------------------------------
-# Options shared by every block (hashable, built once per forward).
+# The fields, declared once: the ResNet's and every block's.
 # ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockOptions:
-  """What a residual block needs from the :class:`ResNet` fields (see there)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResNetConfig:
+  """Every field of the ResNet family, declared once.
+
+  :class:`ResNet` has these as its own fields (``ResNet(stage_sizes=...,
+  width=16)``, ``model.num_classes``, registry overrides); ``model.config``
+  bundles them into this frozen dataclass, which the residual blocks and the
+  block helpers read. The choices behind the defaults are on :class:`ResNet`.
+
+  Attributes:
+    stage_sizes: residual blocks per stage.
+    block: ``'basic'`` or ``'bottleneck'``.
+    stem: ``'cifar'`` (3x3 conv, stride 1) or ``'imagenet'`` (7x7/2 conv and a
+      3x3/2 max-pool).
+    width: channels of the first stage (doubled at each stage; a bottleneck
+      outputs 4x): 16 for CIFAR, 64 for ImageNet.
+    num_classes: classifier outputs.
+    shortcut: ``'A'`` (zero-padding identity) or ``'B'`` (projection).
+    stage_pattern: letters ``C``/``L``/``A`` per stage (``'C,C,L,L'``); None =
+      all convolutions.
+    context_pool: None, or a mapping of ContextPool field overrides.
+    cp_placement: where ContextPool goes (see :class:`ResNet`), a
+      comma-separated string or a sequence of ``'stem_pool'``,
+      ``'downsample'``, ``'global_pool'``.
+    lambda_key_depth, lambda_heads, lambda_intra_depth, lambda_position,
+      lambda_scope_size: :class:`LambdaLayer` |k|, |h|, |u|, position and scope.
+    lambda_pool_size: average-pool window after a strided lambda layer.
+    aa_key_ratio, aa_value_ratio, aa_heads, aa_position, aa_downsample:
+      :class:`AugmentedConv2D` kappa, nu, N_h, position, attention_downsample.
+    aa_min_key_depth_per_head: lower bound on d_k / N_h (0: none).
+    zero_init_residual: zero-initialise the last BatchNorm scale of each block.
+    conv_init_mode: ``'fan_out'`` or ``'fan_in'`` for the He initialisation.
+    bn_momentum, bn_epsilon: BatchNorm running-average decay and epsilon.
+    bn_axis_name: mapped axis name for BatchNorm batch statistics in your own
+      ``jax.pmap`` / ``shard_map`` loop (every BatchNorm of the network,
+      including the lambda layers'); None (default) = the local batch, which is
+      right under ``jax.jit`` with sharded arrays (the trainer).
+    remat: rematerialise each residual block in the backward pass.
+    dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
+    param_dtype: parameter dtype.
+  """
+  stage_sizes: Sequence[int]
+  block: str = 'bottleneck'
+  stem: str = 'imagenet'
+  width: int = 64
+  num_classes: int = 1000
   shortcut: str = 'B'
-  zero_init_residual: bool = False
-  conv_init_mode: str = 'fan_out'
-  bn_momentum: float = 0.9
-  bn_epsilon: float = 1e-5
-  bn_axis_name: Optional[str] = None
-  context_pool: Optional[tuple[tuple[str, Any], ...]] = None
-  cp_downsample: bool = False
+  stage_pattern: Optional[Union[str, Sequence[str]]] = None
+  context_pool: Optional[Mapping[str, Any]] = None
+  cp_placement: Union[str, Sequence[str]] = 'stem_pool,downsample'
   lambda_key_depth: int = 16
   lambda_heads: int = 4
   lambda_intra_depth: int = 1
@@ -180,19 +220,72 @@ class BlockOptions:
   aa_min_key_depth_per_head: int = 20
   aa_position: str = 'relative'
   aa_downsample: str = 'avg_pool'
+  zero_init_residual: bool = False
+  conv_init_mode: str = 'fan_out'
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  bn_axis_name: Optional[str] = None
+  remat: bool = False
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
+  @property
+  def cp_at(self) -> tuple[str, ...]:
+    """The placements that get a ContextPool: ``cp_placement``, or () without one."""
+    return () if self.context_pool is None else parse_cp_placement(self.cp_placement)
 
-def _norm(o: BlockOptions, train: bool, *, zero: bool = False,
+  def check(self) -> tuple[str, ...]:
+    """Raises ConfigError for any invalid field; returns the stage pattern (a letter per stage)."""
+    sizes = self.stage_sizes
+    if (not isinstance(sizes, (tuple, list)) or not sizes
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                   for n in sizes)):
+      raise ConfigError(f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
+                       'non-empty sequence of positive ints.')
+    v.check_choice(_OWNER, 'block', self.block, BLOCKS)
+    v.check_choice(_OWNER, 'stem', self.stem, STEMS)
+    v.check_choice(_OWNER, 'shortcut', self.shortcut, SHORTCUTS)
+    v.check_choice(_OWNER, 'conv_init_mode', self.conv_init_mode, CONV_INIT_MODES)
+    v.check_choice(_OWNER, 'lambda_position', self.lambda_position, LAMBDA_POSITIONS)
+    v.check_choice(_OWNER, 'aa_position', self.aa_position, AA_POSITIONS)
+    v.check_choice(_OWNER, 'aa_downsample', self.aa_downsample, AA_DOWNSAMPLES)
+    for name in ('width', 'num_classes', 'lambda_key_depth', 'lambda_heads',
+                 'lambda_intra_depth', 'lambda_pool_size', 'aa_heads'):
+      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
+    v.check_positive(_OWNER, 'aa_min_key_depth_per_head', self.aa_min_key_depth_per_head,
+                     integer=True, allow_zero=True)
+    if self.lambda_scope_size is None or not isinstance(self.lambda_scope_size, int) \
+        or self.lambda_scope_size <= 0 or self.lambda_scope_size % 2 == 0:
+      raise ConfigError(f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
+                       'invalid; expected an odd positive int.')
+    for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
+      v.check_positive(_OWNER, name, getattr(self, name))
+    v.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
+    for name in ('zero_init_residual', 'remat'):
+      v.check_choice(_OWNER, name, getattr(self, name), (True, False))
+    if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
+      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+                       'expected None or a mapping of ContextPool fields.')
+    pattern = parse_stage_pattern(self.stage_pattern, len(sizes))
+    placement = parse_cp_placement(self.cp_placement)
+    if (self.context_pool is not None and 'stem_pool' in placement
+        and self.stem != 'imagenet'):
+      raise ConfigError(f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
+                       f"needs stem='imagenet' (stem={self.stem!r} has no pooling); "
+                       "allowed here: 'downsample', 'global_pool'.")
+    return pattern
+
+
+def _norm(o: ResNetConfig, train: bool, *, zero: bool = False,
           name: Optional[str] = None) -> nn.BatchNorm:
   return nn.BatchNorm(use_running_average=not train, momentum=o.bn_momentum,
-                      epsilon=o.bn_epsilon, axis_name=o.bn_axis_name, dtype=o.dtype, param_dtype=o.param_dtype,
+                      epsilon=o.bn_epsilon, axis_name=o.bn_axis_name, dtype=o.dtype,
+                      param_dtype=o.param_dtype,
                       scale_init=nn.initializers.zeros if zero else nn.initializers.ones,
                       name=name)
 
 
-def _conv(o: BlockOptions, features: int, kernel: int, strides: int = 1, *,
+def _conv(o: ResNetConfig, features: int, kernel: int, strides: int = 1, *,
           name: Optional[str] = None) -> nn.Conv:
   """Bias-free convolution with symmetric ``kernel // 2`` padding (output centres
   at ``(s i, s j)``, as the shortcut and the pooling replacements)."""
@@ -203,13 +296,13 @@ def _conv(o: BlockOptions, features: int, kernel: int, strides: int = 1, *,
                  param_dtype=o.param_dtype, name=name)
 
 
-def _context_pool(o: BlockOptions, strides: int, name: str):
+def _context_pool(o: ResNetConfig, strides: int, name: str):
   """ContextPool replacing a pooling of stride ``strides`` (centres ``(s i, s j)``)."""
-  return make_context_pool(dict(o.context_pool), dtype=o.dtype, param_dtype=o.param_dtype,
+  return make_context_pool(o.context_pool, dtype=o.dtype, param_dtype=o.param_dtype,
                            name=name, strides=strides)
 
 
-def spatial_op(o: BlockOptions, kind: str, x: Array, features: int, strides: int,
+def spatial_op(o: ResNetConfig, kind: str, x: Array, features: int, strides: int,
                train: bool, name: str) -> Array:
   """The block's 3x3 operation: ``'C'`` conv, ``'L'`` lambda layer, ``'A'`` AA conv.
 
@@ -244,7 +337,7 @@ def spatial_op(o: BlockOptions, kind: str, x: Array, features: int, strides: int
                          name=name)(x)
 
 
-def _shortcut(o: BlockOptions, x: Array, features: int, strides: int,
+def _shortcut(o: ResNetConfig, x: Array, features: int, strides: int,
               train: bool) -> Array:
   """Identity, or option A (zero-pad) / option B (1x1 projection + BN) on a change."""
   if strides == 1 and x.shape[-1] == features:
@@ -264,20 +357,20 @@ def _shortcut(o: BlockOptions, x: Array, features: int, strides: int,
 class BasicBlock(nn.Module):
   """Two 3x3 operations (He et al. 2016, Fig. 2 left), post-activation.
 
-  With ``options.cp_downsample`` a strided block pools its input with
+  With ContextPool at ``'downsample'`` a strided block pools its input with
   ``ContextPool(strides)`` and runs the first 3x3 operation at stride 1; the
   shortcut is unchanged.
   """
   features: int
   strides: int
   kind: str
-  options: BlockOptions
+  config: ResNetConfig
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    o, strides = self.options, self.strides
+    o, strides = self.config, self.strides
     y = x
-    if strides > 1 and o.cp_downsample:
+    if strides > 1 and 'downsample' in o.cp_at:
       y = _context_pool(o, strides, 'context_pool')(y, deterministic=not train)
       strides = 1
     y = spatial_op(o, self.kind, y, self.features, strides, train, 'spatial_0')
@@ -292,22 +385,22 @@ class BottleneckBlock(nn.Module):
 
   The stride sits on the 3x3 operation (the common "v1.5" layout; He et al.
   put it on the first 1x1, same parameter count). With
-  ``options.cp_downsample`` a strided block pools the 1x1-reduced map with
+  ContextPool at ``'downsample'`` a strided block pools the 1x1-reduced map with
   ``ContextPool(strides)`` in front of the 3x3 operation, which runs at stride
   1; the shortcut (1x1 projection with stride) is unchanged.
   """
   features: int  # bottleneck width; the block outputs 4 * features
   strides: int
   kind: str
-  options: BlockOptions
+  config: ResNetConfig
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    o, strides = self.options, self.strides
+    o, strides = self.config, self.strides
     out = BOTTLENECK_EXPANSION * self.features
     y = _conv(o, self.features, 1, name='conv_0')(x)
     y = nn.relu(_norm(o, train, name='norm_0')(y))
-    if strides > 1 and o.cp_downsample:
+    if strides > 1 and 'downsample' in o.cp_at:
       y = _context_pool(o, strides, 'context_pool')(y, deterministic=not train)
       strides = 1
     y = spatial_op(o, self.kind, y, self.features, strides, train, 'spatial_1')
@@ -322,7 +415,7 @@ class BottleneckBlock(nn.Module):
 # ----------------------------------------------------------------------------
 
 
-class ResNet(nn.Module):
+class ResNet(module_fields(ResNetConfig)):
   """ResNet (He et al., CVPR 2016) with optional ContextPool, lambda or AA layers.
 
   ``__call__(images, train=False)``: ``images [batch, height, width, channels]``
@@ -397,162 +490,42 @@ class ResNet(nn.Module):
     et al.); Flax's default (LeCun normal) for the classifier.
   * BatchNorm momentum 0.9 (PyTorch's 0.1), epsilon 1e-5.
 
-  Attributes:
-    stage_sizes: residual blocks per stage.
-    block: ``'basic'`` or ``'bottleneck'``.
-    stem: ``'cifar'`` (3x3 conv, stride 1) or ``'imagenet'`` (7x7/2 conv and a
-      3x3/2 max-pool).
-    width: channels of the first stage (doubled at each stage; a bottleneck
-      outputs 4x): 16 for CIFAR, 64 for ImageNet.
-    num_classes: classifier outputs.
-    shortcut: ``'A'`` (zero-padding identity) or ``'B'`` (projection).
-    stage_pattern: letters ``C``/``L``/``A`` per stage (``'C,C,L,L'``); None =
-      all convolutions.
-    context_pool: None, or a mapping of ContextPool field overrides.
-    cp_placement: where ContextPool goes (see above), a comma-separated string
-      or a sequence of ``'stem_pool'``, ``'downsample'``, ``'global_pool'``.
-    lambda_key_depth, lambda_heads, lambda_intra_depth, lambda_position,
-      lambda_scope_size: :class:`LambdaLayer` |k|, |h|, |u|, position and scope.
-    lambda_pool_size: average-pool window after a strided lambda layer.
-    aa_key_ratio, aa_value_ratio, aa_heads, aa_position, aa_downsample:
-      :class:`AugmentedConv2D` kappa, nu, N_h, position, attention_downsample.
-    aa_min_key_depth_per_head: lower bound on d_k / N_h (0: none).
-    zero_init_residual: zero-initialise the last BatchNorm scale of each block.
-    conv_init_mode: ``'fan_out'`` or ``'fan_in'`` for the He initialisation.
-    bn_momentum, bn_epsilon: BatchNorm running-average decay and epsilon.
-    bn_axis_name: mapped axis name for BatchNorm batch statistics in your own
-      ``jax.pmap`` / ``shard_map`` loop (every BatchNorm of the network,
-      including the lambda layers'); None (default) = the local batch, which is
-      right under ``jax.jit`` with sharded arrays (the trainer).
-    remat: rematerialise each residual block in the backward pass.
-    dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
-    param_dtype: parameter dtype.
+  Fields: :class:`ResNetConfig`'s (documented there).
   """
-  stage_sizes: Sequence[int]
-  block: str = 'bottleneck'
-  stem: str = 'imagenet'
-  width: int = 64
-  num_classes: int = 1000
-  shortcut: str = 'B'
-  stage_pattern: Optional[Union[str, Sequence[str]]] = None
-  context_pool: Optional[Mapping[str, Any]] = None
-  cp_placement: Union[str, Sequence[str]] = 'stem_pool,downsample'
-  lambda_key_depth: int = 16
-  lambda_heads: int = 4
-  lambda_intra_depth: int = 1
-  lambda_position: str = 'conv'
-  lambda_scope_size: int = 23
-  lambda_pool_size: int = 3
-  aa_key_ratio: float = 0.2
-  aa_value_ratio: float = 0.1
-  aa_heads: int = 8
-  aa_min_key_depth_per_head: int = 20
-  aa_position: str = 'relative'
-  aa_downsample: str = 'avg_pool'
-  zero_init_residual: bool = False
-  conv_init_mode: str = 'fan_out'
-  bn_momentum: float = 0.9
-  bn_epsilon: float = 1e-5
-  bn_axis_name: Optional[str] = None
-  remat: bool = False
-  dtype: Optional[Dtype] = None
-  param_dtype: Dtype = jnp.float32
-
-  # -- configuration ---------------------------------------------------------
-
-  def check_config(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Raises ValueError for any invalid field; returns (stage pattern, CP placements)."""
-    sizes = self.stage_sizes
-    if (not isinstance(sizes, (tuple, list)) or not sizes
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                   for n in sizes)):
-      raise ConfigError(f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
-                       'non-empty sequence of positive ints.')
-    v.check_choice(_OWNER, 'block', self.block, BLOCKS)
-    v.check_choice(_OWNER, 'stem', self.stem, STEMS)
-    v.check_choice(_OWNER, 'shortcut', self.shortcut, SHORTCUTS)
-    v.check_choice(_OWNER, 'conv_init_mode', self.conv_init_mode, CONV_INIT_MODES)
-    v.check_choice(_OWNER, 'lambda_position', self.lambda_position, LAMBDA_POSITIONS)
-    v.check_choice(_OWNER, 'aa_position', self.aa_position, AA_POSITIONS)
-    v.check_choice(_OWNER, 'aa_downsample', self.aa_downsample, AA_DOWNSAMPLES)
-    for name in ('width', 'num_classes', 'lambda_key_depth', 'lambda_heads',
-                 'lambda_intra_depth', 'lambda_pool_size', 'aa_heads'):
-      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
-    v.check_positive(_OWNER, 'aa_min_key_depth_per_head', self.aa_min_key_depth_per_head,
-                     integer=True, allow_zero=True)
-    if self.lambda_scope_size is None or not isinstance(self.lambda_scope_size, int) \
-        or self.lambda_scope_size <= 0 or self.lambda_scope_size % 2 == 0:
-      raise ConfigError(f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
-                       'invalid; expected an odd positive int.')
-    for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
-      v.check_positive(_OWNER, name, getattr(self, name))
-    v.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
-    for name in ('zero_init_residual', 'remat'):
-      v.check_choice(_OWNER, name, getattr(self, name), (True, False))
-    if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
-                       'expected None or a mapping of ContextPool fields.')
-    pattern = parse_stage_pattern(self.stage_pattern, len(sizes))
-    placement = parse_cp_placement(self.cp_placement)
-    if (self.context_pool is not None and 'stem_pool' in placement
-        and self.stem != 'imagenet'):
-      raise ConfigError(f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
-                       f"needs stem='imagenet' (stem={self.stem!r} has no pooling); "
-                       "allowed here: 'downsample', 'global_pool'.")
-    return pattern, placement
-
-  def block_options(self, placement: Sequence[str]) -> BlockOptions:
-    """The hashable per-block options derived from the fields."""
-    cp = self.context_pool
-    return BlockOptions(
-        shortcut=self.shortcut, zero_init_residual=self.zero_init_residual,
-        conv_init_mode=self.conv_init_mode, bn_momentum=self.bn_momentum,
-        bn_epsilon=self.bn_epsilon, bn_axis_name=self.bn_axis_name,
-        context_pool=None if cp is None else tuple(sorted(dict(cp).items())),
-        cp_downsample=cp is not None and 'downsample' in placement,
-        lambda_key_depth=self.lambda_key_depth, lambda_heads=self.lambda_heads,
-        lambda_intra_depth=self.lambda_intra_depth,
-        lambda_position=self.lambda_position, lambda_scope_size=self.lambda_scope_size,
-        lambda_pool_size=self.lambda_pool_size, aa_key_ratio=self.aa_key_ratio,
-        aa_value_ratio=self.aa_value_ratio, aa_heads=self.aa_heads,
-        aa_min_key_depth_per_head=self.aa_min_key_depth_per_head,
-        aa_position=self.aa_position, aa_downsample=self.aa_downsample,
-        dtype=self.dtype, param_dtype=self.param_dtype)
 
   # -- forward ---------------------------------------------------------------
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> Array:
-    pattern, placement = self.check_config()
+    o = self.config
+    pattern = o.check()
     v.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
-    o = self.block_options(placement)
-    cp_at = set(placement) if self.context_pool is not None else set()
-    x = images if self.dtype is None else images.astype(self.dtype)
+    x = images if o.dtype is None else images.astype(o.dtype)
 
-    if self.stem == 'cifar':
-      x = _conv(o, self.width, 3, name='stem_conv')(x)
+    if o.stem == 'cifar':
+      x = _conv(o, o.width, 3, name='stem_conv')(x)
       x = nn.relu(_norm(o, train, name='stem_norm')(x))
     else:
-      x = _conv(o, self.width, 7, 2, name='stem_conv')(x)
+      x = _conv(o, o.width, 7, 2, name='stem_conv')(x)
       x = nn.relu(_norm(o, train, name='stem_norm')(x))
-      if 'stem_pool' in cp_at:
+      if 'stem_pool' in o.cp_at:
         x = _context_pool(o, 2, 'stem_context_pool')(x, deterministic=not train)
       else:
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
 
-    block_cls = BasicBlock if self.block == 'basic' else BottleneckBlock
-    if self.remat:
+    block_cls = BasicBlock if o.block == 'basic' else BottleneckBlock
+    if o.remat:
       block_cls = nn.remat(block_cls, static_argnums=(2,))
-    for i, (num_blocks, kind) in enumerate(zip(self.stage_sizes, pattern)):
+    for i, (num_blocks, kind) in enumerate(zip(o.stage_sizes, pattern)):
       for j in range(num_blocks):
         strides = 2 if i > 0 and j == 0 else 1
-        x = block_cls(self.width * 2 ** i, strides, kind, o,
+        x = block_cls(o.width * 2 ** i, strides, kind, o,
                       name=f'stage_{i}_block_{j}')(x, train)
 
-    if 'global_pool' in cp_at:
+    if 'global_pool' in o.cp_at:
       x = _context_pool(o, 1, 'head_context_pool')(x, deterministic=not train)
     x = jnp.mean(x, axis=(1, 2))
-    x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+    x = nn.Dense(o.num_classes, dtype=o.dtype, param_dtype=o.param_dtype,
                  name='head')(x)
     return x.astype(jnp.float32)
 
