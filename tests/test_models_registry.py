@@ -1,5 +1,7 @@
 """The model registry: every name builds; errors name what is wrong."""
 
+import dataclasses
+
 import pytest
 
 from contextpool_jax import models
@@ -20,6 +22,21 @@ def test_create_applies_overrides():
   model = models.create('cp_transformer_lm', num_layers=3)
   assert model.num_layers == 3 and model.context_pool == {}
   assert models.create('transformer_lm').context_pool is None
+
+
+def test_every_model_passes_its_fields_down_as_one_frozen_config():
+  """Each family declares its fields once (a frozen config dataclass); the top
+  module's fields are exactly those, and ``model.config`` carries their values."""
+  for name in models.available():
+    model = models.create(name)
+    config = model.config
+    assert dataclasses.is_dataclass(config), name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      config.dtype = None
+    names = [f.name for f in dataclasses.fields(config)]
+    assert names == [f.name for f in dataclasses.fields(model)
+                     if f.name not in ('parent', 'name')], name
+    assert all(getattr(config, n) is getattr(model, n) for n in names), name
 
 
 def test_unknown_name_suggests_close_matches():

@@ -22,6 +22,7 @@ can be overridden, e.g. ``MODELS['cp_vit_b16'](num_layers=10)`` (Table 6's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.models.common import module_fields
 
 Array = jax.Array
 Dtype = Any
@@ -157,6 +159,108 @@ def unstack_block_params(params: Mapping[str, Any], num_layers: int,
 
 
 # ----------------------------------------------------------------------------
+# The fields, declared once: the ViT's and every block's.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+  """Every field of the ViT family, declared once.
+
+  :class:`ViT` has these as its own fields (``ViT(num_layers=3)``,
+  ``model.hidden_size``, registry overrides); ``model.config`` bundles them
+  into this frozen dataclass, which the encoder blocks and their MLPs read.
+  The choices behind the defaults are on :class:`ViT`.
+
+  Attributes:
+    num_classes: output classes.
+    image_size: image height = width the position embeddings are sized for.
+    patch_size: patch height = width (p).
+    hidden_size: token width d.
+    num_layers: encoder blocks.
+    num_heads: attention heads.
+    mlp_dim: MLP hidden width; None means ``4 * hidden_size``
+      (:attr:`mlp_width`).
+    classifier: ``'token'`` (head on the class token, ViT/DeiT) or ``'gap'``
+      (no class token; head on the mean of the patch tokens).
+    dropout_rate: dropout after the position embeddings, the attention
+      sub-layer and in the MLP.
+    attention_dropout_rate: dropout on the attention weights.
+    context_pool: None: plain ViT; a mapping (possibly empty): CP-ViT with
+      these ContextPool field overrides.
+    context_pool_position: ``'block' | 'attention'`` (see :class:`ViT`).
+    context_pool_last: also pool after the last block (see :class:`ViT`).
+    posemb_resize: ``jax.image.resize`` method for other image sizes, or None
+      to raise.
+    remat: rematerialise each block in the backward pass (``nn.remat``).
+    scan_layers: apply the identical blocks with one ``nn.scan`` (compiles one
+      block instead of ``num_layers``). Parameters are then stacked under
+      ``'blocks'``; with ContextPool but not ``context_pool_last``, the first
+      ``num_layers - 1`` blocks are scanned and ``block_{L-1}`` is separate
+      (:func:`stack_block_params` / :func:`unstack_block_params` convert).
+    dtype: compute dtype (e.g. ``jnp.bfloat16``).
+    param_dtype: parameter dtype.
+  """
+
+  num_classes: int = 1000
+  image_size: int = 224
+  patch_size: int = 16
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_dim: Optional[int] = None
+  classifier: str = 'token'
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  context_pool: Optional[Mapping[str, Any]] = None
+  context_pool_position: str = 'block'
+  context_pool_last: bool = False
+  posemb_resize: Optional[str] = 'bilinear'
+  remat: bool = False
+  scan_layers: bool = False
+  dtype: Optional[Dtype] = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @property
+  def mlp_width(self) -> int:
+    """The MLP hidden width: ``mlp_dim``, or ``4 * hidden_size`` when it is None."""
+    return self.mlp_dim or 4 * self.hidden_size
+
+  def check(self) -> None:
+    """Raises ConfigError for any invalid field (called by ``ViT.__call__``)."""
+    for name in ('num_classes', 'image_size', 'patch_size', 'hidden_size',
+                 'num_layers', 'num_heads'):
+      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
+    v.check_positive(_OWNER, 'mlp_dim', self.mlp_dim, integer=True, allow_none=True)
+    v.check_choice(_OWNER, 'classifier', self.classifier, CLASSIFIERS)
+    v.check_choice(_OWNER, 'context_pool_position', self.context_pool_position,
+                   POOL_POSITIONS)
+    v.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
+    v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
+    v.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
+    for name in ('context_pool_last', 'remat', 'scan_layers'):
+      if not isinstance(getattr(self, name), bool):
+        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
+                         'expected True or False.')
+    if self.image_size % self.patch_size:
+      raise ConfigError(f'{_OWNER}.image_size={self.image_size} is invalid; expected '
+                       f'a multiple of patch_size={self.patch_size}.')
+    if self.hidden_size % self.num_heads:
+      raise ConfigError(f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
+                       f'divisor of hidden_size={self.hidden_size}.')
+    if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
+      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+                       'expected None or a mapping of ContextPool fields.')
+    if (self.context_pool is not None and self.num_layers == 1
+        and not self.context_pool_last):
+      raise ConfigError(f'{_OWNER}.num_layers=1 with context_pool and '
+                       'context_pool_last=False would insert no ContextPool; use '
+                       'num_layers >= 2 or context_pool_last=True.')
+    # Unknown or conflicting ContextPool fields raise here, before tracing.
+    make_context_pool(self.context_pool, dtype=self.dtype, param_dtype=self.param_dtype)
+
+
+# ----------------------------------------------------------------------------
 # Modules.
 # ----------------------------------------------------------------------------
 
@@ -165,95 +269,79 @@ class MlpBlock(nn.Module):
   """Transformer MLP: Dense -> GELU -> Dropout -> Dense -> Dropout (ViT, Eq. 3).
 
   Attributes:
-    mlp_dim: hidden width.
-    dropout_rate: dropout after the activation and after the output.
-    dtype: compute dtype.
-    param_dtype: parameter dtype.
+    config: ``mlp_width`` (hidden width), ``dropout_rate`` (after the
+      activation and after the output), dtypes.
   """
 
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  dtype: Optional[Dtype] = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=self.param_dtype,
+    cfg = self.config
+    dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                               kernel_init=_dense_init, bias_init=_mlp_bias_init)
     d = x.shape[-1]
-    y = nn.gelu(dense(self.mlp_dim, name='dense_0')(x))
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    y = nn.gelu(dense(cfg.mlp_width, name='dense_0')(x))
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)
     y = dense(d, name='dense_1')(y)
-    return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    return nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)
 
 
 class EncoderBlock(nn.Module):
   """Pre-LN ViT encoder block, optionally followed by ContextPool.
 
-  ``x = x + Dropout(MHSA(LN(x))); x = x + MLP(LN(x))`` (ViT, Eq. 2-3). With a
-  ``context_pool`` mapping, the patch tokens are pooled as the ``grid`` (the
-  class token passes through, :func:`pool_patch_tokens`) either after the
-  attention sub-layer's residual add (``pool_position='attention'``) or after
-  the whole block (``'block'``).
+  ``x = x + Dropout(MHSA(LN(x))); x = x + MLP(LN(x))`` (ViT, Eq. 2-3). With
+  ``pooled``, the patch tokens are pooled by a ContextPool built from
+  ``config.context_pool`` as the ``grid`` (the class token passes through,
+  :func:`pool_patch_tokens`) either after the attention sub-layer's residual
+  add (``context_pool_position='attention'``) or after the whole block
+  (``'block'``).
 
   ``__call__(x, train)``: ``x [batch, num_prefix + h * w, d]`` -> same shape.
   ``train`` is positional so that ``nn.remat`` can mark it static.
 
   Attributes:
-    num_heads: attention heads.
-    mlp_dim: MLP hidden width.
+    config: the model's :class:`ViTConfig`.
     grid: ``(h, w)`` patch grid of the tokens after the prefix.
     num_prefix: 1 with a class token, else 0.
-    dropout_rate: dropout after attention and in the MLP.
-    attention_dropout_rate: dropout on the attention weights.
-    context_pool: None (no ContextPool) or ContextPool field overrides.
-    pool_position: ``'block' | 'attention'``.
+    pooled: this block carries a ContextPool (:func:`num_pooled_layers`).
     scan_carry: return ``(x, None)`` (the ``nn.scan`` body convention).
-    dtype: compute dtype.
-    param_dtype: parameter dtype.
   """
 
-  num_heads: int
-  mlp_dim: int
+  config: ViTConfig
   grid: tuple[int, int]
   num_prefix: int = 1
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  context_pool: Optional[Mapping[str, Any]] = None
-  pool_position: str = 'block'
+  pooled: bool = False
   scan_carry: bool = False
-  dtype: Optional[Dtype] = jnp.float32
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Any:
-    v.check_choice('EncoderBlock', 'pool_position', self.pool_position, POOL_POSITIONS)
-    pool = make_context_pool(self.context_pool, dtype=self.dtype,
-                             param_dtype=self.param_dtype, name='context_pool')
+    cfg = self.config
+    pool = make_context_pool(cfg.context_pool if self.pooled else None, dtype=cfg.dtype,
+                             param_dtype=cfg.param_dtype, name='context_pool')
     apply_pool = lambda h: (h if pool is None else pool_patch_tokens(
         pool, h, self.grid, self.num_prefix, deterministic=not train))
-    norm = functools.partial(nn.LayerNorm, dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = functools.partial(nn.LayerNorm, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
     y = norm(name='norm_0')(x)
     y = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dtype=self.dtype, param_dtype=self.param_dtype,
+        num_heads=cfg.num_heads, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=_dense_init, broadcast_dropout=False,
-        dropout_rate=self.attention_dropout_rate, name='attention')(
+        dropout_rate=cfg.attention_dropout_rate, name='attention')(
             y, y, deterministic=not train)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)
     x = x + y
-    if self.pool_position == 'attention':
+    if cfg.context_pool_position == 'attention':
       x = apply_pool(x)
     y = norm(name='norm_1')(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype,
-                 param_dtype=self.param_dtype, name='mlp')(y, train)
+    y = MlpBlock(cfg, name='mlp')(y, train)
     x = x + y
-    if self.pool_position == 'block':
+    if cfg.context_pool_position == 'block':
       x = apply_pool(x)
     return (x, None) if self.scan_carry else x
 
 
-class ViT(nn.Module):
+class ViT(module_fields(ViTConfig)):
   """Vision Transformer (Dosovitskiy et al., 2021), optionally with ContextPool.
 
   ``__call__(images, train=False)``: ``images [batch, height, width, channels]``
@@ -292,88 +380,10 @@ class ViT(nn.Module):
     ``[batch, h, w]``; with ``scan_layers`` under ``blocks/context_pool/...``
     stacked to ``[num_scanned, batch, h, w]``.
 
-  Attributes:
-    num_classes: output classes.
-    image_size: image height = width the position embeddings are sized for.
-    patch_size: patch height = width (p).
-    hidden_size: token width d.
-    num_layers: encoder blocks.
-    num_heads: attention heads.
-    mlp_dim: MLP hidden width; None means ``4 * hidden_size``.
-    classifier: ``'token'`` (head on the class token, ViT/DeiT) or ``'gap'``
-      (no class token; head on the mean of the patch tokens).
-    dropout_rate: dropout after the position embeddings, the attention
-      sub-layer and in the MLP.
-    attention_dropout_rate: dropout on the attention weights.
-    context_pool: None: plain ViT; a mapping (possibly empty): CP-ViT with
-      these ContextPool field overrides.
-    context_pool_position: ``'block' | 'attention'`` (see above).
-    context_pool_last: also pool after the last block (see above).
-    posemb_resize: ``jax.image.resize`` method for other image sizes, or None
-      to raise.
-    remat: rematerialise each block in the backward pass (``nn.remat``).
-    scan_layers: apply the identical blocks with one ``nn.scan`` (compiles one
-      block instead of ``num_layers``). Parameters are then stacked under
-      ``'blocks'``; with ContextPool but not ``context_pool_last``, the first
-      ``num_layers - 1`` blocks are scanned and ``block_{L-1}`` is separate
-      (:func:`stack_block_params` / :func:`unstack_block_params` convert).
-    dtype: compute dtype (e.g. ``jnp.bfloat16``).
-    param_dtype: parameter dtype.
+  Fields: :class:`ViTConfig`'s (documented there).
   """
 
-  num_classes: int = 1000
-  image_size: int = 224
-  patch_size: int = 16
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  mlp_dim: Optional[int] = None
-  classifier: str = 'token'
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  context_pool: Optional[Mapping[str, Any]] = None
-  context_pool_position: str = 'block'
-  context_pool_last: bool = False
-  posemb_resize: Optional[str] = 'bilinear'
-  remat: bool = False
-  scan_layers: bool = False
-  dtype: Optional[Dtype] = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
   # -- configuration ---------------------------------------------------------
-
-  def check_config(self) -> None:
-    """Raises ValueError for any invalid field (called by ``__call__``)."""
-    for name in ('num_classes', 'image_size', 'patch_size', 'hidden_size',
-                 'num_layers', 'num_heads'):
-      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
-    v.check_positive(_OWNER, 'mlp_dim', self.mlp_dim, integer=True, allow_none=True)
-    v.check_choice(_OWNER, 'classifier', self.classifier, CLASSIFIERS)
-    v.check_choice(_OWNER, 'context_pool_position', self.context_pool_position,
-                   POOL_POSITIONS)
-    v.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
-    v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
-    v.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
-    for name in ('context_pool_last', 'remat', 'scan_layers'):
-      if not isinstance(getattr(self, name), bool):
-        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
-                         'expected True or False.')
-    if self.image_size % self.patch_size:
-      raise ConfigError(f'{_OWNER}.image_size={self.image_size} is invalid; expected '
-                       f'a multiple of patch_size={self.patch_size}.')
-    if self.hidden_size % self.num_heads:
-      raise ConfigError(f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
-                       f'divisor of hidden_size={self.hidden_size}.')
-    if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
-                       'expected None or a mapping of ContextPool fields.')
-    if (self.context_pool is not None and self.num_layers == 1
-        and not self.context_pool_last):
-      raise ConfigError(f'{_OWNER}.num_layers=1 with context_pool and '
-                       'context_pool_last=False would insert no ContextPool; use '
-                       'num_layers >= 2 or context_pool_last=True.')
-    # Unknown or conflicting ContextPool fields raise here, before tracing.
-    make_context_pool(self.context_pool, dtype=self.dtype, param_dtype=self.param_dtype)
 
   def _grid(self, images: Array) -> tuple[int, int]:
     v.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
@@ -393,7 +403,7 @@ class ViT(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> Array:
-    self.check_config()
+    self.config.check()
     grid = self._grid(images)
     d, p = self.hidden_size, self.patch_size
     x = nn.Conv(d, (p, p), strides=(p, p), padding='VALID', dtype=self.dtype,
@@ -426,29 +436,22 @@ class ViT(nn.Module):
   def _encoder(self, x: Array, grid: tuple[int, int], num_prefix: int,
                train: bool) -> Array:
     """The ``num_layers`` blocks, unscanned or with ``nn.scan`` (same maths)."""
-    pooled = num_pooled_layers(self.num_layers, self.context_pool, self.context_pool_last)
-    block_kwargs = dict(
-        num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * self.hidden_size,
-        grid=grid, num_prefix=num_prefix, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        pool_position=self.context_pool_position, dtype=self.dtype,
-        param_dtype=self.param_dtype)
-    pool_for = lambda i: self.context_pool if i < pooled else None
+    cfg = self.config
+    num_pooled = num_pooled_layers(cfg.num_layers, cfg.context_pool, cfg.context_pool_last)
     start = 0
-    if self.scan_layers:
-      start = num_scanned_layers(self.num_layers, self.context_pool,
-                                 self.context_pool_last)
+    if cfg.scan_layers:
+      start = num_scanned_layers(cfg.num_layers, cfg.context_pool, cfg.context_pool_last)
       body = EncoderBlock
-      if self.remat:
+      if cfg.remat:
         body = nn.remat(body, static_argnums=(2,), prevent_cse=False)
       stack = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0},
                       split_rngs={'params': True, 'dropout': True},
                       in_axes=nn.broadcast, length=start)
-      x, _ = stack(context_pool=pool_for(0), scan_carry=True, name=SCAN_NAME,
-                   **block_kwargs)(x, train)
-    block = nn.remat(EncoderBlock, static_argnums=(2,)) if self.remat else EncoderBlock
-    for i in range(start, self.num_layers):
-      x = block(context_pool=pool_for(i), name=block_name(i), **block_kwargs)(x, train)
+      x, _ = stack(cfg, grid, num_prefix, pooled=num_pooled > 0, scan_carry=True,
+                   name=SCAN_NAME)(x, train)
+    block = nn.remat(EncoderBlock, static_argnums=(2,)) if cfg.remat else EncoderBlock
+    for i in range(start, cfg.num_layers):
+      x = block(cfg, grid, num_prefix, pooled=i < num_pooled, name=block_name(i))(x, train)
     return x
 
 
