@@ -33,7 +33,7 @@ import optax
 from benchmarks import harness
 from contextpool_jax import models
 from contextpool_jax.layers.context_pool import ContextPool
-from contextpool_jax.training.tasks import cross_entropy
+from contextpool_jax.training import objectives
 
 GiB = 2.0 ** 30
 MiB = 2.0 ** 20
@@ -86,15 +86,13 @@ def compile_lm_train_step(length: int, *, batch: int = 1, name: str = 'cp_transf
   overrides = {} if context_pool is None else {'context_pool': context_pool}
   model = models.create(name, remat=True, scan_layers=scan_layers, **overrides)
 
-  def loss(logits, b):
-    ce = cross_entropy(logits[:, :-1], b['tokens'][:, 1:])
-    return jnp.sum(ce), jnp.asarray(ce.size, jnp.float32)
+  def make_batch(key):  # the model reads `length` tokens and predicts the next of each
+    return {'tokens': jax.random.randint(key, (batch, length + 1), 0, 256),
+            'weights': jnp.ones((batch, length), jnp.float32)}
 
   workload = harness.Workload(
-      module=model,
-      make_batch=lambda key: {'tokens': jax.random.randint(key, (batch, length), 0, 256)},
-      model_args=lambda b: (b['tokens'],), loss=loss,
-      optimizer=optax.adamw(1e-3, weight_decay=0.01))
+      module=model, objective=objectives.LanguageModelling(), make_batch=make_batch,
+      optimizer=(optax.adamw(1e-3, weight_decay=0.01), optax.constant_schedule(1e-3)))
   return harness.measure(name, lambda: workload, timing=False)
 
 

@@ -1,9 +1,11 @@
 """Side-by-side cost measurement of training steps: params, FLOPs, memory, time.
 
 A :class:`Workload` says how to train one model on random inputs of a fixed
-shape; :func:`measure` builds one training step for it (forward, backward and
-an optax update, the kind of step ``contextpool_jax.training.trainer`` runs)
-and returns a row dict:
+shape: the model, its objective (:mod:`contextpool_jax.training.objectives`),
+the batch and the optimizer. :func:`measure` builds *the trainer's own train
+step* for it (:func:`contextpool_jax.training.steps.make_train_step`: forward,
+backward, gradient norm, the non-finite guard and the optax update) and
+returns a row dict:
 
 * ``params``: parameter count, from ``jax.eval_shape`` of ``module.init``
   (nothing is allocated).
@@ -41,6 +43,8 @@ import numpy as np
 import optax
 
 from contextpool_jax.models.common import count_params
+from contextpool_jax.training import objectives, steps
+from contextpool_jax.training.steps import TrainState
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -51,72 +55,35 @@ class Workload:
   """How to train ``module`` for one step on random data.
 
   Attributes:
-    module: the Flax module.
+    module: the Flax module; called as ``module(*objective.model_args(batch),
+      train=...)``, like every model of the registry.
+    objective: its loss and metrics (the tasks' convention: a loss sum and the
+      batch's total weight).
     make_batch: ``key -> batch`` (a dict of arrays, the step's input).
-    model_args: ``batch -> positional arguments`` of ``module.apply``.
-    loss: ``(outputs, batch) -> (loss_sum, weight)``; the step minimises
-      ``loss_sum / weight`` (the tasks' convention: a sum and its total weight).
-    optimizer: the optax transformation applied to the gradients.
-    train_kwarg: call the module with ``train=True`` (``train=False`` for init).
+    optimizer: ``(optax transformation, learning-rate schedule)``, e.g. from
+      ``contextpool_jax.training.optim.make_optimizer``.
   """
   module: nn.Module
+  objective: objectives.Objective
   make_batch: Callable[[Array], Batch]
-  model_args: Callable[[Batch], tuple]
-  loss: Callable[[Any, Batch], tuple[Array, Array]]
-  optimizer: optax.GradientTransformation
-  train_kwarg: bool = True
-
-
-@dataclasses.dataclass
-class TrainState:
-  """What a step reads and returns (donated between steps)."""
-  step: Array
-  params: Any
-  opt_state: Any
-  model_state: dict[str, Any]
-
-
-jax.tree_util.register_dataclass(
-    TrainState, data_fields=['step', 'params', 'opt_state', 'model_state'], meta_fields=[])
-
-
-def _apply(w: Workload, variables: dict, batch: Batch, *, train: bool, **kwargs) -> Any:
-  extra = {'train': train} if w.train_kwarg else {}
-  return w.module.apply(variables, *w.model_args(batch), **extra, **kwargs)
+  optimizer: tuple[optax.GradientTransformation, Callable[[Any], Any]]
 
 
 def init_shapes(w: Workload, batch: Batch) -> tuple[Any, dict[str, Any]]:
   """``(params, model_state)`` as ``ShapeDtypeStruct`` trees (nothing allocated)."""
   def init(key, batch):
-    extra = {'train': False} if w.train_kwarg else {}
-    return w.module.init({'params': key, 'dropout': key}, *w.model_args(batch), **extra)
+    return w.module.init({'params': key, 'dropout': key}, *w.objective.model_args(batch),
+                         train=False)
   variables = dict(jax.eval_shape(init, jax.random.key(0), batch))
   variables.pop('intermediates', None)
   params = variables.pop('params')
   return params, variables
 
 
-def make_train_step(w: Workload) -> Callable[[TrainState, Batch], tuple[TrainState, Array]]:
-  """``(state, batch) -> (state, loss)``: forward, backward, optax update."""
-  base_key = jax.random.key(1)
-
-  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Array]:
-    key = jax.random.fold_in(base_key, state.step)
-
-    def loss_fn(params):
-      mutable = list(state.model_state)
-      out = _apply(w, {'params': params, **state.model_state}, batch, train=True,
-                   rngs={'dropout': key}, mutable=mutable or False)
-      outputs, new_model_state = out if mutable else (out, state.model_state)
-      loss_sum, weight = w.loss(outputs, batch)
-      return loss_sum / jnp.maximum(weight, 1e-9), dict(new_model_state)
-
-    (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = w.optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    return TrainState(state.step + 1, params, opt_state, model_state), loss
-
-  return train_step
+def make_train_step(w: Workload) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """The trainer's step for ``w``: ``(state, batch) -> (state, metric sums)``."""
+  tx, schedule = w.optimizer
+  return steps.make_train_step(w.module, w.objective, tx, schedule, jax.random.key(1))
 
 
 def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
@@ -143,9 +110,10 @@ def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
     return jax.tree_util.tree_unflatten(treedef, out)
 
   params = fill(params_shape, seed)
-  opt_state = jax.jit(w.optimizer.init)(params)
-  return TrainState(jnp.zeros((), jnp.int32), params, opt_state,
-                    fill(model_state_shape, seed + 10_000))
+  opt_state = jax.jit(w.optimizer[0].init)(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                    model_state=fill(model_state_shape, seed + 10_000),
+                    bad_step=jnp.full((), -1, jnp.int32))
 
 
 def compiled_cost(compiled) -> dict[str, float]:
@@ -176,10 +144,10 @@ class Runner:
   def step(self) -> float:
     """Runs one step (state donated and replaced); returns its wall time in seconds."""
     t0 = time.perf_counter()
-    self._state, loss = self._compiled(self._state, self._batch)
-    jax.block_until_ready(loss)
+    self._state, metrics = self._compiled(self._state, self._batch)
+    jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - t0
-    self.loss = loss
+    self.loss = metrics['loss'] / jnp.maximum(metrics['weight'], 1e-9)
     return elapsed
 
   def close(self) -> None:
@@ -211,7 +179,9 @@ def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = T
   batch_shape = jax.eval_shape(w.make_batch, jax.random.key(0))
   params_shape, model_state_shape = init_shapes(w, batch_shape)
   state_shape = jax.eval_shape(
-      lambda p, m: TrainState(jnp.zeros((), jnp.int32), p, w.optimizer.init(p), m),
+      lambda p, m: TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                              opt_state=w.optimizer[0].init(p), model_state=m,
+                              bad_step=jnp.zeros((), jnp.int32)),
       params_shape, model_state_shape)
   step = jax.jit(make_train_step(w), donate_argnums=0)
   t0 = time.perf_counter()

@@ -28,19 +28,19 @@ import dataclasses
 import functools
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
+from configs import common
 from contextpool_jax import models
-from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.context_pool import IMPLEMENTATIONS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
+from contextpool_jax.training import objectives
 from contextpool_jax.training.optim import make_optimizer
-from contextpool_jax.training.tasks import cross_entropy
 
 from benchmarks.harness import PaperColumn
 from benchmarks.harness import Workload
@@ -148,11 +148,11 @@ class Table:
 # ----------------------------------------------------------------------------
 
 
-def _optimizer(**cfg) -> optax.GradientTransformation:
-  """The project's optimizer builder with a config's optimizer fields."""
-  cfg.setdefault('schedule', 'constant')
-  cfg.setdefault('warmup_steps', 0)
-  return make_optimizer(ml_collections.ConfigDict(cfg), num_train_steps=1000)[0]
+def _optimizer(**fields) -> tuple[optax.GradientTransformation, Callable]:
+  """The project's optimizer builder: ``configs/common.py``'s optimizer with ``fields``."""
+  cfg = common.base_config().optimizer
+  cfg.update(dict(schedule='constant', warmup_steps=0), **fields)
+  return make_optimizer(cfg, num_train_steps=1000)
 
 
 def _with_cp_defaults(context_pool: Optional[Mapping[str, Any]],
@@ -182,29 +182,22 @@ def nmt_workload(s: Sizes, *, attention: str = 'standard', rich_area: bool = Fal
     return {'inputs': jax.random.randint(k1, shape, 1, 32000, jnp.int32),
             'targets': jax.random.randint(k2, shape, 1, 32000, jnp.int32)}
 
-  def loss(logits, batch):
-    w = (batch['targets'] != 0).astype(jnp.float32)
-    return jnp.sum(cross_entropy(logits, batch['targets'], 0.1) * w), jnp.sum(w)
-
   return Workload(
-      module=model, make_batch=make_batch,
-      model_args=lambda b: (b['inputs'], b['targets']), loss=loss,
+      module=model, objective=objectives.Translation(label_smoothing=0.1),
+      make_batch=make_batch,
       optimizer=_optimizer(name='adam', learning_rate=1e-3, b1=0.9, b2=0.98, eps=1e-9))
 
 
 def _classification(model, batch: int, image: int, num_classes: int, smoothing: float,
-                    optimizer: optax.GradientTransformation) -> Workload:
+                    optimizer: tuple) -> Workload:
   def make_batch(key):
     k1, k2 = jax.random.split(key)
     return {'image': jax.random.normal(k1, (batch, image, image, 3), jnp.float32),
             'label': jax.random.randint(k2, (batch,), 0, num_classes, jnp.int32)}
 
-  def loss(logits, b):
-    return jnp.sum(cross_entropy(logits, b['label'], smoothing)), jnp.asarray(
-        b['label'].shape[0], jnp.float32)
-
-  return Workload(module=model, make_batch=make_batch, model_args=lambda b: (b['image'],),
-                  loss=loss, optimizer=optimizer)
+  objective = objectives.Classification(num_classes=num_classes, label_smoothing=smoothing)
+  return Workload(module=model, objective=objective, make_batch=make_batch,
+                  optimizer=optimizer)
 
 
 def vit_workload(s: Sizes, *, context_pool: Optional[Mapping[str, Any]] = None) -> Workload:
@@ -227,20 +220,39 @@ def resnet_workload(s: Sizes, *, name: str = 'resnet44',
   return _classification(model, s.resnet_batch, 32, 10, 0.0, tx)
 
 
+class SquaredOutput(objectives.Objective):
+  """A layer benchmark's objective: ``sum(y^2)`` per example of ``batch['x']``."""
+
+  def model_args(self, batch):
+    return (batch['x'],)
+
+  def weight(self, batch):
+    return jnp.asarray(batch['x'].shape[0], jnp.float32)
+
+  def loss(self, y, batch):
+    total = jnp.sum(jnp.square(y.astype(jnp.float32)))
+    return total, {'loss': total, 'weight': self.weight(batch)}
+
+
+class WithTrainArgument(nn.Module):
+  """Calls ``layer(x)`` for ``(x, train)``: a layer without a ``train`` argument
+  called like the registry's models."""
+  layer: nn.Module
+
+  def __call__(self, x, train: bool = False):
+    del train
+    return self.layer(x)
+
+
 def layer_workload(s: Sizes, make_layer: Callable[[], Any], *, train_kwarg: bool) -> Workload:
   """One layer on ``[batch, size, size, channels]`` maps; loss ``sum(y^2)`` per
   example; Adam."""
   shape = (s.lambda_batch, s.lambda_size, s.lambda_size, s.lambda_channels)
-
-  def loss(y, b):
-    return (jnp.sum(jnp.square(y.astype(jnp.float32))),
-            jnp.asarray(b['x'].shape[0], jnp.float32))
-
+  layer = make_layer()
   return Workload(
-      module=make_layer(),
+      module=layer if train_kwarg else WithTrainArgument(layer), objective=SquaredOutput(),
       make_batch=lambda key: {'x': jax.random.normal(key, shape, DTYPES[s.dtype])},
-      model_args=lambda b: (b['x'],), loss=loss,
-      optimizer=_optimizer(name='adam', learning_rate=1e-3), train_kwarg=train_kwarg)
+      optimizer=_optimizer(name='adam', learning_rate=1e-3))
 
 
 # ----------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(tmp_path, process_
   config.dataset.update(data_dir=str(tmp_path / 'tfds'), files=(str(tmp_path / 'a.txt'),),
                         max_bytes=0, seq_len=16, eval_context=context, eval_step=step,
                         eval_batch_size=16, eval_max_bytes=0)
-  task = tasks.LanguageModelling(config, str(tmp_path))
+  task = tasks.make_task(config, str(tmp_path)).objective
   table = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
   shards = [lm_input.make_eval_batches(config, 'validation', process_index=p,
                                        process_count=process_count)
@@ -340,7 +340,7 @@ def _cifar_config(data_dir, **dataset):
 def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(cifar_dir, tmp_path,
                                                                     process_count):
   config = _cifar_config(cifar_dir)
-  task = tasks.Classification(config, str(tmp_path))
+  task = tasks.make_task(config, str(tmp_path)).objective
   weights = np.random.default_rng(0).normal(size=(3, 10)).astype(np.float32)
   logits_of = lambda images: jnp.asarray(images.mean(axis=(1, 2)) @ weights)
   sums, labels = {}, []
@@ -427,8 +427,8 @@ def _wmt_config(data_dir, workdir, **dataset):
 def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(wmt_dir, tmp_path,
                                                                         process_count):
   config = _wmt_config(wmt_dir, tmp_path)
-  task = tasks.Translation(config, str(tmp_path))
-  vocab = task.vocab
+  full = tasks.make_task(config, str(tmp_path))
+  task, vocab = full.objective, full.data.vocab
   table = np.random.default_rng(0).normal(size=(vocab.vocab_size, 32, vocab.vocab_size))
   logits_of = lambda inputs: jnp.asarray(table[inputs[:, 0]], jnp.float32)
   sums, seen = {}, []

@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.data import image_input as ii
+from contextpool_jax.data import mixup, randaugment
 
 NUM_CLASSES = {'cifar10': 10, 'imagenet2012': 1000}
 
@@ -248,14 +249,14 @@ def test_cifar_resized_when_image_size_is_not_32():
   assert ii.eval_example({'image': image, 'label': 1}, spec)['image'].shape == (48, 48, 3)
 
 
-MAGNITUDE_OPS = [n for n in ii.RANDAUGMENT_OPS if n not in ('autocontrast', 'equalize')]
+MAGNITUDE_OPS = [n for n in randaugment.RANDAUGMENT_OPS if n not in ('autocontrast', 'equalize')]
 
 
-@pytest.mark.parametrize('name', list(ii.RANDAUGMENT_OPS))
+@pytest.mark.parametrize('name', list(randaugment.RANDAUGMENT_OPS))
 def test_randaugment_op_keeps_shape_and_dtype(name):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   image = np.random.default_rng(0).integers(0, 256, (20, 28, 3), dtype=np.uint8)
-  op = ii.RANDAUGMENT_OPS[name]
+  op = randaugment.RANDAUGMENT_OPS[name]
   for m in (0.0, 5.0, 10.0):
     out = np.asarray(op(Image.fromarray(image), m, np.random.default_rng(1)))
     assert out.shape == image.shape and out.dtype == np.uint8
@@ -268,7 +269,7 @@ def test_randaugment_op_keeps_shape_and_dtype(name):
 def test_randaugment():
   image = np.random.default_rng(0).integers(0, 256, (24, 24, 3), dtype=np.uint8)
   def run(seed, **kw):
-    return ii.randaugment(image, np.random.default_rng(seed), **kw)
+    return randaugment.randaugment(image, np.random.default_rng(seed), **kw)
   out = run(0, num_ops=3, magnitude=9, magnitude_std=0.5)
   assert out.shape == image.shape and out.dtype == np.uint8
   np.testing.assert_array_equal(out, run(0, num_ops=3, magnitude=9, magnitude_std=0.5))
@@ -292,7 +293,7 @@ def _two_images(b=4, h=16, w=12):
 @pytest.mark.parametrize('mixup_alpha,cutmix_alpha', [(0.8, 0.0), (0.0, 1.0), (0.8, 1.0)])
 def test_mixup_cutmix_label_mass_matches_pixels(mixup_alpha, cutmix_alpha):
   images, labels = _two_images()
-  fn = jax.jit(lambda k: ii.mixup_cutmix(k, images, labels, mixup_alpha=mixup_alpha,
+  fn = jax.jit(lambda k: mixup.mixup_cutmix(k, images, labels, mixup_alpha=mixup_alpha,
                                          cutmix_alpha=cutmix_alpha, switch_prob=0.5))
   kinds = set()
   for seed in range(12):
@@ -318,7 +319,7 @@ def test_mixup_cutmix_label_mass_matches_pixels(mixup_alpha, cutmix_alpha):
 
 def test_cutmix_box_area_matches_lambda():
   for seed, lam in enumerate([0.0, 0.1, 0.37, 0.5, 0.9, 1.0]):
-    mask, lam_adj = ii.cutmix_box(jax.random.key(seed), 20, 30, jnp.float32(lam))
+    mask, lam_adj = mixup.cutmix_box(jax.random.key(seed), 20, 30, jnp.float32(lam))
     assert mask.shape == (20, 30)
     np.testing.assert_allclose(1 - mask.mean(), lam_adj, atol=1e-6)
     assert float(lam_adj) >= lam - 1e-6  # clipping at the border only shrinks the box
@@ -326,22 +327,22 @@ def test_cutmix_box_area_matches_lambda():
     if len(ys):  # a rectangle
       assert mask.sum() == (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
   # Sides floor(sqrt(1 - lam) * side), less where the box is clipped at the border.
-  sums = [int(ii.cutmix_box(jax.random.key(s), 20, 30, jnp.float32(0.75))[0].sum())
+  sums = [int(mixup.cutmix_box(jax.random.key(s), 20, 30, jnp.float32(0.75))[0].sum())
           for s in range(20)]
   assert max(sums) == 10 * 15 and min(sums) < 10 * 15
 
 
 def test_mixup_cutmix_alpha_zero_is_identity():
   images, labels = _two_images()
-  out, soft = ii.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=0.0,
+  out, soft = mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=0.0,
                               cutmix_alpha=0.0, switch_prob=0.5)
   np.testing.assert_array_equal(out, images)
   np.testing.assert_array_equal(soft, labels)
   with pytest.raises(ValueError, match='mixup_alpha'):
-    ii.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=-1.0, cutmix_alpha=0.0,
+    mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=-1.0, cutmix_alpha=0.0,
                     switch_prob=0.5)
   with pytest.raises(ValueError, match='switch_prob'):
-    ii.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=1.0, cutmix_alpha=1.0,
+    mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=1.0, cutmix_alpha=1.0,
                     switch_prob=1.5)
 
 

@@ -100,7 +100,7 @@ KILL_POINTS = {
     'during_async_checkpoint_write': ('orbax.checkpoint:CheckpointManager.save', 2),
     # during the first evaluation (its first batch is on the devices), at step 4,
     # before checkpoint 4
-    'during_evaluation': ('contextpool_jax.training.trainer:zero_sums', 2),
+    'during_evaluation': ('contextpool_jax.training.steps:zero_sums', 2),
 }
 
 

@@ -8,7 +8,7 @@ evaluation and checkpoints inside the run; results are read back from
 * 4 fake devices in one process give the losses and evaluation metrics of 1
   device. The evaluation has more batches (64) than XLA's CPU runtime admits
   computations in flight per device (32): it deadlocked before the loop
-  bounded how far the host runs ahead (trainer.InFlight).
+  bounded how far the host runs ahead (sharding.InFlight).
 * 2 processes x 2 devices over loopback (gloo) give those of 1 process x 4
   devices, write one checkpoint directory, and a resumed 2-process run ends
   with exactly the parameters of an uninterrupted one; replicated and FSDP.

@@ -198,8 +198,8 @@ def test_command_line_errors_config_one_line_other_errors_traceback(corpus, tmp_
 def test_bpc_of_a_uniform_model_is_eight_bits(corpus, tmp_path):
   """Known input: a model that puts 1/256 on every byte costs exactly log2(256) = 8 bits."""
   import jax.numpy as jnp
-  from contextpool_jax.training import tasks
-  task = tasks.LanguageModelling(tiny_config(corpus, tmp_path), str(tmp_path))
+  from contextpool_jax.training import objectives
+  task = objectives.LanguageModelling()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 17)), jnp.int32)
   weights = jnp.ones((3, 16)).at[2, :8].set(0.0)  # unscored positions do not count
   batch = {'tokens': tokens, 'weights': weights}

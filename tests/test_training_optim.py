@@ -6,14 +6,16 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import common
 from contextpool_jax.training import optim
 
 
 def _cfg(**kw):
-  base = dict(name='adam', learning_rate=1e-3, schedule='constant', warmup_steps=10,
-              end_learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
-  base.update(kw)
-  return ml_collections.ConfigDict(base)
+  cfg = common.base_config().optimizer  # every optimizer field, at its default
+  cfg.update(dict(name='adam', learning_rate=1e-3, schedule='constant', warmup_steps=10,
+                  end_learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0))
+  cfg.update(kw)
+  return cfg
 
 
 def test_inverse_sqrt_is_vaswanis_schedule():

@@ -12,8 +12,8 @@ inside grain, and batched per process:
   a finite, re-iterable ``grain.IterDataset`` of the same batches plus
   ``'mask'`` (bool [b]; False for padding rows), every batch of size
   ``config.dataset.eval_batch_size // process_count``;
-* ``mixup_cutmix(rng, images, labels_onehot, *, mixup_alpha, cutmix_alpha,
-  switch_prob)`` -> ``(images, soft_labels)``, jittable, for the train step.
+* RandAugment lives in :mod:`contextpool_jax.data.randaugment`, the on-device
+  mixup/CutMix of the train step in :mod:`contextpool_jax.data.mixup`.
 
 Pipeline (train): this process's shard (examples ``process_index::process_count``)
 -> global index shuffle, different every epoch -> repeat forever -> decode,
@@ -35,7 +35,7 @@ Augmentation:
   side to ``image_size / eval_crop_fraction`` (224 -> 256) and takes the
   central ``image_size`` square (done as one resize of the matching box).
 * Optional RandAugment (Cubuk et al. 2020) on the uint8 crop, after the flip:
-  ``randaugment_num_ops`` ops drawn uniformly from :data:`RANDAUGMENT_OPS`,
+  ``randaugment_num_ops`` ops drawn uniformly from :data:`randaugment.RANDAUGMENT_OPS`,
   each at ``randaugment_magnitude`` on the paper's 0..10 scale. DeiT's
   ``rand-m9-mstd0.5-inc1`` is ``num_ops=2, magnitude=9, magnitude_std=0.5,
   prob=0.5``.
@@ -90,15 +90,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import grain
-import jax
-import jax.numpy as jnp
 import numpy as np
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image
 
-from contextpool_jax.data import tfds_splits
+from contextpool_jax import checks
+from contextpool_jax.data import randaugment, tfds_splits
 from contextpool_jax.errors import ConfigError
 
 DATASETS = ('cifar10', 'imagenet2012')
@@ -120,7 +119,6 @@ _INTERPOLATION = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resamp
 
 CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 
-_MAX_MAGNITUDE = 10.0  # RandAugment's magnitude scale is 0..10
 
 
 # --------------------------------------------------------------------------
@@ -152,34 +150,12 @@ class ImageInputSpec:
   num_workers: int = 0
 
 
-def _get(cfg: Any, field: str, default: Any = None) -> Any:
-  value = cfg.get(field, None) if hasattr(cfg, 'get') else getattr(cfg, field, None)
-  return default if value is None else value
-
-
 def _bad(field: str, value: Any, expected: str) -> ConfigError:
   return ConfigError(f'config.dataset.{field}={value!r} is invalid; expected {expected}.')
 
 
-def _int(d: Any, field: str, default: int, minimum: int) -> int:
-  v = _get(d, field, default)
-  if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-    raise _bad(field, v, f'an integer >= {minimum}')
-  return int(v)
-
-
-def _float(d: Any, field: str, default: float, lo: float, hi: float,
-           lo_open: bool = False) -> float:
-  v = _get(d, field, default)
-  ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-  ok = ok and (lo < v if lo_open else lo <= v) and v <= hi
-  if not ok:
-    raise _bad(field, v, f'a number in {"(" if lo_open else "["}{lo}, {hi}]')
-  return float(v)
-
-
-def _triple(d: Any, field: str, default: Sequence[float], positive: bool) -> tuple:
-  v = _get(d, field, default)
+def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -> tuple:
+  v = checks.lookup(config, f'dataset.{field}', default)
   try:
     t = tuple(float(x) for x in v)
   except (TypeError, ValueError):
@@ -191,65 +167,43 @@ def _triple(d: Any, field: str, default: Sequence[float], positive: bool) -> tup
 
 
 def resolve_spec(config: Any) -> ImageInputSpec:
-  """Reads and validates ``config.dataset``; raises ValueError naming a bad field."""
-  d = _get(config, 'dataset')
-  if d is None:
-    raise ConfigError('config.dataset is missing.')
-  name = _get(d, 'name')
-  if name not in DATASETS:
-    raise _bad('name', name, f'one of {", ".join(map(repr, DATASETS))}')
+  """Reads and validates ``config.dataset``; ConfigError names a bad entry."""
+  checks.lookup(config, 'dataset')
+  name = checks.read_choice(config, 'dataset.name', DATASETS)
   dd = _DATASET_DEFAULTS[name]
-  for field in ('train_split', 'eval_split'):
-    v = _get(d, field, 'train' if field == 'train_split' else dd['eval_split'])
-    if not isinstance(v, str) or not v:
-      raise _bad(field, v, 'a TFDS split name')
-  interpolation = _get(d, 'interpolation', 'bilinear')
-  if interpolation not in _INTERPOLATION:
-    raise _bad('interpolation', interpolation, f'one of {", ".join(map(repr, _INTERPOLATION))}')
-  data_dir = _get(d, 'data_dir')
-  if data_dir is not None and not isinstance(data_dir, str):
-    data_dir = str(data_dir)
+  integer = lambda field, default, minimum: checks.read_int(
+      config, f'dataset.{field}', minimum=minimum, default=default)
+  number = lambda field, default, lo, hi, lo_open=False: checks.read_float(
+      config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default)
+  data_dir = checks.lookup(config, 'dataset.data_dir', None)
   mean, std = NORMALIZATION[name]
   return ImageInputSpec(
       name=name,
-      data_dir=data_dir,
-      image_size=_int(d, 'image_size', dd['image_size'], 1),
-      train_split=_get(d, 'train_split', 'train'),
-      eval_split=_get(d, 'eval_split', dd['eval_split']),
-      eval_batch_size=_int(d, 'eval_batch_size', dd['eval_batch_size'], 1),
-      crop_padding=_int(d, 'crop_padding', 4, 0),
-      crop_area_min=_float(d, 'crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
-      eval_crop_fraction=_float(d, 'eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
-      interpolation=interpolation,
-      randaugment_num_ops=_int(d, 'randaugment_num_ops', 0, 0),
-      randaugment_magnitude=_float(d, 'randaugment_magnitude', 9.0, 0.0, _MAX_MAGNITUDE),
-      randaugment_magnitude_std=_float(d, 'randaugment_magnitude_std', 0.0, 0.0, math.inf),
-      randaugment_prob=_float(d, 'randaugment_prob', 1.0, 0.0, 1.0),
-      mean=_triple(d, 'mean', mean, positive=False),
-      std=_triple(d, 'std', std, positive=True),
-      num_threads=_int(d, 'num_threads', 8, 0),
-      prefetch_buffer_size=_int(d, 'prefetch_buffer_size', 256, 0),
-      num_workers=_int(d, 'num_workers', 0, 0),
+      data_dir=None if data_dir is None else str(data_dir),
+      image_size=integer('image_size', dd['image_size'], 1),
+      train_split=checks.read_str(config, 'dataset.train_split', default='train'),
+      eval_split=checks.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
+      eval_batch_size=integer('eval_batch_size', dd['eval_batch_size'], 1),
+      crop_padding=integer('crop_padding', 4, 0),
+      crop_area_min=number('crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
+      eval_crop_fraction=number('eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
+      interpolation=checks.read_choice(config, 'dataset.interpolation', _INTERPOLATION,
+                                       default='bilinear'),
+      randaugment_num_ops=integer('randaugment_num_ops', 0, 0),
+      randaugment_magnitude=number('randaugment_magnitude', 9.0, 0.0, randaugment.MAX_MAGNITUDE),
+      randaugment_magnitude_std=number('randaugment_magnitude_std', 0.0, 0.0, math.inf),
+      randaugment_prob=number('randaugment_prob', 1.0, 0.0, 1.0),
+      mean=_triple(config, 'mean', mean, positive=False),
+      std=_triple(config, 'std', std, positive=True),
+      num_threads=integer('num_threads', 8, 0),
+      prefetch_buffer_size=integer('prefetch_buffer_size', 256, 0),
+      num_workers=integer('num_workers', 0, 0),
   )
 
 
-def _per_process(total: Any, field: str, process_index: int, process_count: int) -> int:
-  if (isinstance(process_count, bool) or not isinstance(process_count, int)
-      or process_count < 1 or not 0 <= process_index < process_count):
-    raise ValueError(f'process_index={process_index!r}, process_count={process_count!r} '
-                     'are invalid; expected 0 <= process_index < process_count.')
-  if (isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1
-      or total % process_count):
-    raise ConfigError(f'config.{field}={total!r} is invalid; expected a positive integer '
-                     f'divisible by process_count={process_count}.')
-  return int(total) // process_count
-
-
 def _seed(config: Any, process_index: int, salt: int) -> int:
-  seed = _get(config, 'seed', 0)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ConfigError(f'config.seed={seed!r} is invalid; expected an integer.')
-  state = np.random.SeedSequence([int(seed) % 2**63, process_index, salt]).generate_state(1)
+  seed = checks.read_int(config, 'seed', minimum=-2**63, default=0)
+  state = np.random.SeedSequence([seed % 2**63, process_index, salt]).generate_state(1)
   return int(state[0])
 
 
@@ -390,7 +344,7 @@ def train_example(example: dict, rng: np.random.Generator, spec: ImageInputSpec)
     if rng.random() < 0.5:
       image = np.ascontiguousarray(image[:, ::-1])
   if spec.randaugment_num_ops:
-    image = randaugment(image, rng, num_ops=spec.randaugment_num_ops,
+    image = randaugment.randaugment(image, rng, num_ops=spec.randaugment_num_ops,
                         magnitude=spec.randaugment_magnitude,
                         magnitude_std=spec.randaugment_magnitude_std,
                         prob=spec.randaugment_prob)
@@ -472,7 +426,8 @@ def make_train_dataset(config: Any, *, process_index: int, process_count: int,
       used instead of ``tfds.data_source`` (tests, custom data).
   """
   spec = resolve_spec(config)
-  batch = _per_process(_get(config, 'batch_size'), 'batch_size', process_index, process_count)
+  process_index, process_count = checks.check_process(process_index, process_count)
+  batch = checks.per_process(config, 'batch_size', process_count)
   if source is None:
     source = open_source(spec, spec.train_split,
                          f'config.dataset.train_split={spec.train_split!r}')
@@ -511,8 +466,8 @@ def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index
   split with no examples raises ValueError naming it.
   """
   spec = resolve_spec(config)
-  batch = _per_process(spec.eval_batch_size, 'dataset.eval_batch_size', process_index,
-                       process_count)
+  process_index, process_count = checks.check_process(process_index, process_count)
+  batch = checks.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
   split, setting = _eval_setting(spec, split)
   if source is None:
     source = open_source(spec, split, setting)
@@ -524,202 +479,3 @@ def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index
         .to_iter_dataset(_read_options(spec))
         .batch(batch, drop_remainder=True))
   return _maybe_workers(ds, spec)
-
-
-# --------------------------------------------------------------------------
-# RandAugment (Cubuk et al. 2020) on uint8 images with PIL
-# --------------------------------------------------------------------------
-# Each op takes (PIL image, magnitude m in [0, 10], rng) and returns a PIL image
-# of the same size and mode. Magnitudes map linearly to the AutoAugment ranges,
-# "increasing" so that m = 0 is the identity for every op with a magnitude:
-# rotate up to 30 degrees, shear up to 0.3, translate up to 45% of the side
-# (signs random); enhance factors 1 +- 0.9 m/10; posterize to 8 - 4 m/10 bits;
-# solarize above 256 (1 - m/10). Uncovered pixels are filled with grey 128.
-
-_FILL = (128, 128, 128)
-_BILINEAR = Image.Resampling.BILINEAR
-
-
-def _signed(rng: np.random.Generator, value: float) -> float:
-  return value if rng.random() < 0.5 else -value
-
-
-def _affine(img: Image.Image, coeffs: tuple) -> Image.Image:
-  return img.transform(img.size, Image.Transform.AFFINE, coeffs, resample=_BILINEAR,
-                       fillcolor=_FILL)
-
-
-def ra_identity(img, m, rng):
-  """Identity."""
-  return img
-
-
-def ra_autocontrast(img, m, rng):
-  """Stretch each channel to the full 0..255 range (no magnitude)."""
-  return ImageOps.autocontrast(img)
-
-
-def ra_equalize(img, m, rng):
-  """Histogram equalisation per channel (no magnitude)."""
-  return ImageOps.equalize(img)
-
-
-def ra_rotate(img, m, rng):
-  """Rotate about the centre by +-30 m/10 degrees."""
-  return img.rotate(_signed(rng, 30.0 * m / _MAX_MAGNITUDE), resample=_BILINEAR,
-                    fillcolor=_FILL)
-
-
-def ra_solarize(img, m, rng):
-  """Invert pixels >= 256 (1 - m/10)."""
-  return ImageOps.solarize(img, threshold=int(round(256 * (1 - m / _MAX_MAGNITUDE))))
-
-
-def ra_posterize(img, m, rng):
-  """Keep the 8 - round(4 m/10) most significant bits."""
-  return ImageOps.posterize(img, 8 - int(round(4 * m / _MAX_MAGNITUDE)))
-
-
-def _enhance(enhancer: Callable) -> Callable:
-  def op(img, m, rng):
-    return enhancer(img).enhance(1.0 + _signed(rng, 0.9 * m / _MAX_MAGNITUDE))
-  op.__doc__ = f'PIL ImageEnhance.{enhancer.__name__} with factor 1 +- 0.9 m/10.'
-  return op
-
-
-ra_color = _enhance(ImageEnhance.Color)
-ra_contrast = _enhance(ImageEnhance.Contrast)
-ra_brightness = _enhance(ImageEnhance.Brightness)
-ra_sharpness = _enhance(ImageEnhance.Sharpness)
-
-
-def ra_shear_x(img, m, rng):
-  """x' = x + s y with s = +-0.3 m/10."""
-  return _affine(img, (1, _signed(rng, 0.3 * m / _MAX_MAGNITUDE), 0, 0, 1, 0))
-
-
-def ra_shear_y(img, m, rng):
-  """y' = y + s x with s = +-0.3 m/10."""
-  return _affine(img, (1, 0, 0, _signed(rng, 0.3 * m / _MAX_MAGNITUDE), 1, 0))
-
-
-def ra_translate_x(img, m, rng):
-  """Shift by +-0.45 m/10 of the width."""
-  return _affine(img, (1, 0, _signed(rng, 0.45 * m / _MAX_MAGNITUDE * img.size[0]), 0, 1, 0))
-
-
-def ra_translate_y(img, m, rng):
-  """Shift by +-0.45 m/10 of the height."""
-  return _affine(img, (1, 0, 0, 0, 1, _signed(rng, 0.45 * m / _MAX_MAGNITUDE * img.size[1])))
-
-
-# The 14 ops of the RandAugment paper (Sec. 3).
-RANDAUGMENT_OPS: dict[str, Callable] = {
-    'identity': ra_identity, 'autocontrast': ra_autocontrast, 'equalize': ra_equalize,
-    'rotate': ra_rotate, 'solarize': ra_solarize, 'color': ra_color,
-    'posterize': ra_posterize, 'contrast': ra_contrast, 'brightness': ra_brightness,
-    'sharpness': ra_sharpness, 'shear_x': ra_shear_x, 'shear_y': ra_shear_y,
-    'translate_x': ra_translate_x, 'translate_y': ra_translate_y,
-}
-_OP_NAMES = tuple(RANDAUGMENT_OPS)
-
-
-def randaugment(image: np.ndarray, rng: np.random.Generator, *, num_ops: int,
-                magnitude: float, magnitude_std: float = 0.0, prob: float = 1.0
-                ) -> np.ndarray:
-  """Applies ``num_ops`` ops drawn uniformly (with replacement) from RANDAUGMENT_OPS.
-
-  Each drawn op is applied with probability ``prob`` at magnitude ``magnitude``
-  (0..10), or, if ``magnitude_std > 0``, at N(magnitude, magnitude_std) clipped
-  to [0, 10] (timm's ``mstd``). uint8 [h, w, 3] in and out.
-  """
-  img = Image.fromarray(image)
-  for _ in range(num_ops):
-    op = RANDAUGMENT_OPS[_OP_NAMES[rng.integers(len(_OP_NAMES))]]
-    if prob < 1.0 and rng.random() >= prob:
-      continue
-    m = magnitude
-    if magnitude_std > 0:
-      m = float(np.clip(rng.normal(magnitude, magnitude_std), 0.0, _MAX_MAGNITUDE))
-    img = op(img, m, rng)
-  return np.array(img)
-
-
-# --------------------------------------------------------------------------
-# Mixup / CutMix (on device)
-# --------------------------------------------------------------------------
-
-
-def cutmix_box(rng: jax.Array, height: int, width: int, lam: jax.Array
-               ) -> tuple[jax.Array, jax.Array]:
-  """CutMix box (Yun et al. 2019): sides ``sqrt(1 - lam)`` of the image's, uniform
-  centre, clipped at the border. Returns ``(mask [h, w] bool, lam_adjusted)``
-  where ``lam_adjusted = 1 - box area / image area`` (after clipping)."""
-  ky, kx = jax.random.split(rng)
-  cut = jnp.sqrt(1.0 - lam)
-  ch = jnp.floor(height * cut).astype(jnp.int32)
-  cw = jnp.floor(width * cut).astype(jnp.int32)
-  cy = jax.random.randint(ky, (), 0, height)
-  cx = jax.random.randint(kx, (), 0, width)
-  y0, x0 = cy - ch // 2, cx - cw // 2
-  y1, y0 = jnp.clip(y0 + ch, 0, height), jnp.clip(y0, 0, height)
-  x1, x0 = jnp.clip(x0 + cw, 0, width), jnp.clip(x0, 0, width)
-  ys = jnp.arange(height)[:, None]
-  xs = jnp.arange(width)[None, :]
-  mask = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
-  lam_adjusted = 1.0 - ((y1 - y0) * (x1 - x0)).astype(jnp.float32) / (height * width)
-  return mask, lam_adjusted
-
-
-def mixup_cutmix(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
-                 mixup_alpha: float, cutmix_alpha: float, switch_prob: float = 0.5
-                 ) -> tuple[jax.Array, jax.Array]:
-  """Batch-level Mixup or CutMix, as in DeiT (mixup 0.8, cutmix 1.0, switch 0.5).
-
-  Example ``i`` is mixed with example ``b - 1 - i`` (the batch reversed), with
-  one ``lam ~ Beta(alpha, alpha)`` per batch. With both alphas > 0, CutMix is
-  used with probability ``switch_prob``, else Mixup; an alpha of 0 disables
-  that method, both 0 return the inputs unchanged. CutMix's ``lam`` is the
-  kept area after clipping the box. Labels become ``lam y_i + (1 - lam)
-  y_{b-1-i}`` (float32, rows sum to 1 for one-hot input).
-
-  Args:
-    rng: a PRNG key.
-    images: [b, h, w, c] (any float dtype; kept).
-    labels_onehot: [b, num_classes].
-    mixup_alpha, cutmix_alpha, switch_prob: Python numbers (static).
-
-  Returns:
-    ``(images, soft_labels)``.
-  """
-  for field, v, hi in (('mixup_alpha', mixup_alpha, math.inf),
-                       ('cutmix_alpha', cutmix_alpha, math.inf),
-                       ('switch_prob', switch_prob, 1.0)):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-      raise ValueError(f'mixup_cutmix: {field}={v!r} is invalid; expected a number in '
-                       f'[0, {hi}].')
-  labels = labels_onehot.astype(jnp.float32)
-  if mixup_alpha <= 0 and cutmix_alpha <= 0:
-    return images, labels
-  k_switch, k_mix, k_cut, k_box = jax.random.split(rng, 4)
-  other_images, other_labels = images[::-1], labels[::-1]
-  h, w = images.shape[1:3]
-
-  def mixup():
-    lam = jax.random.beta(k_mix, mixup_alpha, mixup_alpha).astype(jnp.float32)
-    lam_x = lam.astype(images.dtype)
-    return lam_x * images + (1 - lam_x) * other_images, lam
-
-  def cutmix():
-    lam = jax.random.beta(k_cut, cutmix_alpha, cutmix_alpha).astype(jnp.float32)
-    box, lam = cutmix_box(k_box, h, w, lam)
-    return jnp.where(box[None, :, :, None], other_images, images), lam
-
-  if cutmix_alpha <= 0:
-    mixed, lam = mixup()
-  elif mixup_alpha <= 0:
-    mixed, lam = cutmix()
-  else:
-    use_cutmix = jax.random.uniform(k_switch) < switch_prob
-    mixed, lam = jax.lax.cond(use_cutmix, cutmix, mixup)
-  return mixed, lam * labels + (1 - lam) * other_labels

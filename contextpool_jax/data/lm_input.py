@@ -80,14 +80,16 @@ evaluation batch (or one window) is fine: padding rows have zero weight.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 import grain
 import ml_collections
 import numpy as np
 
+from contextpool_jax import checks
 from contextpool_jax.data import text_builders
 from contextpool_jax.errors import ConfigError, DataError
 
@@ -96,24 +98,27 @@ DATASET_NAMES = ('enwik8', 'text8', 'local_text')
 EVAL_SPLITS = ('train', 'validation', 'test')
 
 
+# Entries resolve_spec fills in when absent (the others are required).
+OPTIONAL_DEFAULTS = {
+    'data_dir': None,
+    'manual_dir': None,
+    'files': (),
+    'max_bytes': text_builders.DEFAULT_MAX_BYTES,
+    'split_bytes': (),
+    'eval_max_bytes': 0,
+    'allow_binary': False,
+    'download': True,
+    'read_threads': 2,
+    'prefetch': 4,
+}
+
+
 def default_dataset_config() -> ml_collections.ConfigDict:
-  """Defaults for ``config.dataset`` (see the module docstring)."""
+  """A complete ``config.dataset`` (see the module docstring): enwik8 at the
+  paper's evaluation protocol, and every optional entry at its default."""
   return ml_collections.ConfigDict({
-      'name': 'enwik8',
-      'data_dir': None,
-      'manual_dir': None,
-      'files': (),
-      'max_bytes': text_builders.DEFAULT_MAX_BYTES,
-      'seq_len': 1024,
-      'eval_context': 32768,
-      'eval_step': 512,
-      'eval_batch_size': 8,
-      'eval_max_bytes': 0,
-      'allow_binary': False,
-      'download': True,
-      'read_threads': 2,
-      'prefetch': 4,
-  })
+      'name': 'enwik8', 'seq_len': 1024, 'eval_context': 32768, 'eval_step': 512,
+      'eval_batch_size': 8, **OPTIONAL_DEFAULTS})
 
 
 def bits_per_byte(nll_sum_nats, count):
@@ -122,143 +127,136 @@ def bits_per_byte(nll_sum_nats, count):
 
 
 # ---------------------------------------------------------------------------
-# Config validation.
+# Config: read and checked once.
 # ---------------------------------------------------------------------------
 
 
-def _get(config, path: str, default: Any = ...):
-  node = config
-  for key in path.split('.'):
-    try:
-      node = node[key]
-    except (KeyError, AttributeError, TypeError):
-      if default is ...:
-        raise ConfigError(f'config.{path} is missing.') from None
-      return default
-  return node
+@dataclasses.dataclass(frozen=True)
+class LMDataSpec:
+  """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated."""
+  name: str
+  data_dir: Optional[str]
+  manual_dir: Optional[str]
+  files: tuple[str, ...]
+  allow_binary: bool
+  max_bytes: int
+  split_bytes: tuple[int, ...]
+  download: bool
+  seq_len: int
+  eval_context: int
+  eval_step: int
+  eval_batch_size: int
+  eval_max_bytes: int
+  read_threads: int
+  prefetch: int
+  seed: int  # config.seed as 64 bits
+
+  @property
+  def builder_kwargs(self) -> dict[str, Any]:
+    if self.name == 'local_text':
+      return dict(files=self.files, allow_binary=self.allow_binary, max_bytes=self.max_bytes)
+    return dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), self.split_bytes))
+
+  @property
+  def setting(self) -> str:
+    """The settings that chose the data, for messages."""
+    if self.name == 'local_text':
+      return (f'{text_builders.files_setting(self.files)}'
+              f' (config.dataset.max_bytes={self.max_bytes})')
+    sizes = (f' with config.dataset.split_bytes={self.split_bytes}'
+             if self.split_bytes else '')
+    return f'config.dataset.name={self.name!r}{sizes}'
+
+  @property
+  def read_options(self) -> grain.ReadOptions:
+    return grain.ReadOptions(num_threads=self.read_threads,
+                             prefetch_buffer_size=self.prefetch)
 
 
-def _int(config, path: str, minimum: int, default: Any = ...) -> int:
-  value = _get(config, path, default)
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise ConfigError(f'config.{path} must be an int, got {value!r}.')
-  if value < minimum:
-    raise ConfigError(f'config.{path} must be >= {minimum}, got {value}.')
-  return int(value)
-
-
-def _process(process_index, process_count) -> tuple[int, int]:
-  for name, value in (('process_index', process_index),
-                      ('process_count', process_count)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f'{name} must be an int, got {value!r}.')
-  if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f'Need 0 <= process_index < process_count, got'
-                     f' {process_index} and {process_count}.')
-  return int(process_index), int(process_count)
-
-
-def _read_options(config) -> grain.ReadOptions:
-  return grain.ReadOptions(
-      num_threads=_int(config, 'dataset.read_threads', 0, 2),
-      prefetch_buffer_size=_int(config, 'dataset.prefetch', 0, 4),
-  )
-
-
-def _seed_words(config) -> int:
-  seed = _get(config, 'seed')
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ConfigError(f'config.seed must be an int, got {seed!r}.')
-  return int(seed) % 2**64
-
-
-def _local_text_kwargs(config) -> dict[str, Any]:
-  files = _get(config, 'dataset.files', ())
-  if files is None:
-    files = ()
-  elif isinstance(files, str):
+def _files(config) -> tuple[str, ...]:
+  files = checks.lookup(config, 'dataset.files', _opt('files'))
+  if isinstance(files, str):
     files = (files,)  # '' stays an (invalid) empty pattern, not the default.
-  if not isinstance(files, (tuple, list)) or not all(
-      isinstance(f, str) for f in files):
+  if not isinstance(files, (tuple, list)) or not all(isinstance(f, str) for f in files):
     raise ConfigError('config.dataset.files must be a str or a tuple of str'
-                     f' (files, directories, glob patterns), got {files!r}.')
-  allow_binary = _get(config, 'dataset.allow_binary', False)
-  if not isinstance(allow_binary, bool):
-    raise ConfigError(f'config.dataset.allow_binary must be a bool, got'
-                     f' {allow_binary!r}.')
-  return dict(files=tuple(files), allow_binary=allow_binary,
-              max_bytes=_int(config, 'dataset.max_bytes', 0,
-                             text_builders.DEFAULT_MAX_BYTES))
+                      f' (files, directories, glob patterns), got {files!r}.')
+  return tuple(files)
 
 
-def _split_bytes_kwargs(config) -> dict[str, Any]:
-  """enwik8/text8 with non-standard split sizes (tests on small files)."""
-  if not _get(config, 'dataset.split_bytes', None):
-    return {}
-  split_bytes = tuple(_get(config, 'dataset.split_bytes'))
+def _split_bytes(config) -> tuple[int, ...]:
+  """enwik8/text8 with non-standard split sizes (tests on small files); () = standard."""
+  split_bytes = checks.lookup(config, 'dataset.split_bytes', _opt('split_bytes'))
+  if not split_bytes:
+    return ()
+  split_bytes = tuple(split_bytes)
   if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
     raise ConfigError('config.dataset.split_bytes must be 3 positive ints (train, '
-                     f'validation, test bytes), got {split_bytes!r}.')
-  return dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), split_bytes))
+                      f'validation, test bytes), got {split_bytes!r}.')
+  return split_bytes
 
 
-def _dataset_name(config) -> str:
-  name = _get(config, 'dataset.name')
-  if name not in DATASET_NAMES:
-    raise ConfigError(
-        f'config.dataset.name must be one of {DATASET_NAMES}, got {name!r}.')
-  return name
+def _opt(entry: str) -> Any:
+  return OPTIONAL_DEFAULTS[entry]
 
 
-def _data_setting(config) -> str:
-  """The settings that chose the data, for messages."""
-  name = _dataset_name(config)
-  if name == 'local_text':
-    kwargs = _local_text_kwargs(config)
-    return (f"{text_builders.files_setting(kwargs['files'])}"
-            f" (config.dataset.max_bytes={kwargs['max_bytes']})")
-  split_bytes = _get(config, 'dataset.split_bytes', None)
-  sizes = (f' with config.dataset.split_bytes={tuple(split_bytes)}'
-           if split_bytes else '')
-  return f'config.dataset.name={name!r}{sizes}'
+def _optional_dir(config, entry: str) -> Optional[str]:
+  value = checks.lookup(config, f'dataset.{entry}', _opt(entry)) or None
+  if value is not None and not isinstance(value, str):
+    raise ConfigError(f'config.dataset.{entry} must be a str or None, got {value!r}.')
+  return value
 
 
-def _prepare(config) -> Mapping[str, Any]:
-  name = _dataset_name(config)
-  data_dir = _get(config, 'dataset.data_dir', None) or None
-  manual_dir = _get(config, 'dataset.manual_dir', None) or None
-  for path, value in (('dataset.data_dir', data_dir),
-                      ('dataset.manual_dir', manual_dir)):
-    if value is not None and not isinstance(value, str):
-      raise ConfigError(f'config.{path} must be a str or None, got {value!r}.')
-  kwargs = (_local_text_kwargs(config) if name == 'local_text'
-            else _split_bytes_kwargs(config))
-  download = _get(config, 'dataset.download', True)
-  if not isinstance(download, bool):
-    raise ConfigError(f'config.dataset.download must be a bool, got'
-                     f' {download!r}.')
+def resolve_spec(config) -> LMDataSpec:
+  """Reads and checks every LM data setting; ConfigError names a bad one."""
+  context = checks.read_int(config, 'dataset.eval_context', minimum=1)
+  step = checks.read_int(config, 'dataset.eval_step', minimum=1)
+  if step > context:
+    raise ConfigError(f'config.dataset.eval_step={step} must be <='
+                      f' config.dataset.eval_context={context}.')
+  eval_max_bytes = checks.read_int(config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes'))
+  if eval_max_bytes == 1:
+    raise ConfigError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
+                      ' split) or >= 2 (a single byte is only context).')
+  return LMDataSpec(
+      name=checks.read_choice(config, 'dataset.name', DATASET_NAMES),
+      data_dir=_optional_dir(config, 'data_dir'),
+      manual_dir=_optional_dir(config, 'manual_dir'),
+      files=_files(config),
+      allow_binary=checks.read_bool(config, 'dataset.allow_binary', default=_opt('allow_binary')),
+      max_bytes=checks.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
+      split_bytes=_split_bytes(config),
+      download=checks.read_bool(config, 'dataset.download', default=_opt('download')),
+      seq_len=checks.read_int(config, 'dataset.seq_len', minimum=1),
+      eval_context=context, eval_step=step,
+      eval_batch_size=checks.read_int(config, 'dataset.eval_batch_size', minimum=1),
+      eval_max_bytes=eval_max_bytes,
+      read_threads=checks.read_int(config, 'dataset.read_threads', default=_opt('read_threads')),
+      prefetch=checks.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
+      seed=checks.read_int(config, 'seed', minimum=-2**63) % 2**64)
+
+
+def _prepare(spec: LMDataSpec) -> Mapping[str, Any]:
   return text_builders.prepare_text_dataset(
-      name, data_dir, manual_dir=manual_dir, download=download, **kwargs)
+      spec.name, spec.data_dir, manual_dir=spec.manual_dir, download=spec.download,
+      **spec.builder_kwargs)
 
 
-def _check_train_bytes(config, num_bytes: int) -> None:
-  seq_len = _int(config, 'dataset.seq_len', 1)
-  if num_bytes // seq_len - 1 < 1:
+def _check_train_bytes(spec: LMDataSpec, num_bytes: int) -> None:
+  if num_bytes // spec.seq_len - 1 < 1:
     raise ConfigError(
-        f'config.dataset.seq_len={seq_len} is too large for the train split'
-        f' of {_data_setting(config)}: it has {num_bytes} bytes, and windows'
+        f'config.dataset.seq_len={spec.seq_len} is too large for the train split'
+        f' of {spec.setting}: it has {num_bytes} bytes, and windows'
         f' of seq_len + 1 bytes at a random phase need at least 2 * seq_len ='
-        f' {2 * seq_len}. Lower seq_len or use more data.')
+        f' {2 * spec.seq_len}. Lower seq_len or use more data.')
 
 
-def _check_splits(config, sizes: Mapping[str, int]) -> None:
-  """Raises ValueError unless every split can be used with ``config``."""
-  _check_train_bytes(config, sizes['train'])
-  _eval_settings(config)
+def _check_splits(spec: LMDataSpec, sizes: Mapping[str, int]) -> None:
+  """Raises unless every split can be used with ``spec``."""
+  _check_train_bytes(spec, sizes['train'])
   for split in EVAL_SPLITS[1:]:
     if sizes[split] < 2:
       raise DataError(
-          f'The {split} split of {_data_setting(config)} has {sizes[split]}'
+          f'The {split} split of {spec.setting} has {sizes[split]}'
           ' byte(s); evaluation needs at least 2 (the first byte is only'
           ' context). Use more data.')
 
@@ -269,11 +267,15 @@ def load_split(config, split: str) -> text_builders.ByteSplit:
   Checks every split first (:func:`_check_splits`), so bad data or settings
   fail here, whichever split is asked for.
   """
+  return _load_split(resolve_spec(config), split)
+
+
+def _load_split(spec: LMDataSpec, split: str) -> text_builders.ByteSplit:
   if split not in EVAL_SPLITS:
     raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
-  sources = _prepare(config)
+  sources = _prepare(spec)
   splits = {s: text_builders.ByteSplit(sources[s]) for s in EVAL_SPLITS}
-  _check_splits(config, {s: len(b) for s, b in splits.items()})
+  _check_splits(spec, {s: len(b) for s, b in splits.items()})
   return splits[split]
 
 
@@ -324,17 +326,18 @@ def train_window_starts(config, num_bytes: int, *, process_index: int = 0,
   A (lazy, infinite) view of the exact order :func:`make_train_dataset` reads,
   for inspection and tests.
   """
-  ds, fn = _train_index_dataset(config, num_bytes, None, process_index,
+  process_index, process_count = checks.check_process(process_index, process_count)
+  ds, fn = _train_index_dataset(resolve_spec(config), num_bytes, None, process_index,
                                 process_count)
   return ds.map(fn.start_of)
 
 
-def _train_index_dataset(config, num_bytes, corpus, process_index,
+def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index,
                          process_count):
-  _check_train_bytes(config, num_bytes)
-  seq_len = _int(config, 'dataset.seq_len', 1)
+  _check_train_bytes(spec, num_bytes)
+  seq_len = spec.seq_len
   num_windows = num_bytes // seq_len - 1
-  seed = _seed_words(config)
+  seed = spec.seed
   shuffle_seed = int(np.random.SeedSequence([seed, 0]).generate_state(
       1, np.uint32)[0])
   window = _TrainWindow(corpus, seq_len, num_windows, seed)
@@ -355,19 +358,15 @@ def make_train_dataset(config, *, process_index: int,
     ``b = config.batch_size // process_count``; its iterator's
     ``get_state()``/``set_state()`` restore the exact position.
   """
-  process_index, process_count = _process(process_index, process_count)
-  batch_size = _int(config, 'batch_size', 1)
-  if batch_size % process_count:
-    raise ConfigError(f'config.batch_size={batch_size} is not divisible by'
-                     f' process_count={process_count}.')
-  _int(config, 'dataset.seq_len', 1)
-  read_options = _read_options(config)
-  corpus = load_split(config, 'train')
-  ds, window = _train_index_dataset(config, len(corpus), corpus,
+  process_index, process_count = checks.check_process(process_index, process_count)
+  rows = checks.per_process(config, 'batch_size', process_count)
+  spec = resolve_spec(config)
+  corpus = _load_split(spec, 'train')
+  ds, window = _train_index_dataset(spec, len(corpus), corpus,
                                     process_index, process_count)
   ds = ds.map(window)
-  ds = ds.batch(batch_size // process_count, drop_remainder=True)
-  return ds.to_iter_dataset(read_options)
+  ds = ds.batch(rows, drop_remainder=True)
+  return ds.to_iter_dataset(spec.read_options)
 
 
 # ---------------------------------------------------------------------------
@@ -402,21 +401,6 @@ def eval_windows(num_bytes: int, context: int,
   score_from = (first_target - starts - 1).astype(np.int64)
   score_to = np.full(len(starts), context, np.int64)
   return starts, score_from, score_to
-
-
-def _eval_settings(config) -> tuple[int, int, int, int]:
-  """(eval_context, eval_step, eval_batch_size, eval_max_bytes), validated."""
-  context = _int(config, 'dataset.eval_context', 1)
-  step = _int(config, 'dataset.eval_step', 1)
-  if step > context:
-    raise ConfigError(f'config.dataset.eval_step={step} must be <='
-                     f' config.dataset.eval_context={context}.')
-  global_batch = _int(config, 'dataset.eval_batch_size', 1)
-  max_bytes = _int(config, 'dataset.eval_max_bytes', 0, 0)
-  if max_bytes == 1:
-    raise ConfigError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
-                     ' split) or >= 2 (a single byte is only context).')
-  return context, step, global_batch, max_bytes
 
 
 class _EvalBatch:
@@ -484,17 +468,14 @@ def make_eval_batches(config, split: str, *, process_index: int,
   [b, eval_context]}`` with ``b = eval_batch_size // process_count``; process
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
-  process_index, process_count = _process(process_index, process_count)
-  context, step, global_batch, max_bytes = _eval_settings(config)
-  if global_batch % process_count:
-    raise ConfigError(f'config.dataset.eval_batch_size={global_batch} is not'
-                     f' divisible by process_count={process_count}.')
-  read_options = _read_options(config)
-  corpus = load_split(config, split)
-  num_bytes = len(corpus) if not max_bytes else min(len(corpus), max_bytes)
-  windows = eval_windows(num_bytes, context, step)
-  num_batches = -(-len(windows[0]) // global_batch)
-  fn = _EvalBatch(corpus, num_bytes, context, windows, global_batch,
-                  process_index, global_batch // process_count)
+  process_index, process_count = checks.check_process(process_index, process_count)
+  rows = checks.per_process(config, 'dataset.eval_batch_size', process_count)
+  spec = resolve_spec(config)
+  corpus = _load_split(spec, split)
+  num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
+  windows = eval_windows(num_bytes, spec.eval_context, spec.eval_step)
+  num_batches = -(-len(windows[0]) // spec.eval_batch_size)
+  fn = _EvalBatch(corpus, num_bytes, spec.eval_context, windows, spec.eval_batch_size,
+                  process_index, rows)
   batches = grain.MapDataset.range(num_batches).map(fn)
-  return EvalBatches(batches, read_options, len(windows[0]), num_bytes)
+  return EvalBatches(batches, spec.read_options, len(windows[0]), num_bytes)

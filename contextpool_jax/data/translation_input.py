@@ -70,6 +70,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
+from contextpool_jax import checks
 from contextpool_jax.data import tfds_splits
 from contextpool_jax.errors import ConfigError, DataError
 
@@ -99,22 +100,66 @@ _DEFAULTS = dict(
 )
 
 
-def _ds(config, field: str) -> Any:
-  """``config.dataset.<field>`` or its default (works for ConfigDict, dicts, namespaces)."""
-  dataset = _get(config, 'dataset', None)
-  value = _get(dataset, field, None) if dataset is not None else None
-  return _DEFAULTS[field] if value is None else value
+@dataclasses.dataclass(frozen=True)
+class TranslationDataSpec:
+  """``config.dataset`` of a translation config, read and checked once (defaults:
+  ``_DEFAULTS``); plus ``config.seed`` and ``config.workdir`` when present."""
+  name: str
+  data_dir: Optional[str]
+  source_lang: str
+  target_lang: str
+  train_split: str
+  vocab_size: int
+  vocab_type: str
+  vocab_max_chars: int
+  vocab_path: Optional[str]
+  vocab_wait_seconds: float
+  max_source_len: int
+  max_target_len: int
+  truncate: bool
+  bucket_boundaries: Optional[tuple[int, ...]]
+  max_eval_source_len: Optional[int]
+  max_eval_target_len: Optional[int]
+  eval_sort_by_length: bool
+  eval_batch_size: Optional[int]
+  seed: int
+  workdir: Optional[str]
 
 
-def _get(obj, name: str, default: Any) -> Any:
-  if obj is None:
-    return default
-  if isinstance(obj, dict):
-    return obj.get(name, default)
-  try:
-    return getattr(obj, name)
-  except (AttributeError, KeyError):
-    return default
+def resolve_spec(config) -> TranslationDataSpec:
+  """Reads and checks ``config.dataset``; ConfigError names a bad entry."""
+  d = lambda entry: f'dataset.{entry}'
+  opt_int = lambda entry: (None if checks.lookup(config, d(entry), None) is None
+                           else checks.read_int(config, d(entry), minimum=1))
+  boundaries = checks.lookup(config, d('bucket_boundaries'), None)
+  return TranslationDataSpec(
+      name=checks.read_str(config, d('name'), default=_DEFAULTS['name']),
+      data_dir=checks.lookup(config, d('data_dir'), None) or None,
+      source_lang=checks.read_str(config, d('source_lang'), default=_DEFAULTS['source_lang']),
+      target_lang=checks.read_str(config, d('target_lang'), default=_DEFAULTS['target_lang']),
+      train_split=checks.read_str(config, d('train_split'), default=_DEFAULTS['train_split']),
+      vocab_size=checks.read_int(config, d('vocab_size'), minimum=4,
+                                 default=_DEFAULTS['vocab_size']),
+      vocab_type=checks.read_choice(config, d('vocab_type'), ('unigram', 'bpe'),
+                                    default=_DEFAULTS['vocab_type']),
+      vocab_max_chars=checks.read_int(config, d('vocab_max_chars'), minimum=1,
+                                      default=_DEFAULTS['vocab_max_chars']),
+      vocab_path=checks.lookup(config, d('vocab_path'), None) or None,
+      vocab_wait_seconds=checks.read_float(config, d('vocab_wait_seconds'), lo=0,
+                                           default=_DEFAULTS['vocab_wait_seconds']),
+      max_source_len=checks.read_int(config, d('max_source_len'), minimum=2,
+                                     default=_DEFAULTS['max_source_len']),
+      max_target_len=checks.read_int(config, d('max_target_len'), minimum=2,
+                                     default=_DEFAULTS['max_target_len']),
+      truncate=checks.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
+      bucket_boundaries=None if boundaries is None else tuple(boundaries),
+      max_eval_source_len=opt_int('max_eval_source_len'),
+      max_eval_target_len=opt_int('max_eval_target_len'),
+      eval_sort_by_length=checks.read_bool(config, d('eval_sort_by_length'),
+                                           default=_DEFAULTS['eval_sort_by_length']),
+      eval_batch_size=opt_int('eval_batch_size'),
+      seed=checks.read_int(config, 'seed', minimum=-2**63, default=0),
+      workdir=checks.lookup(config, 'workdir', None))
 
 
 # ----------------------------------------------------------------------------
@@ -174,16 +219,18 @@ class SentencePieceVocab:
 
 def vocab_filename(config) -> str:
   """The file name ``get_vocab`` uses inside the workdir (when ``vocab_path`` is unset)."""
-  name = str(_ds(config, 'name')).replace('/', '-')
-  return (f"spm_{name}_{_ds(config, 'source_lang')}-{_ds(config, 'target_lang')}_"
-          f"{_ds(config, 'vocab_type')}{int(_ds(config, 'vocab_size'))}.model")
+  spec = resolve_spec(config)
+  name = str(spec.name).replace('/', '-')
+  return (f"spm_{name}_{spec.source_lang}-{spec.target_lang}_"
+          f"{spec.vocab_type}{int(spec.vocab_size)}.model")
 
 
 def _vocab_path(config, workdir) -> epath.Path:
-  explicit = _ds(config, 'vocab_path')
+  spec = resolve_spec(config)
+  explicit = spec.vocab_path
   if explicit:
     return epath.Path(explicit)
-  workdir = workdir or _get(config, 'workdir', None)
+  workdir = workdir or spec.workdir
   if not workdir:
     raise ConfigError('translation_input: no place for the SentencePiece model; set '
                      'config.dataset.vocab_path or config.workdir, or pass workdir=/vocab=.')
@@ -209,6 +256,7 @@ def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
   ``TimeoutError``). This needs the workdir on storage all hosts see (as
   checkpoints do); a host-local workdir on several hosts would wait forever.
   """
+  spec = resolve_spec(config)
   path = _vocab_path(config, workdir)
   if not path.exists():
     if process_index is None:
@@ -216,23 +264,23 @@ def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
       process_index = jax.process_index()
     if process_index == 0:
       proto = train_sentencepiece(
-          _sample_training_text(config), vocab_size=int(_ds(config, 'vocab_size')),
-          model_type=str(_ds(config, 'vocab_type')))
+          _sample_training_text(config), vocab_size=int(spec.vocab_size),
+          model_type=str(spec.vocab_type))
       path.parent.mkdir(parents=True, exist_ok=True)
       tmp = path.parent / f'{path.name}.tmp-{uuid.uuid4().hex}'
       tmp.write_bytes(proto)
       tmp.rename(path)
     else:
-      deadline = time.monotonic() + float(_ds(config, 'vocab_wait_seconds'))
+      deadline = time.monotonic() + float(spec.vocab_wait_seconds)
       while not path.exists():
         if time.monotonic() > deadline:
           raise TimeoutError(f'process {process_index}: {path} did not appear; process 0 trains '
                              'it (is the workdir shared by all hosts?).')
         time.sleep(poll_seconds)
   vocab = SentencePieceVocab.load(path)
-  if vocab.vocab_size > int(_ds(config, 'vocab_size')):
+  if vocab.vocab_size > int(spec.vocab_size):
     raise ConfigError(f'{path} has {vocab.vocab_size} pieces, more than '
-                     f"config.dataset.vocab_size={_ds(config, 'vocab_size')}.")
+                     f"config.dataset.vocab_size={spec.vocab_size}.")
   return vocab
 
 
@@ -252,10 +300,11 @@ def train_sentencepiece(sentences, *, vocab_size: int, model_type: str = 'unigra
 
 def _sample_training_text(config) -> list[str]:
   """Source and target sentences of random training pairs, up to ``vocab_max_chars``."""
+  spec = resolve_spec(config)
   source = _train_split(config)
-  src, tgt = _ds(config, 'source_lang'), _ds(config, 'target_lang')
-  budget = int(_ds(config, 'vocab_max_chars'))
-  order = np.random.default_rng(_get(config, 'seed', 0)).permutation(len(source))
+  src, tgt = spec.source_lang, spec.target_lang
+  budget = int(spec.vocab_max_chars)
+  order = np.random.default_rng(spec.seed).permutation(len(source))
   lines, chars = [], 0
   for i in order:
     record = source[int(i)]
@@ -292,7 +341,8 @@ def _open_split(config, split: str, setting: Optional[str] = None):
   prepared; ValueError naming ``setting`` (default ``split=...``) if the split
   is not one of the prepared ones or selects no example (see ``tfds_splits``).
   """
-  name, data_dir = str(_ds(config, 'name')), _ds(config, 'data_dir') or None
+  spec = resolve_spec(config)
+  name, data_dir = str(spec.name), spec.data_dir or None
   # Builders whose module imports TensorFlow at registration time are not
   # registered without TF; import the WMT builder module directly (it does not
   # need TF) so its code and metadata are known. Prepared data loads without it.
@@ -306,7 +356,7 @@ def _open_split(config, split: str, setting: Optional[str] = None):
       name, split, data_dir, setting=setting or f'split={split!r}',
       how_to_prepare=lambda: _how_to_prepare(name, data_dir, split))
   keys = set(source[0])
-  for lang in (_ds(config, 'source_lang'), _ds(config, 'target_lang')):
+  for lang in (spec.source_lang, spec.target_lang):
     if lang not in keys:
       raise DataError(f"'{name}' has features {sorted(keys)}; config.dataset "
                        f'source_lang/target_lang {lang!r} is not one of them.')
@@ -314,7 +364,8 @@ def _open_split(config, split: str, setting: Optional[str] = None):
 
 
 def _train_split(config):
-  split = _ds(config, 'train_split')
+  spec = resolve_spec(config)
+  split = spec.train_split
   return _open_split(config, split, f'config.dataset.train_split={split!r}')
 
 
@@ -365,8 +416,9 @@ class _TokenizePair:
 
 def bucket_boundaries(config) -> list[int]:
   """Sorted bucket lengths; the last is ``max(max_source_len, max_target_len)``."""
-  longest = max(int(_ds(config, 'max_source_len')), int(_ds(config, 'max_target_len')))
-  given = _ds(config, 'bucket_boundaries')
+  spec = resolve_spec(config)
+  longest = max(int(spec.max_source_len), int(spec.max_target_len))
+  given = spec.bucket_boundaries
   if given is None:
     # 8, 16, 24, then 2^k and 1.5 * 2^k: 32, 48, 64, 96, 128, 192, 256, ...
     given, p = [8, 16, 24], 32
@@ -484,13 +536,6 @@ class BucketBatchDataset(grain.IterDataset):
     return f'BucketBatchDataset(boundaries={self._boundaries}, batch_size={self._batch_size})'
 
 
-def _per_process(total: int, process_count: int, what: str) -> int:
-  if total <= 0 or total % process_count:
-    raise ConfigError(f'{what}={total} must be a positive multiple of process_count='
-                     f'{process_count}.')
-  return total // process_count
-
-
 def make_train_dataset(config, *, process_index: int, process_count: int,
                        vocab: Optional[SentencePieceVocab] = None, workdir=None,
                        read_options: Optional[grain.ReadOptions] = None) -> grain.IterDataset:
@@ -501,19 +546,20 @@ def make_train_dataset(config, *, process_index: int, process_count: int,
   The vocabulary is ``vocab`` or ``get_vocab(config, workdir)``. Deterministic
   from ``config.seed``; ``iter(ds).get_state()/set_state()`` round-trip.
   """
-  batch = _per_process(int(config.batch_size), process_count, 'config.batch_size')
+  spec = resolve_spec(config)
+  batch = checks.per_process(config, 'batch_size', process_count)
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
-  max_src, max_tgt = int(_ds(config, 'max_source_len')), int(_ds(config, 'max_target_len'))
+  max_src, max_tgt = int(spec.max_source_len), int(spec.max_target_len)
   shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
   if not len(shard):
-    raise ConfigError(f"config.dataset.train_split={_ds(config, 'train_split')!r} has no "
+    raise ConfigError(f"config.dataset.train_split={spec.train_split!r} has no "
                      f'examples for process {process_index} of {process_count}.')
   examples = (shard
-              .shuffle(seed=int(_get(config, 'seed', 0)))
+              .shuffle(seed=int(spec.seed))
               .repeat()
-              .map_with_index(_TokenizePair(vocab, _ds(config, 'source_lang'),
-                                            _ds(config, 'target_lang'), max_src, max_tgt,
-                                            bool(_ds(config, 'truncate')))))
+              .map_with_index(_TokenizePair(vocab, spec.source_lang,
+                                            spec.target_lang, max_src, max_tgt,
+                                            bool(spec.truncate))))
   return BucketBatchDataset(examples, boundaries=bucket_boundaries(config), batch_size=batch,
                             max_source_len=max_src, max_target_len=max_tgt,
                             read_options=read_options, max_dropped=2 * len(shard))
@@ -605,14 +651,15 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
 
   ``B = config.dataset.eval_batch_size (default config.batch_size) // process_count``.
   """
-  total = _ds(config, 'eval_batch_size') or config.batch_size
-  batch = _per_process(int(total), process_count, 'config.dataset.eval_batch_size')
+  spec = resolve_spec(config)
+  batch = (checks.per_process(config, 'dataset.eval_batch_size', process_count)
+           if spec.eval_batch_size else checks.per_process(config, 'batch_size', process_count))
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
-  max_src = int(_ds(config, 'max_eval_source_len') or _ds(config, 'max_source_len'))
-  max_tgt = int(_ds(config, 'max_eval_target_len') or _ds(config, 'max_target_len'))
+  max_src = int(spec.max_eval_source_len or spec.max_source_len)
+  max_tgt = int(spec.max_eval_target_len or spec.max_target_len)
   source = _open_split(config, split, f'the evaluation split {split!r} (config.eval_splits)')
   return EvalBatches(
-      source, vocab, source_lang=_ds(config, 'source_lang'),
-      target_lang=_ds(config, 'target_lang'), batch_size=batch, max_source_len=max_src,
+      source, vocab, source_lang=spec.source_lang,
+      target_lang=spec.target_lang, batch_size=batch, max_source_len=max_src,
       max_target_len=max_tgt, process_index=process_index, process_count=process_count,
-      sort_by_length=bool(_ds(config, 'eval_sort_by_length')))
+      sort_by_length=bool(spec.eval_sort_by_length))

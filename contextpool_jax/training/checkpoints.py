@@ -41,10 +41,11 @@ class CheckpointError(RuntimeError):
   """A workdir's checkpoints cannot be used; the message says which and why."""
 
 
-def manager(directory: epath.Path, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=config.keep_checkpoints,
-      enable_async_checkpointing=config.get('async_checkpointing', True))
+def manager(directory: epath.Path, *, keep: int, asynchronous: bool = True
+            ) -> ocp.CheckpointManager:
+  """The run's orbax manager: keeps the newest ``keep`` steps, writes in the background."""
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep,
+                                         enable_async_checkpointing=asynchronous)
   return ocp.CheckpointManager(directory, options=options)
 
 

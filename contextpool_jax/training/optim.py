@@ -1,6 +1,7 @@
 """Optimizers and learning-rate schedules from a config, all built from optax.
 
-``config.optimizer`` fields:
+``config.optimizer`` fields (``configs/common.py`` sets every one but the
+piecewise schedule's; :func:`resolve_spec` reads and checks them once):
 
 * ``name``: ``'adam'`` | ``'adamw'`` | ``'sgd'`` (momentum, optionally Nesterov).
 * ``learning_rate``: the peak learning rate.
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -28,44 +30,87 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
 SCHEDULES = ('constant', 'inverse_sqrt', 'cosine', 'linear', 'warmup_constant', 'piecewise')
-_OWNER = 'config.optimizer'
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """``config.optimizer``, read and checked (see the module docstring)."""
+  name: str
+  learning_rate: float
+  schedule: str
+  warmup_steps: int
+  end_learning_rate: float
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float
+  grad_clip_norm: float
+  momentum: float
+  nesterov: bool
+  boundaries: tuple[int, ...] = ()
+  decay_factor: float = 0.1
+
+
+def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
+  """Reads and checks ``config.optimizer`` (``cfg``); ConfigError names a bad entry."""
+  root = {'optimizer': cfg}
+  number = lambda field, **kw: checks.read_float(root, f'optimizer.{field}', **kw)
+  schedule = checks.read_choice(root, 'optimizer.schedule', SCHEDULES)
+  warmup = checks.read_int(root, 'optimizer.warmup_steps')
+  boundaries, factor = (), 0.1
+  if schedule == 'piecewise':
+    boundaries = tuple(checks.lookup(root, 'optimizer.boundaries'))
+    factor = number('decay_factor', lo=0.0)
+    if not all(isinstance(b, int) and b > warmup for b in boundaries):
+      raise ConfigError(f'config.optimizer.boundaries={boundaries!r} must be steps > '
+                        f'warmup_steps={warmup}.')
+  return OptimizerSpec(
+      name=checks.read_choice(root, 'optimizer.name', OPTIMIZERS),
+      learning_rate=number('learning_rate', lo=0.0, lo_open=True),
+      schedule=schedule, warmup_steps=warmup,
+      end_learning_rate=number('end_learning_rate', lo=0.0),
+      b1=number('b1', lo=0.0, hi=1.0), b2=number('b2', lo=0.0, hi=1.0),
+      eps=number('eps', lo=0.0),
+      weight_decay=number('weight_decay', lo=0.0),
+      grad_clip_norm=number('grad_clip_norm', lo=0.0),
+      momentum=number('momentum', lo=0.0, hi=1.0),
+      nesterov=checks.read_bool(root, 'optimizer.nesterov'),
+      boundaries=boundaries, decay_factor=factor)
 
 
 def make_schedule(cfg: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
-  """The learning-rate schedule of ``cfg`` (see the module docstring)."""
-  v.check_choice(_OWNER, 'schedule', cfg.schedule, SCHEDULES)
-  v.check_positive(_OWNER, 'learning_rate', cfg.learning_rate)
-  v.check_positive(_OWNER, 'warmup_steps', cfg.warmup_steps, integer=True, allow_zero=True)
-  peak, warmup = float(cfg.learning_rate), int(cfg.warmup_steps)
-  end = float(cfg.get('end_learning_rate', 0.0))
-  if cfg.schedule == 'constant':
+  """The learning-rate schedule of ``config.optimizer`` (see the module docstring)."""
+  return _schedule(resolve_spec(cfg), num_train_steps)
+
+
+def _schedule(spec: OptimizerSpec, num_train_steps: int) -> optax.Schedule:
+  peak, warmup, end = spec.learning_rate, spec.warmup_steps, spec.end_learning_rate
+  if spec.schedule == 'constant':
     return optax.constant_schedule(peak)
-  if cfg.schedule == 'inverse_sqrt':
+  if spec.schedule == 'inverse_sqrt':
     def schedule(step):
       step = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
       w = max(warmup, 1)
       return peak * jnp.minimum(step / w, jnp.sqrt(w / step))
     return schedule
-  if cfg.schedule == 'warmup_constant':
+  if spec.schedule == 'warmup_constant':
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak)],
         [max(warmup, 1)])
-  if cfg.schedule == 'piecewise':
-    boundaries = tuple(cfg.get('boundaries', ()))
-    factor = float(cfg.get('decay_factor', 0.1))
-    if not all(isinstance(b, int) and b > warmup for b in boundaries):
-      raise ConfigError(f'{_OWNER}.boundaries={boundaries!r} must be steps > warmup_steps.')
-    after = optax.piecewise_constant_schedule(peak, {b - warmup: factor for b in boundaries})
+  if spec.schedule == 'piecewise':
+    factor = spec.decay_factor
     if warmup == 0:
-      return optax.piecewise_constant_schedule(peak, {b: factor for b in boundaries})
+      return optax.piecewise_constant_schedule(peak, {b: factor for b in spec.boundaries})
+    after = optax.piecewise_constant_schedule(
+        peak, {b - warmup: factor for b in spec.boundaries})
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
   decay_steps = max(num_train_steps - warmup, 1)
-  if cfg.schedule == 'cosine':
+  if spec.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup, 1),
                                               warmup + decay_steps, end)
   return optax.join_schedules(  # 'linear'
@@ -81,25 +126,19 @@ def decay_mask(params: Any) -> Any:
 def make_optimizer(cfg: ml_collections.ConfigDict, num_train_steps: int
                    ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
   """Returns ``(optimizer, schedule)`` for ``config.optimizer``."""
-  v.check_choice(_OWNER, 'name', cfg.name, OPTIMIZERS)
-  wd = float(cfg.get('weight_decay', 0.0))
-  clip = float(cfg.get('grad_clip_norm', 0.0))
-  if wd < 0 or clip < 0:
-    raise ConfigError(f'{_OWNER}.weight_decay={wd!r} / grad_clip_norm={clip!r} must be >= 0.')
-  schedule = make_schedule(cfg, num_train_steps)
+  spec = resolve_spec(cfg)
+  schedule = _schedule(spec, num_train_steps)
   chain = []
-  if clip > 0:
-    chain.append(optax.clip_by_global_norm(clip))
-  if cfg.name == 'adamw':
-    chain.append(optax.adamw(schedule, b1=cfg.get('b1', 0.9), b2=cfg.get('b2', 0.999),
-                             eps=cfg.get('eps', 1e-8), weight_decay=wd, mask=decay_mask))
+  if spec.grad_clip_norm > 0:
+    chain.append(optax.clip_by_global_norm(spec.grad_clip_norm))
+  if spec.name == 'adamw':
+    chain.append(optax.adamw(schedule, b1=spec.b1, b2=spec.b2, eps=spec.eps,
+                             weight_decay=spec.weight_decay, mask=decay_mask))
   else:
-    if wd > 0:  # coupled L2: added to the gradient before the update rule
-      chain.append(optax.add_decayed_weights(wd, mask=decay_mask))
-    if cfg.name == 'adam':
-      chain.append(optax.adam(schedule, b1=cfg.get('b1', 0.9), b2=cfg.get('b2', 0.999),
-                              eps=cfg.get('eps', 1e-8)))
+    if spec.weight_decay > 0:  # coupled L2: added to the gradient before the update rule
+      chain.append(optax.add_decayed_weights(spec.weight_decay, mask=decay_mask))
+    if spec.name == 'adam':
+      chain.append(optax.adam(schedule, b1=spec.b1, b2=spec.b2, eps=spec.eps))
     else:
-      chain.append(optax.sgd(schedule, momentum=cfg.get('momentum', 0.9),
-                             nesterov=cfg.get('nesterov', False)))
+      chain.append(optax.sgd(schedule, momentum=spec.momentum, nesterov=spec.nesterov))
   return optax.chain(*chain), schedule
