@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+import contextpool_jax
 import ref_area_attention as ref
+from contextpool_jax import layers
 from contextpool_jax.layers import area_attention as aa
+from contextpool_jax.layers import areas
 
 # (q_len, kv_len, max_area_width, max_area_height, memory_height)
 CONFIGS = {
@@ -89,6 +92,20 @@ def _area_kwargs(cfg):
 # ----------------------------------------------------------------------------
 # Areas and features.
 # ----------------------------------------------------------------------------
+
+
+def test_public_names_importable_where_they_were():
+  """The layout and features live in layers/areas.py; every public name is still
+  importable from area_attention and the packages, and is the same object."""
+  for name in ('FEATURE_NAMES', 'AreaFeatures', 'AreaLayout', 'area_features', 'area_layout',
+               'num_areas'):
+    assert getattr(aa, name) is getattr(areas, name), name
+  for name in aa.__all__:
+    assert hasattr(aa, name), name
+  for package in (contextpool_jax, layers):
+    assert package.area_features is areas.area_features
+    assert package.AreaAttention is aa.AreaAttention
+    assert package.dot_product_area_attention is aa.dot_product_area_attention
 
 
 def test_paper_figure_counts():

@@ -1,4 +1,5 @@
-"""Area attention (Li et al., "Area Attention", ICML 2019).
+"""Area attention (Li et al., "Area Attention", ICML 2019): masks, the attention
+core, the parameter-free function and the Linen modules.
 
 Attention in which the unit a query attends to is an *area*: a contiguous
 range of 1..``max_area_width`` items of a 1D memory, or a rectangle of up to
@@ -14,28 +15,25 @@ items, and ordinary dot-product attention runs over the areas.
   (Eq. 5) and learned embeddings of the area's height and width (Eq. 6-8).
   Key modes named as in tensor2tensor's ``area_attention.py`` compute what
   they compute there (some without sigma); see :class:`AreaAttention`.
-* Area sums and means come from summed area tables (integral images, Eq.
-  10-11, Algorithms 1-2); area maxima and standard deviations are built one
-  column / row at a time (sliding maxima; pairwise merges of the areas'
-  moments instead of Eq. 12's table of squares, which cancels
-  catastrophically in float32). All cost O(n * number of area shapes); no
-  area's items are ever gathered.
 
-Layers in this file:
+Which areas exist, in which order, and their features (sums and means from
+summed area tables, Eq. 10-11; stds by pairwise merges instead of Eq. 12;
+maxima) are :mod:`contextpool_jax.layers.areas`, whose public names
+are importable from here too. In this file:
 
-* :func:`area_layout` / :func:`num_areas`: which areas exist, in which order.
-* :func:`area_features`: sum, mean, std, max, height and width of every area.
 * :func:`area_attention_mask`: item-level mask and causality -> area-level mask.
 * :func:`attend_to_areas`: softmax attention of queries over area keys/values.
 * :func:`dot_product_area_attention`: the parameter-free pure function.
 * :class:`AreaKeyEncoder`: the learned area key of Eq. 9 (Linen).
 * :class:`AreaAttention`: multi-head area attention (Linen).
 
-Choices the paper leaves open (each documented where it is made):
+The function and the module check their settings and memory with the same two
+functions (:func:`_check_config`, :func:`_check_memory`) and run the same core
+(:func:`_area_attention`).
 
-* Area order: by shape (height-major, then width), then by top-left corner in
-  row-major order; shapes larger than the grid are skipped (no such areas).
-  Areas never wrap across rows and never extend past the grid (no padding).
+Choices the paper leaves open (each documented where it is made; the area
+order, the std and the tables' precision in :mod:`.areas`):
+
 * Masking: an area may be attended by a query only if every one of its items
   may be. ``causal=True`` adds the item mask ``j <= i`` (top-left aligned when
   ``q_len != kv_len``, as ``jax.nn.dot_product_attention``); on a 2D memory
@@ -43,26 +41,15 @@ Choices the paper leaves open (each documented where it is made):
   ``i`` iff its bottom-right item has flattened index ``<= i``.
 * A query with no attendable area outputs exactly zero, with zero (finite)
   gradients.
-* Standard deviation: ``sqrt(var + std_epsilon)`` so that its gradient is
-  finite for constant areas (single items included); ``var`` is the
-  population variance of the area's items.
-* Numerics: tables and moments are accumulated in (at least) float32 and the
-  softmax runs in float32 with max-subtraction, whatever the compute dtype.
-  Table differences carry an absolute rounding error of about
-  ``float32 eps * |prefix sum|`` (sums and means of an area are unaffected in
-  practice). The std never uses the tables: Eq. 12's ``E[x^2] - E[x]^2``
-  would cancel catastrophically (n = 4096, values 3 + 0.01 N(0, 1), width-5
-  areas: absolute errors up to 0.07 on stds of about 0.007); merging the
-  areas' moments pairwise (:func:`_area_variances`) keeps it within a few
-  float32 epsilons, relatively (measured there: at most 1.8e-7 relative error
-  against float64 on the same float32 inputs, 1D and 3 x 3 areas in 2D).
+* Numerics: the softmax runs in float32 with max-subtraction, whatever the
+  compute dtype.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +59,24 @@ from flax import linen as nn
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers import _validation as v
 from contextpool_jax.layers._softmax import masked_softmax
+from contextpool_jax.layers.areas import FEATURE_NAMES
+from contextpool_jax.layers.areas import AreaFeatures
+from contextpool_jax.layers.areas import AreaLayout
+from contextpool_jax.layers.areas import area_features
+from contextpool_jax.layers.areas import area_layout
+from contextpool_jax.layers.areas import area_sums
+from contextpool_jax.layers.areas import check_area_options
+from contextpool_jax.layers.areas import check_memory_length
+from contextpool_jax.layers.areas import compute_area_features
+from contextpool_jax.layers.areas import num_areas
+
+__all__ = [
+    'KEY_MODES', 'LEARNED_KEY_MODES', 'PARAMETER_FREE_KEY_MODES', 'VALUE_MODES',
+    'AreaAttention', 'AreaKeyEncoder', 'area_attention_mask', 'attend_to_areas',
+    'dot_product_area_attention',
+    # From areas, importable here as before the split.
+    'FEATURE_NAMES', 'AreaFeatures', 'AreaLayout', 'area_features', 'area_layout', 'num_areas',
+]
 
 Array = jax.Array
 Dtype = Any
@@ -103,7 +108,6 @@ _LEARNED_KEYS = {
 LEARNED_KEY_MODES = tuple(_LEARNED_KEYS)
 KEY_MODES = PARAMETER_FREE_KEY_MODES + LEARNED_KEY_MODES
 VALUE_MODES = ('sum', 'mean', 'max')
-FEATURE_NAMES = ('sum', 'mean', 'std', 'max')
 
 
 def _key_base(key_mode: str) -> str:
@@ -119,349 +123,30 @@ def _key_features(key_mode: str) -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------
-# Area layout (static).
+# The checks of both entry points (dot_product_area_attention, AreaAttention).
 # ----------------------------------------------------------------------------
 
 
-class AreaLayout(NamedTuple):
-  """Static description of every area of a memory, in the order used everywhere.
-
-  Attributes:
-    row: ``[num_areas]`` int, grid row of each area's top-left item.
-    col: ``[num_areas]`` int, grid column of each area's top-left item.
-    height: ``[num_areas]`` int, area height in items (1..max_area_height).
-    width: ``[num_areas]`` int, area width in items (1..max_area_width).
-    grid_height: rows of the memory grid (``memory_height``).
-    grid_width: items per row (``kv_len // memory_height``).
-    shapes: the area shapes ``(h, w)`` present, in order.
-  """
-  row: np.ndarray
-  col: np.ndarray
-  height: np.ndarray
-  width: np.ndarray
-  grid_height: int
-  grid_width: int
-  shapes: tuple[tuple[int, int], ...]
-
-  @property
-  def last_index(self) -> np.ndarray:
-    """``[num_areas]`` flattened (row-major) index of each area's bottom-right item.
-
-    It is the largest flattened index of any item in the area, which is what
-    causal masking compares with the query position.
-    """
-    return (self.row + self.height - 1) * self.grid_width + self.col + self.width - 1
-
-  @property
-  def num_areas(self) -> int:
-    return int(self.row.shape[0])
-
-
-def _check_area_options(owner: str, max_area_width: Any, max_area_height: Any,
-                        memory_height: Any) -> None:
-  v.check_positive(owner, 'max_area_width', max_area_width, integer=True)
-  v.check_positive(owner, 'max_area_height', max_area_height, integer=True)
-  v.check_positive(owner, 'memory_height', memory_height, integer=True)
-
-
-def _check_divisible(owner: str, length: int, memory_height: int, what: str) -> None:
-  if length % memory_height:
-    raise ConfigError(
-        f'{owner}.memory_height={memory_height!r} does not divide the {what} '
-        f'length {length}; a 2D memory is memory_height rows of '
-        f'length // memory_height items, so the length must be a multiple of '
-        'memory_height.')
-
-
-def _area_shapes(grid_height: int, grid_width: int, max_area_height: int,
-                 max_area_width: int) -> tuple[tuple[int, int], ...]:
-  """Area shapes ``(h, w)`` that fit in the grid, height-major."""
-  return tuple((h, w)
-               for h in range(1, min(max_area_height, grid_height) + 1)
-               for w in range(1, min(max_area_width, grid_width) + 1))
-
-
-def area_layout(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
-                memory_height: int = 1) -> AreaLayout:
-  """Enumerates the areas of a memory of ``length`` items (Section 3, Fig. 1-2).
-
-  The memory is a grid of ``memory_height`` rows of ``length // memory_height``
-  items stored row-major (``memory_height=1``: a 1D sequence). The areas are
-  every rectangle of ``h x w`` items with ``1 <= h <= max_area_height`` and
-  ``1 <= w <= max_area_width`` lying entirely inside the grid; they never wrap
-  across rows. Order (the paper leaves it open): by shape, height-major, then by
-  top-left corner, row-major -- the order of Algorithm 1's loop over shapes with
-  its per-shape results flattened and concatenated.
-
-  The count is ``sum_{a=1..A} (n - a + 1)`` in 1D and
-  ``sum_{h, w} (H - h + 1)(W - w + 1)`` in 2D.
-
-  Args:
-    length: number of items ``kv_len``.
-    max_area_width: largest area width (a larger value than the grid width is
-      clipped: such areas do not exist).
-    max_area_height: largest area height (clipped to ``memory_height``).
-    memory_height: rows of the grid.
-
-  Returns:
-    An :class:`AreaLayout` of numpy arrays.
-
-  Raises:
-    ValueError: a non-positive option, or ``length`` not a multiple of
-      ``memory_height``.
-  """
-  owner = 'area_layout'
-  _check_area_options(owner, max_area_width, max_area_height, memory_height)
-  _check_divisible(owner, length, memory_height, 'memory')
-  grid_h, grid_w = memory_height, length // memory_height
-  shapes = _area_shapes(grid_h, grid_w, max_area_height, max_area_width)
-  rows, cols, heights, widths = [], [], [], []
-  for h, w in shapes:
-    r, c = np.meshgrid(np.arange(grid_h - h + 1), np.arange(grid_w - w + 1), indexing='ij')
-    rows.append(r.reshape(-1))
-    cols.append(c.reshape(-1))
-    heights.append(np.full(r.size, h))
-    widths.append(np.full(r.size, w))
-  cat = lambda xs: np.concatenate(xs).astype(np.int32) if xs else np.zeros((0,), np.int32)
-  return AreaLayout(cat(rows), cat(cols), cat(heights), cat(widths), grid_h, grid_w, shapes)
-
-
-def num_areas(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
-              memory_height: int = 1) -> int:
-  """Number of areas of a memory; see :func:`area_layout`."""
-  return area_layout(length, max_area_width=max_area_width, max_area_height=max_area_height,
-                     memory_height=memory_height).num_areas
-
-
-# ----------------------------------------------------------------------------
-# Summed area tables and sliding maxima (Eq. 10-12, Algorithms 1-2).
-# ----------------------------------------------------------------------------
-
-
-def _summed_area_table(x: Array, axis: int) -> Array:
-  """Integral image over axes ``(axis, axis + 1)``, zero-padded top and left (Eq. 10).
-
-  ``table[..., r, c, ...]`` is the sum of ``x[..., :r, :c, ...]``; the result has
-  one more row and column than ``x`` (Algorithm 1, lines 1-3).
-  """
-  table = jnp.cumsum(jnp.cumsum(x, axis=axis), axis=axis + 1)
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = pad[axis + 1] = (1, 0)
-  return jnp.pad(table, pad)
-
-
-def _area_sums(table: Array, shapes: Sequence[tuple[int, int]], axis: int) -> list[Array]:
-  """Sums of every ``h x w`` window, for each shape, from a summed area table (Eq. 11).
-
-  ``S(r, c) = I(r + h, c + w) - I(r + h, c) - I(r, c + w) + I(r, c)`` for every
-  top-left corner ``(r, c)``, evaluated separably as
-  ``[I(r + h, c + w) - I(r + h, c)] - [I(r, c + w) - I(r, c)]``: the column
-  differences are shared by all shapes of one width. Returns, per shape,
-  ``[..., H - h + 1, W - w + 1, ...]``.
-  """
-  rows, cols = table.shape[axis], table.shape[axis + 1]
-  col_diff = {}
-  for w in sorted({w for _, w in shapes}):
-    col_diff[w] = (jax.lax.slice_in_dim(table, w, cols, axis=axis + 1)
-                   - jax.lax.slice_in_dim(table, 0, cols - w, axis=axis + 1))
-  return [jax.lax.slice_in_dim(col_diff[w], h, rows, axis=axis)
-          - jax.lax.slice_in_dim(col_diff[w], 0, rows - h, axis=axis) for h, w in shapes]
-
-
-def _grow_areas(leaf: Any, shapes: Sequence[tuple[int, int]], axis: int,
-                merge: Callable[[Any, Any, int, int], Any]) -> dict:
-  """A statistic of every ``h x w`` window, for each shape, built by merging.
-
-  ``leaf`` is a pytree of ``[..., H, W, ...]`` arrays (grid axes ``axis``,
-  ``axis + 1``), the statistic of every single item. ``merge(a, b, n_a, n_b)``
-  gives the statistic of the union of two disjoint windows from theirs, ``a``
-  the left/top one (``n_a``, ``n_b`` items). Windows grow one column at a
-  time, ``S_{1,w} = merge(S_{1,w-1}[:, :-1], leaf[:, w-1:])``, then one row at
-  a time, ``S_{h,w} = merge(S_{h-1,w}[:-1], S_{1,w}[h-1:])``: one merge per
-  shape, O(n * number of shapes), no gathers.
-
-  Returns:
-    ``{(h, w): statistic with grid axes [H - h + 1, W - w + 1]}``.
-  """
-  first = jax.tree.leaves(leaf)[0]
-  grid_h, grid_w = first.shape[axis], first.shape[axis + 1]
-  max_w = max(w for _, w in shapes)
-  max_h = max(h for h, _ in shapes)
-  take = lambda tree, ax, start, n: jax.tree.map(
-      lambda a: jax.lax.slice_in_dim(a, start, start + n, axis=ax), tree)
-  strip = {1: leaf}
-  for w in range(2, max_w + 1):
-    n = grid_w - w + 1
-    strip[w] = merge(take(strip[w - 1], axis + 1, 0, n), take(leaf, axis + 1, w - 1, n),
-                     w - 1, 1)
-  out = {}
-  for w in range(1, max_w + 1):
-    stat = out[(1, w)] = strip[w]
-    for h in range(2, max_h + 1):
-      n = grid_h - h + 1
-      stat = out[(h, w)] = merge(take(stat, axis, 0, n), take(strip[w], axis, h - 1, n),
-                                 (h - 1) * w, w)
-  return out
-
-
-def _area_maxima(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> dict:
-  """Element-wise maximum over every ``h x w`` window, for each shape.
-
-  A summed area table cannot give maxima; :func:`_grow_areas` builds them with
-  one element-wise maximum per shape.
-
-  Returns:
-    ``{(h, w): [..., H - h + 1, W - w + 1, ...]}``.
-  """
-  return _grow_areas(x, shapes, axis, lambda a, b, n_a, n_b: jnp.maximum(a, b))
-
-
-class _Moments(NamedTuple):
-  """Shifted moments of a window: ``shift`` = its top-left item, ``mean`` = its
-  mean minus ``shift``, ``m2`` = the sum of squared deviations from its mean."""
-  shift: Array
-  mean: Array
-  m2: Array
-
-
-def _merge_moments(a: _Moments, b: _Moments, n_a: int, n_b: int) -> _Moments:
-  """Moments of the union of two disjoint windows (Chan, Golub and LeVeque's
-  pairwise update): ``m2 = m2_a + m2_b + delta^2 n_a n_b / (n_a + n_b)`` with
-  ``delta = mean_b - mean_a``, computed as ``(shift_b - shift_a) + (mean'_b -
-  mean'_a)``: a difference of two inputs plus one of small shifted means, so
-  nothing cancels catastrophically, whatever the offset of the values."""
-  n = n_a + n_b
-  delta = (b.shift - a.shift) + (b.mean - a.mean)
-  return _Moments(a.shift, a.mean + delta * (n_b / n),
-                  a.m2 + b.m2 + jnp.square(delta) * (n_a * n_b / n))
-
-
-def _area_variances(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> dict:
-  """Population variance ``sum (x - mean)^2 / (h w)`` of every ``h x w`` window.
-
-  Not Eq. 12's ``E[x^2] - E[x]^2`` from a table of squares: in float32 that
-  difference cancels catastrophically when the values have an offset (n =
-  4096, values 3 + 0.01 N(0, 1), width-5 areas: errors up to 0.07 on stds of
-  about 0.007). Instead the windows' moments are merged pairwise by
-  :func:`_grow_areas` and :func:`_merge_moments` (O(n * number of shapes),
-  like the tables): never negative, exactly 0 for single items, and relative
-  errors of a few float32 epsilons times the area size in that example.
-
-  Returns:
-    ``{(h, w): [..., H - h + 1, W - w + 1, ...]}``.
-  """
-  leaf = _Moments(x, jnp.zeros_like(x), jnp.zeros_like(x))
-  moments = _grow_areas(leaf, shapes, axis, _merge_moments)
-  return {(h, w): moments[(h, w)].m2 / float(h * w) for h, w in shapes}
-
-
-class AreaFeatures(NamedTuple):
-  """Per-area features of a memory (Algorithm 2); a pytree.
-
-  Array features have shape ``[batch, num_areas, *feature_dims]`` (e.g.
-  ``[batch, num_areas, heads, depth]``) and are ``None`` when not requested.
-
-  Attributes:
-    sum: sum of the item vectors in the area (Eq. 4, Eq. 11).
-    mean: ``sum / (height * width)`` (Eq. 3).
-    std: ``sqrt(var + std_epsilon)``, var the population variance of the
-      area's items (Eq. 5; computed by pairwise merges, not Eq. 12's table).
-    max: element-wise maximum over the area's items.
-    height: ``[num_areas]`` int32 area heights.
-    width: ``[num_areas]`` int32 area widths.
-  """
-  sum: Array | None
-  mean: Array | None
-  std: Array | None
-  max: Array | None
-  height: Array
-  width: Array
-
-
-def area_features(x: Array, *, max_area_width: int = 1, max_area_height: int = 1,
-                  memory_height: int = 1, features: Sequence[str] = FEATURE_NAMES,
-                  std_epsilon: float = 1e-6) -> AreaFeatures:
-  """Computes per-area features in O(n * number of area shapes) (Eq. 10-12, Algorithms 1-2).
-
-  ``x`` is ``[batch, length, *feature_dims]``, the items of a memory of
-  ``memory_height`` rows of ``length // memory_height`` items stored row-major.
-  Areas are those of :func:`area_layout`, in its order.
-
-  * ``sum`` (Eq. 11): from the integral image of ``x`` (Eq. 10).
-  * ``mean`` (Eq. 3): ``sum / (h * w)``.
-  * ``std`` (Eq. 5): ``sqrt(var + std_epsilon)``, var = ``sum (x - mean)^2 /
-    (h w)``. Not from Eq. 12's table of ``x * x`` (``E[x^2] - E[x]^2`` cancels
-    catastrophically in float32 when the values have an offset): the areas'
-    moments are merged pairwise, one column then one row at a time
-    (:func:`_area_variances`), which is never negative and exactly 0 for
-    single items. ``std_epsilon`` keeps the gradient finite at zero variance
-    (the paper's Algorithm 2 has none).
-  * ``max``: sliding maxima (a summed area table cannot give maxima).
-
-  Tables and moments are accumulated in at least float32 (bfloat16 cumulative
-  sums lose everything) and the features are cast back to ``x.dtype``. Only
-  the requested features are computed. Precision: a table entry is a prefix
-  sum over up to ``length`` items, so an area sum carries an absolute rounding
-  error of about ``float32 eps * |prefix sum|`` (the paper's method, not
-  exact); the std is relatively accurate to a few float32 epsilons whatever
-  the offset of the values. Under ``jax.enable_x64`` float64 inputs are
-  accumulated in float64.
-
-  Args:
-    x: ``[batch, length, *feature_dims]`` item vectors.
-    max_area_width: largest area width.
-    max_area_height: largest area height.
-    memory_height: rows of the memory grid (1: a 1D sequence).
-    features: which of ``'sum', 'mean', 'std', 'max'`` to compute.
-    std_epsilon: added to the variance inside the square root.
-
-  Returns:
-    An :class:`AreaFeatures`.
-
-  Raises:
-    ValueError: bad rank, option, feature name or length.
-  """
-  owner = 'area_features'
-  _check_area_options(owner, max_area_width, max_area_height, memory_height)
-  v.check_rank(owner, 'x', x, (3, 4, 5, 6), '[batch, length, *feature_dims]')
-  for name in features:
-    v.check_choice(owner, 'features', name, FEATURE_NAMES)
+def _check_config(owner: str, *, key_mode: Any, value_mode: Any, max_area_width: Any,
+                  max_area_height: Any, memory_height: Any, dropout_rate: Any, causal: Any,
+                  std_epsilon: Any) -> None:
+  """Raises ConfigError for an invalid area attention setting."""
+  v.check_choice(owner, 'key_mode', key_mode, KEY_MODES)
+  v.check_choice(owner, 'value_mode', value_mode, VALUE_MODES)
+  check_area_options(owner, max_area_width, max_area_height, memory_height)
+  v.check_probability(owner, 'dropout_rate', dropout_rate)
+  v.check_choice(owner, 'causal', causal, (False, True))
   v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
-  length = x.shape[1]
-  _check_divisible(owner, length, memory_height, 'memory')
-  layout = area_layout(length, max_area_width=max_area_width,
-                       max_area_height=max_area_height, memory_height=memory_height)
-  shapes = layout.shapes
-  batch, feat = x.shape[0], x.shape[2:]
-  grid = x.reshape((batch, layout.grid_height, layout.grid_width) + feat)
-  acc_dtype = jnp.promote_types(x.dtype, jnp.float32)
-  flat = lambda a, h, w: a.reshape(
-      (batch, (layout.grid_height - h + 1) * (layout.grid_width - w + 1)) + feat)
-  concat = lambda parts: jnp.concatenate(parts, axis=1).astype(x.dtype)
-
-  want = set(features)
-  sums = means = stds = maxes = None
-  if want & {'sum', 'mean'}:
-    table = _summed_area_table(grid.astype(acc_dtype), axis=1)
-    per_shape = [flat(a, h, w) for a, (h, w) in zip(_area_sums(table, shapes, 1), shapes)]
-    sizes = [float(h * w) for h, w in shapes]
-    if 'sum' in want:
-      sums = concat(per_shape)
-    if 'mean' in want:
-      means = concat([s / n for s, n in zip(per_shape, sizes)])
-  if 'std' in want:
-    variances = _area_variances(grid.astype(acc_dtype), shapes, axis=1)
-    stds = concat([flat(jnp.sqrt(variances[s] + std_epsilon), *s) for s in shapes])
-  if 'max' in want:
-    per_shape_max = _area_maxima(grid, shapes, axis=1)
-    maxes = jnp.concatenate([flat(per_shape_max[s], *s) for s in shapes], axis=1)
-  return AreaFeatures(sums, means, stds, maxes, jnp.asarray(layout.height),
-                      jnp.asarray(layout.width))
 
 
-# ----------------------------------------------------------------------------
-# Masks and the attention core.
-# ----------------------------------------------------------------------------
+def _check_memory(owner: str, *, kv_len: int, memory_height: int, what: str,
+                  mask: Any, attention_shape: tuple[int, ...]) -> None:
+  """Raises ConfigError unless ``memory_height`` divides the memory's ``kv_len``
+  items (``what`` names the memory), and ValueError unless ``mask`` is None or
+  broadcastable to ``attention_shape = (batch, heads, q_len, kv_len)``."""
+  check_memory_length(owner, kv_len, memory_height, what)
+  if mask is not None:
+    _check_mask(owner, mask, attention_shape)
 
 
 def _check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
@@ -476,6 +161,11 @@ def _check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
     raise ValueError(
         f'{owner}: mask has shape {shape}; expected an item-level mask '
         f'broadcastable to [batch, heads, q_len, kv_len] = {list(target)}.')
+
+
+# ----------------------------------------------------------------------------
+# Masks and the attention core.
+# ----------------------------------------------------------------------------
 
 
 def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
@@ -507,24 +197,27 @@ def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
     whose leading dims are those of ``mask`` (size 1 where it broadcasts).
   """
   owner = 'area_attention_mask'
-  _check_area_options(owner, max_area_width, max_area_height, memory_height)
-  _check_divisible(owner, kv_len, memory_height, 'key/value')
+  check_area_options(owner, max_area_width, max_area_height, memory_height)
+  mask = None if mask is None else jnp.asarray(mask)
+  lead = ((1,) * 4 + mask.shape)[-4:-2] if mask is not None and mask.ndim <= 4 else (1, 1)
+  _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='key/value',
+                mask=mask, attention_shape=lead + (q_len, kv_len))
   layout = area_layout(kv_len, max_area_width=max_area_width,
                        max_area_height=max_area_height, memory_height=memory_height)
+  return _area_mask(mask, layout, q_len, causal)
+
+
+def _area_mask(mask: Array | None, layout: AreaLayout, q_len: int,
+               causal: bool) -> Array | None:
+  """:func:`area_attention_mask` of a checked mask over the memory's layout."""
   out = None
   if mask is not None:
     mask = jnp.asarray(mask)
-    padded = (1,) * (4 - mask.ndim) + tuple(mask.shape) if mask.ndim <= 4 else mask.shape
-    _check_mask(owner, mask, tuple(padded[:2]) + (q_len, kv_len))
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape).astype(bool)
-    mask = jnp.broadcast_to(mask, mask.shape[:-1] + (kv_len,))
-    lead = mask.shape[:3]
+    mask = jnp.broadcast_to(mask, mask.shape[:-1] + (layout.grid_height * layout.grid_width,))
     forbidden = jnp.logical_not(mask).astype(jnp.int32)
-    forbidden = forbidden.reshape(lead + (layout.grid_height, layout.grid_width))
-    table = _summed_area_table(forbidden, axis=3)
-    counts = [c.reshape(lead + (c.shape[3] * c.shape[4],))
-              for c in _area_sums(table, layout.shapes, 3)]
-    out = jnp.concatenate(counts, axis=-1) == 0
+    forbidden = forbidden.reshape(mask.shape[:3] + (layout.grid_height, layout.grid_width))
+    out = area_sums(forbidden, layout, axis=3) == 0
   if causal:
     visible = (jnp.arange(q_len, dtype=jnp.int32)[:, None]
                >= jnp.asarray(layout.last_index, jnp.int32)[None, :])
@@ -566,19 +259,22 @@ def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
   if not deterministic and dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f'{owner}: dropout_rng=None but dropout_rate={dropout_rate!r} and '
                      'deterministic=False; pass dropout_rng= or deterministic=True.')
+  return _attend(query, area_keys, area_values, area_mask, scale=scale,
+                 dropout_rate=dropout_rate, dropout_rng=None if deterministic else dropout_rng)
+
+
+def _attend(query: Array, area_keys: Array, area_values: Array, area_mask: Array | None, *,
+            scale: float | None, dropout_rate: float, dropout_rng: Array | None) -> Array:
+  """:func:`attend_to_areas` on checked inputs; dropout iff ``dropout_rng`` is given."""
   scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
   logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys,
                       preferred_element_type=jnp.float32)
   logits = logits * jnp.float32(scale)
   probs = masked_softmax(logits, area_mask)
-  if not deterministic and dropout_rate > 0.0:
+  if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum('bhqa,bahd->bqhd', probs.astype(area_values.dtype), area_values)
-
-
-def _value_features(feats: AreaFeatures, value_mode: str) -> Array:
-  return {'sum': feats.sum, 'mean': feats.mean, 'max': feats.max}[value_mode]
 
 
 def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None) -> Array:
@@ -598,15 +294,35 @@ def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None)
   return feats.mean
 
 
-def _check_common(owner: str, key_mode: str, value_mode: str, max_area_width: int,
-                  max_area_height: int, memory_height: int, dropout_rate: float,
-                  causal: Any, std_epsilon: float) -> None:
-  v.check_choice(owner, 'key_mode', key_mode, KEY_MODES)
-  v.check_choice(owner, 'value_mode', value_mode, VALUE_MODES)
-  _check_area_options(owner, max_area_width, max_area_height, memory_height)
-  v.check_probability(owner, 'dropout_rate', dropout_rate)
-  v.check_choice(owner, 'causal', causal, (False, True))
-  v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
+def _area_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
+                    layout: AreaLayout, causal: bool, key_mode: str, value_mode: str,
+                    std_epsilon: float, sample_rng: Array | None, dropout_rate: float,
+                    dropout_rng: Array | None, scale: float | None = None,
+                    learned_key: Callable[[Array, AreaFeatures], Array] | None = None
+                    ) -> Array:
+  """The core both entry points run, on checked inputs (Eq. 1-4, and Eq. 5-9
+  through ``learned_key``); returns ``[batch, q_len, heads, depth_v]``.
+
+  Area keys: the base feature of ``key_mode`` of the item keys
+  (:func:`_base_area_key`), mapped by ``learned_key(base, key_features)`` for
+  the learned modes (Eq. 9); area values: ``value_mode`` of the item values;
+  the item mask and causality as an area mask (:func:`_area_mask`); then
+  attention over the areas (:func:`_attend`; dropout iff ``dropout_rng`` is
+  given). ``layout`` is the memory's :func:`area_layout`; ``query`` is
+  ``[batch, q_len, heads, depth]``, ``key`` / ``value`` ``[batch, kv_len,
+  heads, depth(_v)]``.
+  """
+  key_feats = compute_area_features(key, layout, features=_key_features(key_mode),
+                                    std_epsilon=std_epsilon)
+  value_feats = compute_area_features(value, layout, features=(value_mode,),
+                                      std_epsilon=std_epsilon)
+  area_keys = _base_area_key(key_feats, key_mode, sample_rng)
+  if learned_key is not None:
+    area_keys = learned_key(area_keys, key_feats)
+  area_values = getattr(value_feats, value_mode)  # 'sum', 'mean' or 'max'
+  area_mask = _area_mask(mask, layout, query.shape[1], causal)
+  return _attend(query, area_keys, area_values, area_mask, scale=scale,
+                 dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
 def dot_product_area_attention(query: Array, key: Array, value: Array, *,
@@ -662,8 +378,9 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
     ValueError: bad rank, shapes, option, mask shape, or a learned key mode.
   """
   owner = 'dot_product_area_attention'
-  _check_common(owner, key_mode, value_mode, max_area_width, max_area_height, memory_height,
-                dropout_rate, causal, std_epsilon)
+  _check_config(owner, key_mode=key_mode, value_mode=value_mode, max_area_width=max_area_width,
+                max_area_height=max_area_height, memory_height=memory_height,
+                dropout_rate=dropout_rate, causal=causal, std_epsilon=std_epsilon)
   if key_mode in LEARNED_KEY_MODES:
     raise ConfigError(
         f'{owner}.key_mode={key_mode!r} has learned parameters (Eq. 9); use '
@@ -672,8 +389,7 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
         f'{", ".join(repr(m) for m in PARAMETER_FREE_KEY_MODES)}.')
   if scale is not None:
     v.check_positive(owner, 'scale', scale)
-  layout = '[batch, q_len, heads, depth]'
-  v.check_rank(owner, 'query', query, (4,), layout)
+  v.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
   v.check_rank(owner, 'key', key, (4,), '[batch, kv_len, heads, depth]')
   v.check_rank(owner, 'value', value, (4,), '[batch, kv_len, heads, depth_v]')
   b, q_len, heads, depth = query.shape
@@ -685,9 +401,8 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
     raise ValueError(f'{owner}: value shape {value.shape} does not match key shape '
                      f'{key.shape} in [batch, kv_len, heads].')
   kv_len = key.shape[1]
-  _check_divisible(owner, kv_len, memory_height, 'key/value')
-  if mask is not None:
-    _check_mask(owner, mask, (b, heads, q_len, kv_len))
+  _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='key/value',
+                mask=mask, attention_shape=(b, heads, q_len, kv_len))
   needs_rng = not deterministic and (dropout_rate > 0.0 or key_mode == 'sample')
   if needs_rng and rng is None:
     raise ValueError(f'{owner}: rng=None but deterministic=False with '
@@ -698,18 +413,12 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
     sample_rng, dropout_rng = jax.random.split(rng)
     if key_mode != 'sample':
       sample_rng = None
-
-  area_opts = dict(max_area_width=max_area_width, max_area_height=max_area_height,
-                   memory_height=memory_height)
-  key_feats = area_features(key, features=_key_features(key_mode), std_epsilon=std_epsilon,
-                            **area_opts)
-  value_feats = area_features(value, features=(value_mode,), **area_opts)
-  area_keys = _base_area_key(key_feats, key_mode, sample_rng)
-  area_values = _value_features(value_feats, value_mode)
-  area_mask = area_attention_mask(mask, q_len=q_len, kv_len=kv_len, causal=causal, **area_opts)
-  return attend_to_areas(query, area_keys, area_values, area_mask, scale=scale,
-                         dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                         deterministic=deterministic)
+  layout = area_layout(kv_len, max_area_width=max_area_width, max_area_height=max_area_height,
+                       memory_height=memory_height)
+  return _area_attention(query, key, value, mask, layout=layout, causal=causal,
+                         key_mode=key_mode, value_mode=value_mode, std_epsilon=std_epsilon,
+                         sample_rng=sample_rng, dropout_rate=dropout_rate,
+                         dropout_rng=dropout_rng, scale=scale)
 
 
 # ----------------------------------------------------------------------------
@@ -810,7 +519,7 @@ class AreaKeyEncoder(nn.Module):
     """
     owner = 'AreaKeyEncoder'
     v.check_choice(owner, 'mode', self.mode, ('concat', 'sum'))
-    _check_area_options(owner, self.max_area_width, self.max_area_height, 1)
+    check_area_options(owner, self.max_area_width, self.max_area_height, 1)
     v.check_positive(owner, 'hidden_dim', self.hidden_dim, allow_none=True, integer=True)
     v.check_positive(owner, 'embedding_dim', self.embedding_dim, allow_none=True, integer=True)
     v.check_rank(owner, 'base', base, (4,), '[batch, num_areas, heads, depth]')
@@ -980,9 +689,10 @@ class AreaAttention(nn.Module):
       layout of ``inputs_q``).
     """
     owner = 'AreaAttention'
-    _check_common(owner, self.key_mode, self.value_mode, self.max_area_width,
-                  self.max_area_height, self.memory_height, self.dropout_rate,
-                  self.causal, self.std_epsilon)
+    _check_config(owner, key_mode=self.key_mode, value_mode=self.value_mode,
+                  max_area_width=self.max_area_width, max_area_height=self.max_area_height,
+                  memory_height=self.memory_height, dropout_rate=self.dropout_rate,
+                  causal=self.causal, std_epsilon=self.std_epsilon)
     v.check_positive(owner, 'num_heads', self.num_heads, integer=True)
     v.check_positive(owner, 'qkv_features', self.qkv_features, allow_none=True, integer=True)
     v.check_positive(owner, 'out_features', self.out_features, allow_none=True, integer=True)
@@ -1011,7 +721,8 @@ class AreaAttention(nn.Module):
     x_kv = inputs_kv.reshape((inputs_kv.shape[0], math.prod(inputs_kv.shape[1:-1]),
                                inputs_kv.shape[-1]))
     batch, q_len, kv_len = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
-    _check_divisible(owner, kv_len, memory_height, 'inputs_kv')
+    _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='inputs_kv',
+                  mask=mask, attention_shape=(batch, self.num_heads, q_len, kv_len))
 
     features = self.qkv_features or q_shape[-1]
     if features % self.num_heads:
@@ -1019,12 +730,10 @@ class AreaAttention(nn.Module):
                        f'num_heads={self.num_heads!r}.')
     head_dim = features // self.num_heads
     out_features = self.out_features or q_shape[-1]
-    if mask is not None:
-      _check_mask(owner, mask, (batch, self.num_heads, q_len, kv_len))
-    learned_key = _LEARNED_KEYS.get(self.key_mode)
-    if learned_key is not None:
+    learned = _LEARNED_KEYS.get(self.key_mode)
+    if learned is not None:
       _check_embedding_dim(owner, 'area_embedding_dim', self.area_embedding_dim, 'key_mode',
-                           self.key_mode, learned_key.combine, head_dim)
+                           self.key_mode, learned.combine, head_dim)
 
     dense = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype,
@@ -1034,34 +743,29 @@ class AreaAttention(nn.Module):
     key = dense(name='key')(x_kv)
     value = dense(name='value')(x_kv)
 
-    area_opts = dict(max_area_width=self.max_area_width,
-                     max_area_height=self.max_area_height, memory_height=memory_height)
-    key_feats = area_features(key, features=_key_features(self.key_mode),
-                              std_epsilon=self.std_epsilon, **area_opts)
-    value_feats = area_features(value, features=(self.value_mode,), **area_opts)
-    sample_rng = None
-    if _key_base(self.key_mode) == 'sample' and not deterministic:
-      sample_rng = self.make_rng('dropout')
-    area_keys = _base_area_key(key_feats, self.key_mode, sample_rng)
-    if learned_key is not None:
-      area_keys = AreaKeyEncoder(
+    learned_key = None
+    if learned is not None:
+      encoder = AreaKeyEncoder(
           max_area_width=self.max_area_width, max_area_height=self.max_area_height,
-          mode=learned_key.combine,
+          mode=learned.combine,
           hidden_dim=self.area_key_hidden_dim, embedding_dim=self.area_embedding_dim,
           per_head=self.per_head_area_key_params, use_bias=self.use_bias,
           dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-          bias_init=self.bias_init, name='area_key')(
-              area_keys, key_feats.std if learned_key.std else None, key_feats.height,
-              key_feats.width)
-    area_values = _value_features(value_feats, self.value_mode)
-    area_mask = area_attention_mask(mask, q_len=q_len, kv_len=kv_len, causal=self.causal,
-                                    **area_opts)
-    dropout_rng = None
+          bias_init=self.bias_init, name='area_key')
+      learned_key = lambda base, feats: encoder(
+          base, feats.std if learned.std else None, feats.height, feats.width)
+    sample_rng = dropout_rng = None  # drawn in this order, from the 'dropout' stream
+    if _key_base(self.key_mode) == 'sample' and not deterministic:
+      sample_rng = self.make_rng('dropout')
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
-    out = attend_to_areas(query, area_keys, area_values, area_mask,
-                          dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
-                          deterministic=deterministic)
+    out = _area_attention(
+        query, key, value, mask,
+        layout=area_layout(kv_len, max_area_width=self.max_area_width,
+                           max_area_height=self.max_area_height, memory_height=memory_height),
+        causal=self.causal, key_mode=self.key_mode, value_mode=self.value_mode,
+        std_epsilon=self.std_epsilon, sample_rng=sample_rng, dropout_rate=self.dropout_rate,
+        dropout_rng=dropout_rng, learned_key=learned_key)
     out = nn.DenseGeneral(
         features=out_features, axis=(-2, -1), dtype=self.dtype,
         param_dtype=self.param_dtype, kernel_init=self.kernel_init,
