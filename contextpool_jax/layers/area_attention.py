@@ -57,7 +57,7 @@ import numpy as np
 from flax import linen as nn
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 from contextpool_jax.layers._softmax import masked_softmax
 from contextpool_jax.layers.areas import FEATURE_NAMES
 from contextpool_jax.layers.areas import AreaFeatures

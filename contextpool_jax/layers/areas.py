@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 
 Array = jax.Array
 
@@ -290,12 +290,17 @@ def _area_variances(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> d
   return {(h, w): moments[(h, w)].m2 / float(h * w) for h, w in shapes}
 
 
+def _flatten_corners(a: Array, axis: int) -> Array:
+  """A per-shape statistic ``[..., H - h + 1, W - w + 1, ...]`` (one entry per
+  top-left corner, on axes ``axis``, ``axis + 1``) with its corners on one axis,
+  row-major (:func:`area_layout`'s order within a shape)."""
+  return a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2:])
+
+
 def _concat_areas(per_shape: Sequence[Array], axis: int) -> Array:
-  """Per-shape ``[..., H - h + 1, W - w + 1, ...]`` statistics (grid axes ``axis``,
-  ``axis + 1``) as one ``[..., num_areas, ...]`` array in :func:`area_layout`'s order."""
-  flat = [a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2:])
-          for a in per_shape]
-  return jnp.concatenate(flat, axis=axis)
+  """Per-shape statistics as one ``[..., num_areas, ...]`` array, in
+  :func:`area_layout`'s order."""
+  return jnp.concatenate([_flatten_corners(a, axis) for a in per_shape], axis=axis)
 
 
 def area_sums(x: Array, layout: AreaLayout, axis: int) -> Array:
@@ -395,12 +400,12 @@ def compute_area_features(x: Array, layout: AreaLayout, *, features: Sequence[st
   sums = means = stds = maxes = None
   if want & {'sum', 'mean'}:
     table = _summed_area_table(grid.astype(acc_dtype), axis=1)
-    per_shape = _area_sums(table, layout.shapes, axis=1)
+    per_shape = [_flatten_corners(a, 1) for a in _area_sums(table, layout.shapes, axis=1)]
     if 'sum' in want:
-      sums = _concat_areas(per_shape, axis=1).astype(x.dtype)
+      sums = jnp.concatenate(per_shape, axis=1).astype(x.dtype)
     if 'mean' in want:
-      means = _concat_areas([s / float(h * w) for s, (h, w) in zip(per_shape, layout.shapes)],
-                            axis=1).astype(x.dtype)
+      means = jnp.concatenate([s / float(h * w) for s, (h, w) in zip(per_shape, layout.shapes)],
+                              axis=1).astype(x.dtype)
   if 'std' in want:
     variances = _area_variances(grid.astype(acc_dtype), layout.shapes, axis=1)
     stds = _concat_areas([jnp.sqrt(variances[s] + std_epsilon) for s in layout.shapes],

@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as val
+from contextpool_jax import checks as val
 
 _OWNER = 'AugmentedConv2D'
 POSITIONS = ('relative', 'none', 'sine2d', 'coordconv')

@@ -91,7 +91,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 from contextpool_jax.layers._softmax import masked_softmax
 
 Array = jax.Array

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as val
+from contextpool_jax import checks as val
 
 Array = jax.Array
 Dtype = Any

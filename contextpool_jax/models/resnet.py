@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
 from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.models.common import make_context_pool

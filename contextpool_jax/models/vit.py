@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers import _validation as v
+from contextpool_jax import checks as v
 from contextpool_jax.models.common import make_context_pool
 from contextpool_jax.models.common import module_fields
 
