@@ -25,15 +25,19 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file.',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Path to a config file.', lock_config=True
+)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
 _DISTRIBUTED = flags.DEFINE_bool(
-    'jax_distributed', False,
+    'jax_distributed',
+    False,
     'Call jax.distributed.initialize() with auto-detection (Cloud TPU, SLURM, Open MPI, '
-    'Kubernetes). Implied by --coordinator_address/--num_processes/--process_id.')
+    'Kubernetes). Implied by --coordinator_address/--num_processes/--process_id.',
+)
 _COORDINATOR = flags.DEFINE_string(
-    'coordinator_address', None, 'HOST:PORT of process 0, reachable by every process.')
+    'coordinator_address', None, 'HOST:PORT of process 0, reachable by every process.'
+)
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process: 0..num_processes-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
@@ -43,8 +47,11 @@ PREEMPTED_EXIT_CODE = 143
 
 def initialize_distributed() -> None:
   """``jax.distributed.initialize`` from the flags; nothing for a single process."""
-  explicit = {'coordinator_address': _COORDINATOR.value, 'num_processes': _NUM_PROCESSES.value,
-              'process_id': _PROCESS_ID.value}
+  explicit = {
+      'coordinator_address': _COORDINATOR.value,
+      'num_processes': _NUM_PROCESSES.value,
+      'process_id': _PROCESS_ID.value,
+  }
   if not _DISTRIBUTED.value and all(v is None for v in explicit.values()):
     return
   n, i = explicit['num_processes'], explicit['process_id']
@@ -74,8 +81,13 @@ def main(argv):
   # traceback.
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ConfigError, DataError, DatasetNotFoundError, trainer.NonFiniteLossError,
-          checkpoints.CheckpointError) as e:
+  except (
+      ConfigError,
+      DataError,
+      DatasetNotFoundError,
+      trainer.NonFiniteLossError,
+      checkpoints.CheckpointError,
+  ) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
   if result.get('preempted'):
@@ -83,8 +95,12 @@ def main(argv):
     # `train.py ... && next-stage` does not go on with an unfinished run.
     sys.exit(PREEMPTED_EXIT_CODE)
   evals = {k: val for k, val in result.items() if k.startswith('eval_')}
-  print(f'Finished at step {result["step"]}: ' + '; '.join(
-      f'{k}: ' + ', '.join(f'{m}={x:.4f}' for m, x in val.items()) for k, val in evals.items()))
+  print(
+      f'Finished at step {result["step"]}: '
+      + '; '.join(
+          f'{k}: ' + ', '.join(f'{m}={x:.4f}' for m, x in val.items()) for k, val in evals.items()
+      )
+  )
 
 
 if __name__ == '__main__':

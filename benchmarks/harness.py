@@ -63,6 +63,7 @@ class Workload:
     optimizer: ``(optax transformation, learning-rate schedule)``, e.g. from
       ``contextpool_jax.training.optim.make_optimizer``.
   """
+
   module: nn.Module
   objective: objectives.Objective
   make_batch: Callable[[Array], Batch]
@@ -71,9 +72,12 @@ class Workload:
 
 def init_shapes(w: Workload, batch: Batch) -> tuple[Any, dict[str, Any]]:
   """``(params, model_state)`` as ``ShapeDtypeStruct`` trees (nothing allocated)."""
+
   def init(key, batch):
-    return w.module.init({'params': key, 'dropout': key}, *w.objective.model_args(batch),
-                         train=False)
+    return w.module.init(
+        {'params': key, 'dropout': key}, *w.objective.model_args(batch), train=False
+    )
+
   variables = dict(jax.eval_shape(init, jax.random.key(0), batch))
   variables.pop('intermediates', None)
   params = variables.pop('params')
@@ -86,8 +90,9 @@ def make_train_step(w: Workload) -> Callable[[TrainState, Batch], tuple[TrainSta
   return steps.make_train_step(w.module, w.objective, tx, schedule, jax.random.key(1))
 
 
-def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
-                    seed: int = 0) -> TrainState:
+def synthetic_state(
+    w: Workload, params_shape: Any, model_state_shape: Any, seed: int = 0
+) -> TrainState:
   """A state with the right shapes, every float in [-0.02, 0.02] (params and
   model state), the optimizer state from ``optimizer.init``.
 
@@ -97,6 +102,7 @@ def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
   drawing tens of millions of random normals costs more than the step on a
   CPU. The step's loss is still checked to be finite.
   """
+
   def fill(shapes, offset):
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     out = []
@@ -111,9 +117,13 @@ def synthetic_state(w: Workload, params_shape: Any, model_state_shape: Any,
 
   params = fill(params_shape, seed)
   opt_state = jax.jit(w.optimizer[0].init)(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
-                    model_state=fill(model_state_shape, seed + 10_000),
-                    bad_step=jnp.full((), -1, jnp.int32))
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=opt_state,
+      model_state=fill(model_state_shape, seed + 10_000),
+      bad_step=jnp.full((), -1, jnp.int32),
+  )
 
 
 def compiled_cost(compiled) -> dict[str, float]:
@@ -128,10 +138,15 @@ def compiled_cost(compiled) -> dict[str, float]:
     temp = total = math.nan
   else:
     temp = float(mem.temp_size_in_bytes)
-    total = float(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                  - mem.alias_size_in_bytes) + temp
-  return {'flops': float((cost or {}).get('flops', math.nan)), 'temp_bytes': temp,
-          'total_bytes': total}
+    total = (
+        float(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+        + temp
+    )
+  return {
+      'flops': float((cost or {}).get('flops', math.nan)),
+      'temp_bytes': temp,
+      'total_bytes': total,
+  }
 
 
 class Runner:
@@ -155,11 +170,19 @@ class Runner:
     self._state = self._batch = self._compiled = None
 
 
-def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = True,
-                warmup: int = 2, repeats: int = 5, min_repeats: Optional[int] = None,
-                time_budget_s: Optional[float] = None, max_run_bytes: Optional[float] = None,
-                baseline: Optional[Runner] = None, log: Callable[[str], None] = lambda s: None
-                ) -> tuple[dict[str, Any], Optional[Runner]]:
+def measure_row(
+    name: str,
+    build_fn: Callable[[], Workload],
+    *,
+    timing: bool = True,
+    warmup: int = 2,
+    repeats: int = 5,
+    min_repeats: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
+    max_run_bytes: Optional[float] = None,
+    baseline: Optional[Runner] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[dict[str, Any], Optional[Runner]]:
   """Compiles (and, with ``timing``, runs) one training step.
 
   Timing: ``warmup`` untimed steps, then ``repeats`` timed steps -- or fewer,
@@ -179,10 +202,16 @@ def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = T
   batch_shape = jax.eval_shape(w.make_batch, jax.random.key(0))
   params_shape, model_state_shape = init_shapes(w, batch_shape)
   state_shape = jax.eval_shape(
-      lambda p, m: TrainState(step=jnp.zeros((), jnp.int32), params=p,
-                              opt_state=w.optimizer[0].init(p), model_state=m,
-                              bad_step=jnp.zeros((), jnp.int32)),
-      params_shape, model_state_shape)
+      lambda p, m: TrainState(
+          step=jnp.zeros((), jnp.int32),
+          params=p,
+          opt_state=w.optimizer[0].init(p),
+          model_state=m,
+          bad_step=jnp.zeros((), jnp.int32),
+      ),
+      params_shape,
+      model_state_shape,
+  )
   step = jax.jit(make_train_step(w), donate_argnums=0)
   t0 = time.perf_counter()
   compiled = step.lower(state_shape, batch_shape).compile()
@@ -190,21 +219,34 @@ def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = T
   cost = compiled_cost(compiled)
   total = cost['total_bytes']
   row: dict[str, Any] = dict(
-      variant=name, params=count_params(params_shape), gflops=cost['flops'] / 1e9,
-      temp_mib=cost['temp_bytes'] / 2**20, total_mib=total / 2**20, step_ms=None, step_ms_min=None,
-      step_ms_max=None, step_ratio=None, repeats=0, compile_s=compile_s, loss=None,
-      note='')
-  log(f'  {name}: {row["params"]:,} params, {row["gflops"]:.2f} GFLOPs, temp '
+      variant=name,
+      params=count_params(params_shape),
+      gflops=cost['flops'] / 1e9,
+      temp_mib=cost['temp_bytes'] / 2**20,
+      total_mib=total / 2**20,
+      step_ms=None,
+      step_ms_min=None,
+      step_ms_max=None,
+      step_ratio=None,
+      repeats=0,
+      compile_s=compile_s,
+      loss=None,
+      note='',
+  )
+  log(
+      f'  {name}: {row["params"]:,} params, {row["gflops"]:.2f} GFLOPs, temp '
       f'{row["temp_mib"]:.1f} MiB, total {row["total_mib"]:.1f} MiB, compiled in '
-      f'{compile_s:.1f} s')
+      f'{compile_s:.1f} s'
+  )
   if not timing:
     return row, None
   if max_run_bytes is not None and total > max_run_bytes:
     row['note'] = f'not run: needs {total / 2**30:.1f} GiB > --max_run_gb'
     log(f'  {name}: {row["note"]}')
     return row, None
-  runner = Runner(compiled, synthetic_state(w, params_shape, model_state_shape),
-                  w.make_batch(jax.random.key(3)))
+  runner = Runner(
+      compiled, synthetic_state(w, params_shape, model_state_shape), w.make_batch(jax.random.key(3))
+  )
   for _ in range(warmup):
     runner.step()
   min_repeats = repeats if min_repeats is None else max(1, min(min_repeats, repeats))
@@ -227,15 +269,21 @@ def measure_row(name: str, build_fn: Callable[[], Workload], *, timing: bool = T
     if time_budget_s is not None and len(times) >= min_repeats and spent >= time_budget_s:
       break
   loss = float(runner.loss)
-  row.update(step_ms=1e3 * statistics.median(times), step_ms_min=1e3 * min(times),
-             step_ms_max=1e3 * max(times), repeats=len(times), loss=loss,
-             step_ratio=statistics.median(ratios) if ratios else None)
+  row.update(
+      step_ms=1e3 * statistics.median(times),
+      step_ms_min=1e3 * min(times),
+      step_ms_max=1e3 * max(times),
+      repeats=len(times),
+      loss=loss,
+      step_ratio=statistics.median(ratios) if ratios else None,
+  )
   if not math.isfinite(loss):
     row['note'] = 'non-finite loss'
-  paired = (f', {row["step_ratio"]:.3f}x its paired baseline steps'
-            if ratios else '')
-  log(f'  {name}: {row["step_ms"]:.1f} ms/step (median of {len(times)}, min '
-      f'{row["step_ms_min"]:.1f}, max {row["step_ms_max"]:.1f}){paired}')
+  paired = f', {row["step_ratio"]:.3f}x its paired baseline steps' if ratios else ''
+  log(
+      f'  {name}: {row["step_ms"]:.1f} ms/step (median of {len(times)}, min '
+      f'{row["step_ms_min"]:.1f}, max {row["step_ms_max"]:.1f}){paired}'
+  )
   return row, runner
 
 
@@ -262,6 +310,7 @@ class PaperColumn:
   measured columns) or ``'inverse'`` (baseline / row: turns a speed such as
   steps/s or images/s into a relative step time, comparable to ``step_ms_rel``).
   """
+
   key: str
   header: str
   fmt: str = '{:.2f}'
@@ -278,8 +327,9 @@ def _ratio(a: Any, b: Any) -> Optional[float]:
   return a / b
 
 
-def add_relative(rows: Sequence[dict[str, Any]], baseline: str,
-                 paper_columns: Sequence[PaperColumn] = ()) -> list[dict[str, Any]]:
+def add_relative(
+    rows: Sequence[dict[str, Any]], baseline: str, paper_columns: Sequence[PaperColumn] = ()
+) -> list[dict[str, Any]]:
   """Adds ``<column>_rel`` = row / baseline row for every measured column and
   ``paper_<key>_rel`` for the paper columns (see :class:`PaperColumn`).
 

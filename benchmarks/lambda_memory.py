@@ -34,6 +34,7 @@ class GlobalMHA(nn.Module):
   ``__call__(x, train=False)``: ``[batch, height, width, channels]`` -> same
   shape; qkv and output features = channels.
   """
+
   heads: int
   dtype: Any = None
 
@@ -42,8 +43,9 @@ class GlobalMHA(nn.Module):
     del train
     batch, height, width, channels = x.shape
     tokens = x.reshape(batch, height * width, channels)
-    y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=channels,
-                                        out_features=channels, dtype=self.dtype)(tokens)
+    y = nn.MultiHeadDotProductAttention(
+        num_heads=self.heads, qkv_features=channels, out_features=channels, dtype=self.dtype
+    )(tokens)
     return y.reshape(x.shape)
 
 
@@ -55,9 +57,9 @@ def compile_step(module: nn.Module, x: jax.ShapeDtypeStruct) -> dict[str, float]
 
   def step(params, state, x):
     def loss(params):
-      y, new_state = module.apply({'params': params, **state}, x, train=True,
-                                  mutable=list(state))
+      y, new_state = module.apply({'params': params, **state}, x, train=True, mutable=list(state))
       return jnp.sum(jnp.square(y.astype(jnp.float32))), new_state
+
     return jax.value_and_grad(loss, has_aux=True)(params)
 
   compiled = jax.jit(step).lower(params, state, x).compile()
@@ -67,8 +69,7 @@ def compile_step(module: nn.Module, x: jax.ShapeDtypeStruct) -> dict[str, float]
 def layers(channels: int, scope: int) -> dict[str, Callable[[], nn.Module]]:
   return {
       'LambdaLayer global': lambda: LambdaLayer(position='global'),
-      f'LambdaLayer conv (scope {scope})': lambda: LambdaLayer(position='conv',
-                                                               scope_size=scope),
+      f'LambdaLayer conv (scope {scope})': lambda: LambdaLayer(position='conv', scope_size=scope),
       'LambdaLayer content-only': lambda: LambdaLayer(position='none'),
       'global MHA (flax)': lambda: GlobalMHA(heads=4),
   }
@@ -83,20 +84,26 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
 
   x = jax.ShapeDtypeStruct((args.batch, args.size, args.size, args.channels), jnp.float32)
-  results = {name: compile_step(make(), x)
-             for name, make in layers(args.channels, args.scope).items()}
+  results = {
+      name: compile_step(make(), x) for name, make in layers(args.channels, args.scope).items()
+  }
   baseline = results['global MHA (flax)']['temp_bytes']
-  print(f'Forward+backward, input {x.shape} float32, backend {jax.default_backend()}, '
-        'defaults |k|=16 |h|=4 |u|=1\n')
+  print(
+      f'Forward+backward, input {x.shape} float32, backend {jax.default_backend()}, '
+      'defaults |k|=16 |h|=4 |u|=1\n'
+  )
   print('| layer | params | temp memory (MiB) | MHA / layer memory | GFLOPs |')
   print('|---|---:|---:|---:|---:|')
   for name, r in results.items():
-    print(f'| {name} | {int(r["params"]):,} | {r["temp_bytes"] / 2**20:.2f} | '
-          f'{baseline / r["temp_bytes"]:.1f}x | {r["flops"] / 1e9:.2f} |')
+    print(
+        f'| {name} | {int(r["params"]):,} | {r["temp_bytes"] / 2**20:.2f} | '
+        f'{baseline / r["temp_bytes"]:.1f}x | {r["flops"] / 1e9:.2f} |'
+    )
   ratio = baseline / results['LambdaLayer global']['temp_bytes']
   verdict = 'holds' if ratio >= 10 else 'does NOT hold'
-  print(f'\nTarget (global lambda temp memory >= 10x below global MHA): {verdict} '
-        f'({ratio:.1f}x).')
+  print(
+      f'\nTarget (global lambda temp memory >= 10x below global MHA): {verdict} ' f'({ratio:.1f}x).'
+  )
 
 
 if __name__ == '__main__':

@@ -19,6 +19,7 @@ from benchmarks import tables as tables_lib
 @dataclasses.dataclass(frozen=True)
 class Options:
   """How rows are measured (see ``python -m benchmarks --help``)."""
+
   timing: bool = True
   warmup: int = 1
   repeats: int = 10
@@ -58,8 +59,9 @@ def verdicts(table: tables_lib.Table, rows: Sequence[Mapping[str, Any]]) -> list
       lines.append(f'- {t.label}: not measured (target <= {t.limit:.2f}x{paper}).')
       continue
     verdict = 'met' if value <= t.limit else 'MISSED'
-    lines.append(f'- {t.label}: {value:.3f}x baseline, target <= {t.limit:.2f}x{paper}: '
-                 f'{verdict}.')
+    lines.append(
+        f'- {t.label}: {value:.3f}x baseline, target <= {t.limit:.2f}x{paper}: ' f'{verdict}.'
+    )
   return lines
 
 
@@ -68,17 +70,26 @@ def header(o: Options) -> str:
   steps = f'median of {o.repeats} steps'
   if o.row_budget_s:
     steps += f' (fewer, at least {o.min_repeats}, once they took {o.row_budget_s:g} s)'
-  timing = (f'step time = {steps} after {o.warmup} warm-up steps' if o.timing
-            else 'compiled only (--notiming)')
-  return (f'Measured {datetime.datetime.now().isoformat(timespec="seconds")} on '
-          f'{jax.default_backend()} ({getattr(device, "device_kind", device.platform)}, '
-          f'{jax.device_count()} device(s), {os.cpu_count()} CPU cores, '
-          f'{platform.processor() or platform.machine()}), jax {jax.__version__}'
-          f'{"; " + o.mode if o.mode else ""}; {timing}.')
+  timing = (
+      f'step time = {steps} after {o.warmup} warm-up steps'
+      if o.timing
+      else 'compiled only (--notiming)'
+  )
+  return (
+      f'Measured {datetime.datetime.now().isoformat(timespec="seconds")} on '
+      f'{jax.default_backend()} ({getattr(device, "device_kind", device.platform)}, '
+      f'{jax.device_count()} device(s), {os.cpu_count()} CPU cores, '
+      f'{platform.processor() or platform.machine()}), jax {jax.__version__}'
+      f'{"; " + o.mode if o.mode else ""}; {timing}.'
+  )
 
 
-def run(tables: Sequence[tables_lib.Table], options: Options, out: Optional[pathlib.Path],
-        log: Callable[[str], None] = print) -> list[tuple[tables_lib.Table, list[dict]]]:
+def run(
+    tables: Sequence[tables_lib.Table],
+    options: Options,
+    out: Optional[pathlib.Path],
+    log: Callable[[str], None] = print,
+) -> list[tuple[tables_lib.Table, list[dict]]]:
   """Measures every row of ``tables`` (a workload shared by tables is measured
   once), prints each table, and writes ``out/benchmarks.{md,csv}`` (if ``out``).
 
@@ -112,10 +123,17 @@ def run(tables: Sequence[tables_lib.Table], options: Options, out: Optional[path
       if row.key not in cache:
         is_base = row is base_row
         measured, runner = harness.measure_row(
-            row.variant, row.build, timing=o.timing, warmup=o.warmup, repeats=o.repeats,
-            min_repeats=o.min_repeats, time_budget_s=o.row_budget_s or None,
+            row.variant,
+            row.build,
+            timing=o.timing,
+            warmup=o.warmup,
+            repeats=o.repeats,
+            min_repeats=o.min_repeats,
+            time_budget_s=o.row_budget_s or None,
             max_run_bytes=None if o.max_run_gb is None else o.max_run_gb * 2**30,
-            baseline=None if is_base else runners.get(base_row.key), log=log)
+            baseline=None if is_base else runners.get(base_row.key),
+            log=log,
+        )
         if is_base:
           runners[row.key] = runner
         else:
@@ -129,7 +147,7 @@ def run(tables: Sequence[tables_lib.Table], options: Options, out: Optional[path
         measured['step_ratio'] = None  # paired with another baseline, or not at all
       rows_by_variant[row.variant] = {**measured, 'variant': row.variant, **row.paper}
     rows = [rows_by_variant[r.variant] for r in table.rows if r.variant in rows_by_variant]
-    if base_row.key not in base_keys[index + 1:] and runners.get(base_row.key) is not None:
+    if base_row.key not in base_keys[index + 1 :] and runners.get(base_row.key) is not None:
       runners.pop(base_row.key).close()
     rows = harness.add_relative(rows, table.baseline, table.paper_columns)
     text = [f'## {table.title}', '', f'Shapes: {table.shapes}.', '']
@@ -139,9 +157,12 @@ def run(tables: Sequence[tables_lib.Table], options: Options, out: Optional[path
     if table.paper_note:
       text += [table.paper_note, '']
     if any(r.get('step_ratio') is not None for r in rows[1:]):
-      text += ['Step time rel: the median ratio over pairs of steps (each step of the row '
-               "alternates with a step of the baseline), not the ratio of the two medians: "
-               'robust to the machine slowing down while a row runs.', '']
+      text += [
+          'Step time rel: the median ratio over pairs of steps (each step of the row '
+          'alternates with a step of the baseline), not the ratio of the two medians: '
+          'robust to the machine slowing down while a row runs.',
+          '',
+      ]
     if skipped:
       text += [f'Not run with --quick (add --all_rows): {", ".join(skipped)}.', '']
     lines = verdicts(table, rows)
@@ -158,6 +179,8 @@ def run(tables: Sequence[tables_lib.Table], options: Options, out: Optional[path
     out.mkdir(parents=True, exist_ok=True)
     (out / 'benchmarks.md').write_text('\n'.join(md))
     harness.write_csv(str(out / 'benchmarks.csv'), csv_rows, harness.csv_fields(paper_columns))
-    log(f'Total wall time: {elapsed:.0f} s. Wrote {out / "benchmarks.md"} and '
-        f'{out / "benchmarks.csv"}.')
+    log(
+        f'Total wall time: {elapsed:.0f} s. Wrote {out / "benchmarks.md"} and '
+        f'{out / "benchmarks.csv"}.'
+    )
   return results

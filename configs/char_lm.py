@@ -31,8 +31,10 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   parts = [a.strip() for a in (arg or 'stage1').split(',')]
   stage, kind = parts[0], (parts[1] if len(parts) > 1 else 'cp')
   if stage not in STAGES or kind not in ('cp', 'baseline'):
-    raise ConfigError(f'configs/{dataset}.py:{arg!r}: expected "<stage>[,cp|baseline]" with '
-                     f'stage in {tuple(STAGES)}.')
+    raise ConfigError(
+        f'configs/{dataset}.py:{arg!r}: expected "<stage>[,cp|baseline]" with '
+        f'stage in {tuple(STAGES)}.'
+    )
   seq_len, batch, steps, lr = STAGES[stage]
   c = common.base_config()
   c.task = 'lm'
@@ -44,19 +46,41 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   c.eval_splits = ('validation',)
   c.remat = True
   c.dtype = 'bfloat16'
-  c.model = ml_collections.ConfigDict(dict(
-      name='cp_transformer_lm' if kind == 'cp' else 'transformer_lm', num_layers=12,
-      emb_dim=512, mlp_dim=2048, num_heads=8, vocab_size=256, dropout_rate=0.2,
-      # nn.scan over layers: with remat, XLA then runs one layer's backward at a
-      # time; unrolled, the CPU backend keeps every layer's [heads, n, n]
-      # attention alive (80 GB at n = 8192; benchmarks/contextpool_memory.py).
-      scan_layers=True))
+  c.model = ml_collections.ConfigDict(
+      dict(
+          name='cp_transformer_lm' if kind == 'cp' else 'transformer_lm',
+          num_layers=12,
+          emb_dim=512,
+          mlp_dim=2048,
+          num_heads=8,
+          vocab_size=256,
+          dropout_rate=0.2,
+          # nn.scan over layers: with remat, XLA then runs one layer's backward at a
+          # time; unrolled, the CPU backend keeps every layer's [heads, n, n]
+          # attention alive (80 GB at n = 8192; benchmarks/contextpool_memory.py).
+          scan_layers=True,
+      )
+  )
   if kind == 'baseline':
     c.model.context_pool = None
-  c.optimizer.update(name='adamw', learning_rate=lr, schedule='warmup_constant',
-                     warmup_steps=10_000 if stage == 'stage1' else 0, weight_decay=0.01,
-                     grad_clip_norm=0.25)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name=dataset, data_dir='', manual_dir='', seq_len=seq_len, eval_context=8192,
-      eval_step=512, eval_batch_size=8, eval_max_bytes=0))
+  c.optimizer.update(
+      name='adamw',
+      learning_rate=lr,
+      schedule='warmup_constant',
+      warmup_steps=10_000 if stage == 'stage1' else 0,
+      weight_decay=0.01,
+      grad_clip_norm=0.25,
+  )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name=dataset,
+          data_dir='',
+          manual_dir='',
+          seq_len=seq_len,
+          eval_context=8192,
+          eval_step=512,
+          eval_batch_size=8,
+          eval_max_bytes=0,
+      )
+  )
   return c

@@ -29,10 +29,25 @@ def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
   c.log_every_steps = 100
   c.eval_splits = ('test',)
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=10))
-  c.optimizer.update(name='sgd', learning_rate=0.1, schedule='piecewise', warmup_steps=0,
-                     boundaries=(32_000, 48_000), decay_factor=0.1, momentum=0.9,
-                     nesterov=False, weight_decay=1e-4)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name='cifar10', data_dir='', image_size=32, train_split='train', eval_split='test',
-      eval_batch_size=1000))
+  c.optimizer.update(
+      name='sgd',
+      learning_rate=0.1,
+      schedule='piecewise',
+      warmup_steps=0,
+      boundaries=(32_000, 48_000),
+      decay_factor=0.1,
+      momentum=0.9,
+      nesterov=False,
+      weight_decay=1e-4,
+  )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name='cifar10',
+          data_dir='',
+          image_size=32,
+          train_split='train',
+          eval_split='test',
+          eval_batch_size=1000,
+      )
+  )
   return c

@@ -30,20 +30,49 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.log_every_steps = 50
   c.eval_every_steps = 250
   c.checkpoint_every_steps = 250
-  c.model = ml_collections.ConfigDict(dict(
-      name='cp_transformer_lm', num_layers=2, emb_dim=256, mlp_dim=1024, num_heads=4,
-      dropout_rate=0.0, context_pool_position='attention_input',
-      # The ContextPool fields an ablation changes (ContextPool defaults otherwise).
-      context_pool=dict(size_norm='sigmoid', residual=False, weights='learned',
-                        locality='gaussian', mapping='cnn')))
+  c.model = ml_collections.ConfigDict(
+      dict(
+          name='cp_transformer_lm',
+          num_layers=2,
+          emb_dim=256,
+          mlp_dim=1024,
+          num_heads=4,
+          dropout_rate=0.0,
+          context_pool_position='attention_input',
+          # The ContextPool fields an ablation changes (ContextPool defaults otherwise).
+          context_pool=dict(
+              size_norm='sigmoid',
+              residual=False,
+              weights='learned',
+              locality='gaussian',
+              mapping='cnn',
+          ),
+      )
+  )
   if variant == 'baseline':
     c.model.name = 'transformer_lm'
     c.model.context_pool = None
-  c.optimizer.update(name='adamw', learning_rate=2e-3, schedule='cosine', warmup_steps=50,
-                     weight_decay=0.01, grad_clip_norm=1.0)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name='local_text', data_dir='', files=(), max_bytes=4 * 2 ** 20, allow_binary=False,
-      # Evaluation context = training length: sinusoidal positions do not extrapolate.
-      seq_len=256, eval_context=256, eval_step=128, eval_batch_size=16,
-      eval_max_bytes=64 * 1024))
+  c.optimizer.update(
+      name='adamw',
+      learning_rate=2e-3,
+      schedule='cosine',
+      warmup_steps=50,
+      weight_decay=0.01,
+      grad_clip_norm=1.0,
+  )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name='local_text',
+          data_dir='',
+          files=(),
+          max_bytes=4 * 2**20,
+          allow_binary=False,
+          # Evaluation context = training length: sinusoidal positions do not extrapolate.
+          seq_len=256,
+          eval_context=256,
+          eval_step=128,
+          eval_batch_size=16,
+          eval_max_bytes=64 * 1024,
+      )
+  )
   return c

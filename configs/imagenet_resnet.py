@@ -24,8 +24,15 @@ from configs import common
 from contextpool_jax.errors import ConfigError
 
 _TRAIN_IMAGES = 1_281_167
-_NAMES = ('resnet50', 'cp_resnet50', 'resnet101', 'cp_resnet101', 'lambda_resnet50',
-          'aa_resnet34', 'aa_resnet50')
+_NAMES = (
+    'resnet50',
+    'cp_resnet50',
+    'resnet101',
+    'cp_resnet101',
+    'lambda_resnet50',
+    'aa_resnet34',
+    'aa_resnet50',
+)
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
@@ -45,14 +52,36 @@ def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=1000))
   if attention:
     c.label_smoothing = 0.1
-    c.optimizer.update(name='sgd', learning_rate=0.4, schedule='cosine',
-                       warmup_steps=5 * steps_per_epoch, momentum=0.9, nesterov=True,
-                       weight_decay=1e-4)
+    c.optimizer.update(
+        name='sgd',
+        learning_rate=0.4,
+        schedule='cosine',
+        warmup_steps=5 * steps_per_epoch,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=1e-4,
+    )
   else:
-    c.optimizer.update(name='sgd', learning_rate=0.1, schedule='piecewise', warmup_steps=0,
-                       boundaries=tuple(e * steps_per_epoch for e in (30, 60, 80)),
-                       decay_factor=0.1, momentum=0.9, nesterov=False, weight_decay=1e-4)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name='imagenet2012', data_dir='', image_size=224, train_split='train',
-      eval_split='validation', eval_batch_size=1000, crop_area_min=0.08))
+    c.optimizer.update(
+        name='sgd',
+        learning_rate=0.1,
+        schedule='piecewise',
+        warmup_steps=0,
+        boundaries=tuple(e * steps_per_epoch for e in (30, 60, 80)),
+        decay_factor=0.1,
+        momentum=0.9,
+        nesterov=False,
+        weight_decay=1e-4,
+    )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name='imagenet2012',
+          data_dir='',
+          image_size=224,
+          train_split='train',
+          eval_split='validation',
+          eval_batch_size=1000,
+          crop_area_min=0.08,
+      )
+  )
   return c

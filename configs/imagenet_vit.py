@@ -35,12 +35,33 @@ def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
   c.label_smoothing = 0.1
   c.dtype = 'bfloat16'
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=1000, dropout_rate=0.0))
-  c.optimizer.update(name='adamw', learning_rate=1e-3, schedule='cosine',
-                     warmup_steps=20 * steps_per_epoch, weight_decay=0.05, grad_clip_norm=1.0,
-                     b1=0.9, b2=0.999, end_learning_rate=1e-5)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name='imagenet2012', data_dir='', image_size=224, train_split='train',
-      eval_split='validation', eval_batch_size=1000, crop_area_min=0.08,
-      randaugment_num_ops=2, randaugment_magnitude=9, randaugment_magnitude_std=0.5,
-      randaugment_prob=0.5, mixup_alpha=0.8, cutmix_alpha=1.0, mixup_switch_prob=0.5))
+  c.optimizer.update(
+      name='adamw',
+      learning_rate=1e-3,
+      schedule='cosine',
+      warmup_steps=20 * steps_per_epoch,
+      weight_decay=0.05,
+      grad_clip_norm=1.0,
+      b1=0.9,
+      b2=0.999,
+      end_learning_rate=1e-5,
+  )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name='imagenet2012',
+          data_dir='',
+          image_size=224,
+          train_split='train',
+          eval_split='validation',
+          eval_batch_size=1000,
+          crop_area_min=0.08,
+          randaugment_num_ops=2,
+          randaugment_magnitude=9,
+          randaugment_magnitude_std=0.5,
+          randaugment_prob=0.5,
+          mixup_alpha=0.8,
+          cutmix_alpha=1.0,
+          mixup_switch_prob=0.5,
+      )
+  )
   return c

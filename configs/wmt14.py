@@ -28,8 +28,10 @@ from contextpool_jax.errors import ConfigError
 
 SIZES = ('tiny', 'small', 'base', 'big')
 KINDS = ('standard', 'local', 'area', 'cp')
-PAIRS = {'en-de': ('wmt14_translate/de-en', 'en', 'de'),
-         'en-fr': ('wmt14_translate/fr-en', 'en', 'fr')}
+PAIRS = {
+    'en-de': ('wmt14_translate/de-en', 'en', 'de'),
+    'en-fr': ('wmt14_translate/fr-en', 'en', 'fr'),
+}
 # Peak learning rates (Vaswani et al.'s d^-0.5 * warmup^-0.5 with factor 2).
 PEAK_LR = {'tiny': 2e-3, 'small': 1.4e-3, 'base': 1e-3, 'big': 7e-4}
 
@@ -37,8 +39,10 @@ PEAK_LR = {'tiny': 2e-3, 'small': 1.4e-3, 'base': 1e-3, 'big': 7e-4}
 def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
   pair, size, kind = (a.strip() for a in arg.split(','))
   if pair not in PAIRS or size not in SIZES or kind not in KINDS:
-    raise ConfigError(f'configs/wmt14.py:{arg!r}: expected "<pair>,<size>,<kind>" with pair in '
-                     f'{tuple(PAIRS)}, size in {SIZES}, kind in {KINDS}.')
+    raise ConfigError(
+        f'configs/wmt14.py:{arg!r}: expected "<pair>,<size>,<kind>" with pair in '
+        f'{tuple(PAIRS)}, size in {SIZES}, kind in {KINDS}.'
+    )
   name, source, target = PAIRS[pair]
   c = common.base_config()
   c.task = 'translation'
@@ -53,15 +57,38 @@ def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
   c.eval_bleu = True
   c.beam_size = 4
   c.beam_alpha = 0.6
-  c.eval_bleu_batches = 0            # 0 = the whole split
-  model_name = {'standard': f'transformer_{size}', 'local': f'local_transformer_{size}',
-                'area': f'area_transformer_{size}', 'cp': f'cp_transformer_{size}'}[kind]
-  c.model = ml_collections.ConfigDict(dict(name=model_name, vocab_size=32000,
-                                           dropout_rate=0.1))
-  c.optimizer.update(name='adam', learning_rate=PEAK_LR[size], schedule='inverse_sqrt',
-                     warmup_steps=4000, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0)
-  c.dataset = ml_collections.ConfigDict(dict(
-      name=name, data_dir='', source_lang=source, target_lang=target, train_split='train',
-      vocab_size=32000, vocab_type='unigram', vocab_max_chars=10 ** 7, vocab_path='',
-      max_source_len=256, max_target_len=256, eval_batch_size=256))
+  c.eval_bleu_batches = 0  # 0 = the whole split
+  model_name = {
+      'standard': f'transformer_{size}',
+      'local': f'local_transformer_{size}',
+      'area': f'area_transformer_{size}',
+      'cp': f'cp_transformer_{size}',
+  }[kind]
+  c.model = ml_collections.ConfigDict(dict(name=model_name, vocab_size=32000, dropout_rate=0.1))
+  c.optimizer.update(
+      name='adam',
+      learning_rate=PEAK_LR[size],
+      schedule='inverse_sqrt',
+      warmup_steps=4000,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-9,
+      weight_decay=0.0,
+  )
+  c.dataset = ml_collections.ConfigDict(
+      dict(
+          name=name,
+          data_dir='',
+          source_lang=source,
+          target_lang=target,
+          train_split='train',
+          vocab_size=32000,
+          vocab_type='unigram',
+          vocab_max_chars=10**7,
+          vocab_path='',
+          max_source_len=256,
+          max_target_len=256,
+          eval_batch_size=256,
+      )
+  )
   return c

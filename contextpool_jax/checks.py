@@ -34,7 +34,8 @@ def check_choice(owner: str, field: str, value: Any, allowed: Iterable[Any]) -> 
   if value not in allowed:
     raise ConfigError(
         f'{owner}.{field}={value!r} is not supported; allowed values: '
-        f'{", ".join(repr(a) for a in allowed)}.')
+        f'{", ".join(repr(a) for a in allowed)}.'
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -45,8 +46,15 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_positive(owner: str, field: str, value: Any, *, allow_none: bool = False,
-                   integer: bool = False, allow_zero: bool = False) -> None:
+def check_positive(
+    owner: str,
+    field: str,
+    value: Any,
+    *,
+    allow_none: bool = False,
+    integer: bool = False,
+    allow_zero: bool = False,
+) -> None:
   """Raises unless ``value`` is a positive (or non-negative) number."""
   if value is None and allow_none:
     return
@@ -57,25 +65,25 @@ def check_positive(owner: str, field: str, value: Any, *, allow_none: bool = Fal
     ok = value >= 0 if allow_zero else value > 0
   if not ok:
     extra = ' or None' if allow_none else ''
-    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a {kind} '
-                      f'{bound}{extra}.')
+    raise ConfigError(
+        f'{owner}.{field}={value!r} is invalid; expected a {kind} ' f'{bound}{extra}.'
+    )
 
 
 def check_probability(owner: str, field: str, value: Any) -> None:
   """Raises unless ``0 <= value < 1`` (a dropout rate)."""
   if not _is_number(value) or not 0.0 <= value < 1.0:
-    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a '
-                      'number in [0, 1).')
+    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a ' 'number in [0, 1).')
 
 
-def check_rank(owner: str, name: str, array: Any, ranks: Sequence[int],
-               meaning: str) -> None:
+def check_rank(owner: str, name: str, array: Any, ranks: Sequence[int], meaning: str) -> None:
   """Raises ValueError unless ``array.ndim`` is one of ``ranks``; ``meaning`` names the layouts."""
   ndim = getattr(array, 'ndim', None)
   if ndim not in tuple(ranks):
     raise ValueError(
         f'{owner}: {name} has rank {ndim} (shape {getattr(array, "shape", None)}); '
-        f'expected rank {" or ".join(str(r) for r in ranks)}: {meaning}.')
+        f'expected rank {" or ".join(str(r) for r in ranks)}: {meaning}.'
+    )
 
 
 def as_tuple(owner: str, field: str, value: Any, length: int) -> tuple[int, ...]:
@@ -84,10 +92,15 @@ def as_tuple(owner: str, field: str, value: Any, length: int) -> tuple[int, ...]
   if _is_int(value):
     value = (value,) * length
   value = tuple(value) if isinstance(value, (tuple, list)) else value
-  if (not isinstance(value, tuple) or len(value) != length
-      or not all(_is_int(v) and v > 0 for v in value)):
-    raise ConfigError(f'{owner}.{field}={given!r} is invalid; expected a positive '
-                      f'int or a sequence of {length} positive ints.')
+  if (
+      not isinstance(value, tuple)
+      or len(value) != length
+      or not all(_is_int(v) and v > 0 for v in value)
+  ):
+    raise ConfigError(
+        f'{owner}.{field}={given!r} is invalid; expected a positive '
+        f'int or a sequence of {length} positive ints.'
+    )
   return value
 
 
@@ -131,8 +144,15 @@ def read_int(config: Any, path: str, *, minimum: int = 0, default: Any = REQUIRE
   return int(value)
 
 
-def read_float(config: Any, path: str, *, lo: float = -float('inf'), hi: float = float('inf'),
-               lo_open: bool = False, default: Any = REQUIRED) -> float:
+def read_float(
+    config: Any,
+    path: str,
+    *,
+    lo: float = -float('inf'),
+    hi: float = float('inf'),
+    lo_open: bool = False,
+    default: Any = REQUIRED,
+) -> float:
   """A number in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
   value = lookup(config, path, default)
   ok = _is_number(value) and (lo < value if lo_open else lo <= value) and value <= hi
@@ -158,8 +178,7 @@ def read_str(config: Any, path: str, *, default: Any = REQUIRED) -> Any:
   return value
 
 
-def read_choice(config: Any, path: str, allowed: Iterable[Any], *,
-                default: Any = REQUIRED) -> Any:
+def read_choice(config: Any, path: str, allowed: Iterable[Any], *, default: Any = REQUIRED) -> Any:
   value = lookup(config, path, default)
   check_choice('config', path, value, allowed)
   return value
@@ -172,10 +191,16 @@ def read_choice(config: Any, path: str, allowed: Iterable[Any], *,
 
 def check_process(process_index: Any, process_count: Any) -> tuple[int, int]:
   """``(process_index, process_count)`` as ints; ValueError unless 0 <= index < count."""
-  if (not _is_int(process_index) or not _is_int(process_count) or process_count < 1
-      or not 0 <= process_index < process_count):
-    raise ValueError(f'process_index={process_index!r}, process_count={process_count!r} are '
-                     'invalid; expected integers with 0 <= process_index < process_count.')
+  if (
+      not _is_int(process_index)
+      or not _is_int(process_count)
+      or process_count < 1
+      or not 0 <= process_index < process_count
+  ):
+    raise ValueError(
+        f'process_index={process_index!r}, process_count={process_count!r} are '
+        'invalid; expected integers with 0 <= process_index < process_count.'
+    )
   return int(process_index), int(process_count)
 
 
@@ -189,7 +214,8 @@ def share(total: Any, process_count: int, path: str, *, multiple: int = 1) -> in
   return int(total) // process_count
 
 
-def per_process(config: Any, path: str, process_count: int, *, default: Any = REQUIRED,
-                multiple: int = 1) -> int:
+def per_process(
+    config: Any, path: str, process_count: int, *, default: Any = REQUIRED, multiple: int = 1
+) -> int:
   """:func:`share` of ``config.<path>``."""
   return share(lookup(config, path, default), process_count, path, multiple=multiple)

@@ -60,8 +60,10 @@ def choose_tokens(logits: Array, rng: Array, *, temperature: float, top_k: int) 
   if temperature == 0:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if top_k > logits.shape[-1]:
-    raise ValueError(f'top_k={top_k} is not allowed; expected at most the vocabulary size '
-                     f'{logits.shape[-1]} (or 0 for all tokens).')
+    raise ValueError(
+        f'top_k={top_k} is not allowed; expected at most the vocabulary size '
+        f'{logits.shape[-1]} (or 0 for all tokens).'
+    )
   logits = logits / temperature
   if top_k:
     kth = lax.top_k(logits, top_k)[0][:, -1:]
@@ -80,17 +82,25 @@ def _sample(model, variables, prompt, rng, *, length, context, temperature, top_
     start = jnp.maximum(t - width, 0)  # sliding window of the last `width` tokens
     window = lax.dynamic_slice_in_dim(tokens, start, width, axis=1)
     logits = logits_fn(model, variables, window, t - 1 - start)
-    token = choose_tokens(logits, jax.random.fold_in(rng, t), temperature=temperature,
-                          top_k=top_k)
+    token = choose_tokens(logits, jax.random.fold_in(rng, t), temperature=temperature, top_k=top_k)
     return lax.dynamic_update_index_in_dim(tokens, token, t, axis=1)
 
   tokens = lax.fori_loop(prompt_len, total, step, tokens)
   return tokens[:, prompt_len:]
 
 
-def sample_tokens(model, variables: dict, prompt: Array, *, length: int, context: int,
-                  temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-                  logits_fn: Callable[..., Array] = next_token_logits) -> Array:
+def sample_tokens(
+    model,
+    variables: dict,
+    prompt: Array,
+    *,
+    length: int,
+    context: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    logits_fn: Callable[..., Array] = next_token_logits,
+) -> Array:
   """Generates ``length`` tokens after ``prompt``: int32 ``[batch, length]``.
 
   Args:
@@ -106,17 +116,28 @@ def sample_tokens(model, variables: dict, prompt: Array, *, length: int, context
     logits_fn: the step, :func:`next_token_logits` or a drop-in replacement.
   """
   prompt = jnp.asarray(prompt)
-  _check('prompt', prompt.shape, prompt.ndim == 2 and prompt.shape[1] >= 1,
-         'expected int token ids [batch, prompt_len] with prompt_len >= 1')
+  _check(
+      'prompt',
+      prompt.shape,
+      prompt.ndim == 2 and prompt.shape[1] >= 1,
+      'expected int token ids [batch, prompt_len] with prompt_len >= 1',
+  )
   _check('length', length, isinstance(length, int) and length > 0, 'a positive int')
   _check('context', context, isinstance(context, int) and context > 0, 'a positive int')
   _check('temperature', temperature, temperature >= 0, '0 (greedy) or a positive float')
-  _check('top_k', top_k, isinstance(top_k, int) and top_k >= 0,
-         '0 (all tokens) or a positive int')
+  _check('top_k', top_k, isinstance(top_k, int) and top_k >= 0, '0 (all tokens) or a positive int')
   # A closure, not static arguments: modules with dict fields are not hashable.
-  fn = jax.jit(functools.partial(_sample, model, length=length, context=context,
-                                 temperature=float(temperature), top_k=top_k,
-                                 logits_fn=logits_fn))
+  fn = jax.jit(
+      functools.partial(
+          _sample,
+          model,
+          length=length,
+          context=context,
+          temperature=float(temperature),
+          top_k=top_k,
+          logits_fn=logits_fn,
+      )
+  )
   return fn(variables, prompt.astype(jnp.int32), jax.random.key(seed))
 
 
@@ -125,8 +146,10 @@ def encode_bytes(text: str, vocab_size: int) -> list[int]:
   ids = list(text.encode('utf-8'))
   bad = sorted({i for i in ids if i >= vocab_size})
   if bad:
-    raise ValueError(f'prompt={text!r} has bytes {bad[:5]} outside the model vocabulary '
-                     f'of {vocab_size} tokens.')
+    raise ValueError(
+        f'prompt={text!r} has bytes {bad[:5]} outside the model vocabulary '
+        f'of {vocab_size} tokens.'
+    )
   return ids
 
 
@@ -135,15 +158,32 @@ def decode_bytes(ids: Sequence[int]) -> str:
   return bytes(int(i) for i in ids).decode('utf-8', errors='replace')
 
 
-def sample_text(model, variables: dict, config, prompt: str, *, length: int = 200,
-                temperature: float = 1.0, top_k: int = 0, seed: int = 0) -> str:
+def sample_text(
+    model,
+    variables: dict,
+    config,
+    prompt: str,
+    *,
+    length: int = 200,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+) -> str:
   """The ``length``-byte continuation of ``prompt`` by a byte-level LM (``load``'s
   output), with the context the model was trained at (``config.dataset.seq_len``)."""
   _check('prompt', prompt, bool(prompt), 'a non-empty string (the LM has no start token)')
   ids = encode_bytes(prompt, model.vocab_size)
   context = int(config.dataset.get('seq_len', 0) or len(ids) + length)
-  out = sample_tokens(model, variables, jnp.asarray([ids], jnp.int32), length=length,
-                      context=context, temperature=temperature, top_k=top_k, seed=seed)
+  out = sample_tokens(
+      model,
+      variables,
+      jnp.asarray([ids], jnp.int32),
+      length=length,
+      context=context,
+      temperature=temperature,
+      top_k=top_k,
+      seed=seed,
+  )
   return decode_bytes(jax.device_get(out[0]))
 
 
@@ -160,45 +200,78 @@ def load_vocab(workdir, config):
   ``.model`` file next to it.
   """
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
+
   explicit = config.dataset.get('vocab_path', None)
-  path = (pathlib.Path(explicit) if explicit else
-          pathlib.Path(workdir) / translation_input.vocab_filename(config))
+  path = (
+      pathlib.Path(explicit)
+      if explicit
+      else pathlib.Path(workdir) / translation_input.vocab_filename(config)
+  )
   if not path.is_file():
-    raise FileNotFoundError(f'no SentencePiece model at {path}: train.py writes it to the '
-                            'workdir on first use (or set config.dataset.vocab_path).')
+    raise FileNotFoundError(
+        f'no SentencePiece model at {path}: train.py writes it to the '
+        'workdir on first use (or set config.dataset.vocab_path).'
+    )
   return translation_input.SentencePieceVocab.load(path)
 
 
 def encode_sentences(vocab, sentences: Sequence[str], max_len: int) -> Array:
   """int32 ``[len(sentences), longest]``: each sentence's ids + EOS, at most ``max_len``
   (truncated, keeping the EOS), 0-padded."""
-  rows = [vocab.encode(s)[:max_len - 1] + [vocab.eos_id] for s in sentences]
+  rows = [vocab.encode(s)[: max_len - 1] + [vocab.eos_id] for s in sentences]
   width = max(len(r) for r in rows)
   return jnp.asarray([r + [vocab.pad_id] * (width - len(r)) for r in rows], jnp.int32)
 
 
-def translate(model, variables: dict, config, vocab, sentences: Sequence[str], *,
-              beam_size: int = 4, alpha: float = 0.6, max_len: int = 0) -> list[str]:
+def translate(
+    model,
+    variables: dict,
+    config,
+    vocab,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: int = 0,
+) -> list[str]:
   """Translations of ``sentences`` (detokenised strings, in order).
 
   Beam search with the GNMT length penalty ``alpha`` (``beam_size=1``: greedy),
   at most ``max_len`` target tokens (0: ``config.dataset.max_target_len``).
   """
   from contextpool_jax.training import decoding  # pylint: disable=g-import-not-at-top
-  _check('sentences', sentences, len(sentences) > 0 and all(sentences),
-         'at least one non-empty sentence')
-  _check('beam_size', beam_size, isinstance(beam_size, int) and beam_size >= 1,
-         'a positive int (1: greedy)')
-  _check('max_len', max_len, isinstance(max_len, int) and max_len >= 0,
-         'a positive int, or 0 for config.dataset.max_target_len')
+
+  _check(
+      'sentences',
+      sentences,
+      len(sentences) > 0 and all(sentences),
+      'at least one non-empty sentence',
+  )
+  _check(
+      'beam_size',
+      beam_size,
+      isinstance(beam_size, int) and beam_size >= 1,
+      'a positive int (1: greedy)',
+  )
+  _check(
+      'max_len',
+      max_len,
+      isinstance(max_len, int) and max_len >= 0,
+      'a positive int, or 0 for config.dataset.max_target_len',
+  )
   max_len = max_len or int(config.dataset.max_target_len)
   inputs = encode_sentences(vocab, sentences, int(config.dataset.max_source_len))
   if beam_size == 1:
-    fn = functools.partial(decoding.greedy_decode, model, max_len=max_len,
-                           eos_id=vocab.eos_id)
+    fn = functools.partial(decoding.greedy_decode, model, max_len=max_len, eos_id=vocab.eos_id)
   else:
-    fn = functools.partial(decoding.beam_search, model, beam_size=beam_size, alpha=alpha,
-                           max_len=max_len, eos_id=vocab.eos_id)
+    fn = functools.partial(
+        decoding.beam_search,
+        model,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_len=max_len,
+        eos_id=vocab.eos_id,
+    )
   ids = jax.device_get(jax.jit(fn)(variables, inputs))
   return [vocab.decode(row) for row in ids]
 
@@ -210,6 +283,7 @@ def translate(model, variables: dict, config, vocab, sentences: Sequence[str], *
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   flags.DEFINE_string('workdir', None, 'A training workdir (or an export_params directory).')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
   flags.DEFINE_string('prompt', None, 'LM workdirs: the text to continue.')
@@ -217,8 +291,11 @@ def _define_flags():
   flags.DEFINE_float('temperature', 1.0, 'LM workdirs: 0 = greedy.')
   flags.DEFINE_integer('top_k', 0, 'LM workdirs: sample among the k most likely (0: all).')
   flags.DEFINE_integer('seed', 0, 'LM workdirs: sampling seed.')
-  flags.DEFINE_multi_string('sentence', [], 'Translation workdirs: a sentence to translate '
-                            '(repeat the flag for several).')
+  flags.DEFINE_multi_string(
+      'sentence',
+      [],
+      'Translation workdirs: a sentence to translate ' '(repeat the flag for several).',
+  )
   flags.DEFINE_integer('beam_size', 4, 'Translation workdirs: beam size (1: greedy).')
   flags.DEFINE_float('alpha', 0.6, 'Translation workdirs: length penalty.')
   flags.DEFINE_integer('max_len', 0, 'Translation workdirs: most target tokens (0: config).')
@@ -229,37 +306,61 @@ def _define_flags():
 def run(flag_values) -> list[str]:
   """What the command line prints, one string per sample/translation."""
   from contextpool_jax.training import load  # pylint: disable=g-import-not-at-top
+
   model, variables, config = load(flag_values.workdir, flag_values.step)
   task = config.get('task', 'lm')
   if task == 'lm':
     if flag_values.sentence:
-      raise ValueError(f'--sentence is for translation workdirs; {flag_values.workdir} is a '
-                       'language model (config.task=lm): use --prompt.')
+      raise ValueError(
+          f'--sentence is for translation workdirs; {flag_values.workdir} is a '
+          'language model (config.task=lm): use --prompt.'
+      )
     if flag_values.prompt is None:
-      raise ValueError(f'--prompt is required for a language model workdir '
-                       f'({flag_values.workdir}).')
-    text = sample_text(model, variables, config, flag_values.prompt,
-                       length=flag_values.length, temperature=flag_values.temperature,
-                       top_k=flag_values.top_k, seed=flag_values.seed)
+      raise ValueError(
+          f'--prompt is required for a language model workdir ' f'({flag_values.workdir}).'
+      )
+    text = sample_text(
+        model,
+        variables,
+        config,
+        flag_values.prompt,
+        length=flag_values.length,
+        temperature=flag_values.temperature,
+        top_k=flag_values.top_k,
+        seed=flag_values.seed,
+    )
     return [flag_values.prompt + text]
   if task == 'translation':
     if not flag_values.sentence:
-      raise ValueError(f'--sentence is required for a translation workdir '
-                       f'({flag_values.workdir}); repeat it for several sentences.')
+      raise ValueError(
+          f'--sentence is required for a translation workdir '
+          f'({flag_values.workdir}); repeat it for several sentences.'
+      )
     vocab = load_vocab(flag_values.workdir, config)
-    return translate(model, variables, config, vocab, flag_values.sentence,
-                     beam_size=flag_values.beam_size, alpha=flag_values.alpha,
-                     max_len=flag_values.max_len)
-  raise ValueError(f'{flag_values.workdir} has config.task={task!r}; sampling supports '
-                   "'lm' (text) and 'translation' workdirs.")
+    return translate(
+        model,
+        variables,
+        config,
+        vocab,
+        flag_values.sentence,
+        beam_size=flag_values.beam_size,
+        alpha=flag_values.alpha,
+        max_len=flag_values.max_len,
+    )
+  raise ValueError(
+      f'{flag_values.workdir} has config.task={task!r}; sampling supports '
+      "'lm' (text) and 'translation' workdirs."
+  )
 
 
 def main(argv):
   from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.ERROR)  # orbax's read-only notices
   from contextpool_jax.training.load import WorkdirError  # pylint: disable=g-import-not-at-top
+
   try:
     outputs = run(flags.FLAGS)
   except (WorkdirError, FileNotFoundError, ValueError) as e:
@@ -271,5 +372,6 @@ def main(argv):
 
 if __name__ == '__main__':
   from absl import app as _app  # pylint: disable=g-import-not-at-top
+
   _define_flags()
   _app.run(main)

@@ -47,8 +47,10 @@ def _figure(**kwargs):
   try:
     from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError('contextpool_jax.viz needs matplotlib: pip install matplotlib '
-                      "(or pip install 'contextpool-jax[notebook]').") from e
+    raise ImportError(
+        'contextpool_jax.viz needs matplotlib: pip install matplotlib '
+        "(or pip install 'contextpool-jax[notebook]')."
+    ) from e
   return Figure(layout='constrained', **kwargs)
 
 
@@ -73,8 +75,9 @@ def _flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   return out
 
 
-def pool_intermediates(intermediates: Mapping[str, Any], spatial_ndim: int = 1
-                       ) -> dict[str, dict[str, np.ndarray]]:
+def pool_intermediates(
+    intermediates: Mapping[str, Any], spatial_ndim: int = 1
+) -> dict[str, dict[str, np.ndarray]]:
   """``{layer: {'pool_weights': [batch, *spatial], 'pool_sigma': [batch, *spatial]}}``.
 
   ``intermediates``: a model's ``'intermediates'`` collection (the second output of
@@ -101,8 +104,14 @@ def pool_intermediates(intermediates: Mapping[str, Any], spatial_ndim: int = 1
   return layers
 
 
-def model_pools(model, variables: Mapping[str, Any], *args: Any, spatial_ndim: int = 1,
-                method: Any = None, **kwargs: Any) -> dict[str, dict[str, np.ndarray]]:
+def model_pools(
+    model,
+    variables: Mapping[str, Any],
+    *args: Any,
+    spatial_ndim: int = 1,
+    method: Any = None,
+    **kwargs: Any,
+) -> dict[str, dict[str, np.ndarray]]:
   """Runs ``model.apply(variables, *args, **kwargs)`` collecting the intermediates:
   :func:`pool_intermediates` of one forward pass (``train=False`` unless given)."""
   kwargs.setdefault('train', False)
@@ -123,15 +132,19 @@ def _flat_centres(centres: Sequence[Any], spatial: Sequence[int]) -> np.ndarray:
   n = math.prod(spatial)
   flat = []
   for c in centres:
-    index = int(np.ravel_multi_index(tuple(int(x) for x in c), tuple(spatial))) if (
-        isinstance(c, (tuple, list, np.ndarray)) and len(spatial) > 1) else int(c)
+    index = (
+        int(np.ravel_multi_index(tuple(int(x) for x in c), tuple(spatial)))
+        if (isinstance(c, (tuple, list, np.ndarray)) and len(spatial) > 1)
+        else int(c)
+    )
     _check('centre', c, 0 <= index < n, f'a position inside the input of shape {tuple(spatial)}')
     flat.append(index)
   return np.asarray(flat, np.int64)
 
 
-def gaussian_support(sigma: np.ndarray, centres: Sequence[Any], *, causal: bool = False
-                     ) -> np.ndarray:
+def gaussian_support(
+    sigma: np.ndarray, centres: Sequence[Any], *, causal: bool = False
+) -> np.ndarray:
   """``g^i_j = exp(-d(i, j)^2 / (2 sigma_i^2))`` for each centre i: ``[k, n]``.
 
   ``sigma``: ``[*spatial]`` (one example; token or grid-cell units, as sown);
@@ -150,8 +163,9 @@ def gaussian_support(sigma: np.ndarray, centres: Sequence[Any], *, causal: bool 
   return g
 
 
-def pooling_distribution(weights: np.ndarray, sigma: np.ndarray, centres: Sequence[Any], *,
-                         causal: bool = False) -> np.ndarray:
+def pooling_distribution(
+    weights: np.ndarray, sigma: np.ndarray, centres: Sequence[Any], *, causal: bool = False
+) -> np.ndarray:
   """``p^i_j = w_j g^i_j / sum_j' w_j' g^i_j'`` (Eq. 4/6) for each centre i: ``[k, n]``.
 
   ``weights``, ``sigma``: ``[*spatial]`` of one example (the sown ``pool_weights``
@@ -159,8 +173,12 @@ def pooling_distribution(weights: np.ndarray, sigma: np.ndarray, centres: Sequen
   learned weights, Gaussian locality, ``residual=False``).
   """
   weights = np.asarray(weights, np.float64)
-  _check('weights.shape', weights.shape, weights.shape == np.shape(sigma),
-         f'the shape of sigma {np.shape(sigma)}')
+  _check(
+      'weights.shape',
+      weights.shape,
+      weights.shape == np.shape(sigma),
+      f'the shape of sigma {np.shape(sigma)}',
+  )
   unnorm = weights.reshape(1, -1) * gaussian_support(sigma, centres, causal=causal)
   return unnorm / np.maximum(unnorm.sum(-1, keepdims=True), 1e-300)
 
@@ -184,12 +202,18 @@ def _grid(values: np.ndarray, line_width: int) -> np.ndarray:
   """``[n]`` -> ``[rows, line_width]`` row-major, NaN after the end."""
   rows = -(-values.size // line_width)
   out = np.full(rows * line_width, np.nan)
-  out[:values.size] = values
+  out[: values.size] = values
   return out.reshape(rows, line_width)
 
 
-def plot_pool_text(tokens: Sequence[str], weights: np.ndarray, sigma: np.ndarray, *,
-                   line_width: int = 64, title: Optional[str] = None):
+def plot_pool_text(
+    tokens: Sequence[str],
+    weights: np.ndarray,
+    sigma: np.ndarray,
+    *,
+    line_width: int = 64,
+    title: Optional[str] = None,
+):
   """Pooling weights and sizes per token over a passage (Fig. 3 for text).
 
   Two panels, each the passage laid out in lines of ``line_width`` tokens with
@@ -208,13 +232,16 @@ def plot_pool_text(tokens: Sequence[str], weights: np.ndarray, sigma: np.ndarray
   rows = -(-n // width)
   fig = _figure(figsize=(max(4.0, 0.17 * width + 1.5), 2 * (0.32 * rows + 0.6)))
   axes = fig.subplots(2, 1)
-  panels = ((axes[0], weights, 'Blues', 'pooling weight $w_j$'),
-            (axes[1], sigma, 'Oranges', r'pooling size $\sigma_j$ (tokens)'))
+  panels = (
+      (axes[0], weights, 'Blues', 'pooling weight $w_j$'),
+      (axes[1], sigma, 'Oranges', r'pooling size $\sigma_j$ (tokens)'),
+  )
   for ax, values, cmap, label in panels:
     image = ax.imshow(_grid(values, width), cmap=cmap, aspect='auto', interpolation='nearest')
     for i, token in enumerate(tokens):
-      ax.text(i % width, i // width, token, ha='center', va='center', fontsize=7,
-              family='monospace')
+      ax.text(
+          i % width, i // width, token, ha='center', va='center', fontsize=7, family='monospace'
+      )
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(label, loc='left', fontsize=9)
@@ -224,9 +251,15 @@ def plot_pool_text(tokens: Sequence[str], weights: np.ndarray, sigma: np.ndarray
   return fig
 
 
-def plot_gaussian_supports(weights: np.ndarray, sigma: np.ndarray, centres: Sequence[int], *,
-                           tokens: Optional[Sequence[str]] = None, causal: bool = True,
-                           title: Optional[str] = None):
+def plot_gaussian_supports(
+    weights: np.ndarray,
+    sigma: np.ndarray,
+    centres: Sequence[int],
+    *,
+    tokens: Optional[Sequence[str]] = None,
+    causal: bool = True,
+    title: Optional[str] = None,
+):
   """The Gaussian supports ``g^i_j`` (top) and pooling distributions ``p^i_j``
   (bottom) of the tokens ``centres`` over a sequence, one line per centre.
 
@@ -246,7 +279,7 @@ def plot_gaussian_supports(weights: np.ndarray, sigma: np.ndarray, centres: Sequ
     label = f'i={int(c)}, $\\sigma_i$={sigma[int(c)]:.2f}'
     if tokens is not None:
       label += f' ({tokens[int(c)]!r})'
-    line, = top.plot(positions, g[k], marker='.', ms=3, label=label)
+    (line,) = top.plot(positions, g[k], marker='.', ms=3, label=label)
     bottom.plot(positions, p[k], marker='.', ms=3, color=line.get_color())
     top.axvline(int(c), color=line.get_color(), lw=0.6, ls=':')
   top.set_ylabel('$g^i_j$ (Gaussian support)')
@@ -260,8 +293,9 @@ def plot_gaussian_supports(weights: np.ndarray, sigma: np.ndarray, centres: Sequ
   return fig
 
 
-def plot_sigma_distribution(sigmas: Mapping[str, np.ndarray], *, bins: int = 40,
-                            title: Optional[str] = None):
+def plot_sigma_distribution(
+    sigmas: Mapping[str, np.ndarray], *, bins: int = 40, title: Optional[str] = None
+):
   """Histograms of the pooling sizes of each layer (Fig. 4), one row per layer.
 
   ``sigmas``: ``{layer name: any-shape array of sigma values}``, in display order.
@@ -284,8 +318,14 @@ def plot_sigma_distribution(sigmas: Mapping[str, np.ndarray], *, bins: int = 40,
   return fig
 
 
-def plot_pool_grid(weights: np.ndarray, sigma: np.ndarray, *, image: Optional[np.ndarray] = None,
-                   centres: Sequence[tuple[int, int]] = (), title: Optional[str] = None):
+def plot_pool_grid(
+    weights: np.ndarray,
+    sigma: np.ndarray,
+    *,
+    image: Optional[np.ndarray] = None,
+    centres: Sequence[tuple[int, int]] = (),
+    title: Optional[str] = None,
+):
   """Weights and sizes over a grid (Fig. 3), plus the Gaussian masks of ``centres``.
 
   ``weights``, ``sigma``: ``[h, w]`` of one example (the grid ContextPool pooled,
@@ -298,8 +338,12 @@ def plot_pool_grid(weights: np.ndarray, sigma: np.ndarray, *, image: Optional[np
   weights = np.asarray(weights, np.float64)
   sigma = np.asarray(sigma, np.float64)
   _check('weights.shape', weights.shape, weights.ndim == 2, '[height, width]')
-  _check('sigma.shape', sigma.shape, sigma.shape == weights.shape,
-         f'the shape of weights {weights.shape}')
+  _check(
+      'sigma.shape',
+      sigma.shape,
+      sigma.shape == weights.shape,
+      f'the shape of weights {weights.shape}',
+  )
   h, w = weights.shape
   panels = int(image is not None) + 2 + int(bool(centres))
   fig = _figure(figsize=(3.2 * panels, 3.2))
@@ -309,8 +353,10 @@ def plot_pool_grid(weights: np.ndarray, sigma: np.ndarray, *, image: Optional[np
     ax = axes.pop(0)
     ax.imshow(np.asarray(image), extent=extent)
     ax.set_title('input')
-  for ax, values, cmap, label in ((axes[0], weights, 'viridis', 'weights $w$'),
-                                  (axes[1], sigma, 'magma', r'size $\sigma$ (cells)')):
+  for ax, values, cmap, label in (
+      (axes[0], weights, 'viridis', 'weights $w$'),
+      (axes[1], sigma, 'magma', r'size $\sigma$ (cells)'),
+  ):
     im = ax.imshow(values, cmap=cmap, interpolation='nearest')
     ax.set_title(label)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
@@ -319,8 +365,14 @@ def plot_pool_grid(weights: np.ndarray, sigma: np.ndarray, *, image: Optional[np
     mask = gaussian_support(sigma, centres).max(0).reshape(h, w)
     if image is not None:
       ax.imshow(np.asarray(image), extent=extent)
-    ax.imshow(mask, cmap='gray', alpha=0.65 if image is not None else 1.0, extent=extent,
-              vmin=0.0, vmax=1.0)
+    ax.imshow(
+        mask,
+        cmap='gray',
+        alpha=0.65 if image is not None else 1.0,
+        extent=extent,
+        vmin=0.0,
+        vmax=1.0,
+    )
     for r, c in centres:
       ax.plot([c], [r], marker='x', color='tab:red')
     ax.set_title('Gaussian masks $g$')
@@ -333,23 +385,32 @@ def plot_pool_grid(weights: np.ndarray, sigma: np.ndarray, *, image: Optional[np
   return fig
 
 
-def area_grid(probs: np.ndarray, starts: np.ndarray, widths: np.ndarray, length: int
-              ) -> np.ndarray:
+def area_grid(probs: np.ndarray, starts: np.ndarray, widths: np.ndarray, length: int) -> np.ndarray:
   """1D areas' values as ``[max_width, length]``: entry ``(w - 1, s)`` is the area of
   width w starting at item s, NaN where there is none. ``probs``, ``starts``,
   ``widths``: ``[num_areas]`` (e.g. ``area_layout(...).col`` and ``.width``)."""
   probs = np.asarray(probs, np.float64).reshape(-1)
   starts, widths = np.asarray(starts), np.asarray(widths)
-  _check('probs.shape', probs.shape, probs.size == starts.size == widths.size,
-         f'one value per area ({starts.size})')
+  _check(
+      'probs.shape',
+      probs.shape,
+      probs.size == starts.size == widths.size,
+      f'one value per area ({starts.size})',
+  )
   grid = np.full((int(widths.max()), length), np.nan)
   grid[widths - 1, starts] = probs
   return grid
 
 
-def plot_area_attention(probs: np.ndarray, starts: np.ndarray, widths: np.ndarray, *,
-                        tokens: Sequence[str], query: Optional[int] = None,
-                        title: Optional[str] = None):
+def plot_area_attention(
+    probs: np.ndarray,
+    starts: np.ndarray,
+    widths: np.ndarray,
+    *,
+    tokens: Sequence[str],
+    query: Optional[int] = None,
+    title: Optional[str] = None,
+):
   """One query's attention weights over the areas of a 1D memory.
 
   Top: :func:`area_grid` (row = area width, column = first item). Bottom: the
@@ -361,11 +422,16 @@ def plot_area_attention(probs: np.ndarray, starts: np.ndarray, widths: np.ndarra
   grid = area_grid(probs, starts, widths, n)
   per_item = np.zeros(n)
   for p, s, w in zip(np.asarray(probs).reshape(-1), starts, widths):
-    per_item[s:s + w] += p
+    per_item[s : s + w] += p
   fig = _figure(figsize=(max(6.0, 0.25 * n + 2), 4.5))
   top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(grid.shape[0], 2))
-  im = top.imshow(grid, cmap='Purples', aspect='auto', interpolation='nearest',
-                  extent=(-0.5, n - 0.5, grid.shape[0] + 0.5, 0.5))
+  im = top.imshow(
+      grid,
+      cmap='Purples',
+      aspect='auto',
+      interpolation='nearest',
+      extent=(-0.5, n - 0.5, grid.shape[0] + 0.5, 0.5),
+  )
   top.set_ylabel('area width')
   top.set_yticks(np.arange(1, grid.shape[0] + 1))
   fig.colorbar(im, ax=top, label='weight of the area starting here', fraction=0.03)
@@ -392,7 +458,7 @@ def plot_costs(costs: Mapping[str, Mapping[str, float]], *, title: Optional[str]
   left.barh(names, [costs[k]['flops'] / 1e9 for k in names], color='tab:blue')
   left.set_xlabel('GFLOPs')
   left.invert_yaxis()
-  right.barh(names, [costs[k]['temp_bytes'] / 2 ** 20 for k in names], color='tab:green')
+  right.barh(names, [costs[k]['temp_bytes'] / 2**20 for k in names], color='tab:green')
   right.set_xlabel('temporary memory (MiB)')
   if title:
     fig.suptitle(title)
@@ -404,35 +470,44 @@ def plot_costs(costs: Mapping[str, Mapping[str, float]], *, title: Optional[str]
 # ----------------------------------------------------------------------------
 
 
-def lm_pools(model, variables: Mapping[str, Any], text: str, *, context: Optional[int] = None
-             ) -> tuple[list[str], dict[str, dict[str, np.ndarray]]]:
+def lm_pools(
+    model, variables: Mapping[str, Any], text: str, *, context: Optional[int] = None
+) -> tuple[list[str], dict[str, dict[str, np.ndarray]]]:
   """``(labels, pools)`` of a byte-level LM over ``text``: its first ``context`` bytes
   (labels from :func:`byte_labels`) and the :func:`model_pools` of one pass
   (arrays ``[1, n]``)."""
   from contextpool_jax import sample  # pylint: disable=g-import-not-at-top
+
   _check('text', text, bool(text), 'a non-empty string')
   ids = sample.encode_bytes(text, model.vocab_size)[:context]
-  labels = byte_labels(text)[:len(ids)]
+  labels = byte_labels(text)[: len(ids)]
   return labels, model_pools(model, variables, np.asarray([ids], np.int32))
 
 
-def workdir_figures(workdir: str, text: str, *, step: Optional[int] = None,
-                    centres: Sequence[int] = ()) -> dict[str, Any]:
+def workdir_figures(
+    workdir: str, text: str, *, step: Optional[int] = None, centres: Sequence[int] = ()
+) -> dict[str, Any]:
   """``{name: Figure}`` for a language-model workdir over ``text``: per ContextPool
   layer ``pool_text_<k>`` (weights and sizes per character) and
   ``gaussian_supports_<k>`` (of ``centres``, default three spread over the text),
   and ``sigma_distribution`` (all layers)."""
   from contextpool_jax.training import load  # pylint: disable=g-import-not-at-top
+
   model, variables, config = load(workdir, step)
   if config.get('task', 'lm') != 'lm':
-    raise ValueError(f'{workdir} has config.task={config.task!r}; the command line draws '
-                     "language-model workdirs ('lm'). For images use plot_pool_grid.")
-  labels, pools = lm_pools(model, variables, text,
-                           context=int(config.dataset.get('seq_len', 0)) or None)
+    raise ValueError(
+        f'{workdir} has config.task={config.task!r}; the command line draws '
+        "language-model workdirs ('lm'). For images use plot_pool_grid."
+    )
+  labels, pools = lm_pools(
+      model, variables, text, context=int(config.dataset.get('seq_len', 0)) or None
+  )
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}
   if not pools:
-    raise ValueError(f'{workdir}: model {config.model.name!r} has no ContextPool layer with '
-                     'learned weights and sizes to draw.')
+    raise ValueError(
+        f'{workdir}: model {config.model.name!r} has no ContextPool layer with '
+        'learned weights and sizes to draw.'
+    )
   n = len(labels)
   centres = list(centres) or sorted({n // 4, n // 2, n - 1})
   figures = {}
@@ -440,9 +515,11 @@ def workdir_figures(workdir: str, text: str, *, step: Optional[int] = None,
     w, s = pool[WEIGHTS][0], pool[SIGMA][0]
     figures[f'pool_text_{k}'] = plot_pool_text(labels, w, s, title=name)
     figures[f'gaussian_supports_{k}'] = plot_gaussian_supports(
-        w, s, centres, tokens=labels, causal=True, title=name)
+        w, s, centres, tokens=labels, causal=True, title=name
+    )
   figures['sigma_distribution'] = plot_sigma_distribution(
-      {name: pool[SIGMA] for name, pool in pools.items()})
+      {name: pool[SIGMA] for name, pool in pools.items()}
+  )
   return figures
 
 
@@ -460,10 +537,12 @@ def write_figures(figures: Mapping[str, Any], out_dir: str, *, dpi: int = 100) -
 
 def main(argv):
   from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.ERROR)
   from contextpool_jax.training.load import WorkdirError  # pylint: disable=g-import-not-at-top
+
   f = flags.FLAGS
   try:
     figures = workdir_figures(f.workdir, f.text, step=f.step, centres=f.centres)
@@ -476,17 +555,22 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   flags.DEFINE_string('workdir', None, 'A language-model training workdir (or an export).')
   flags.DEFINE_string('text', None, 'The passage to run the model on.')
   flags.DEFINE_string('out', None, 'Directory for the PNG files.')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
-  flags.DEFINE_multi_integer('centres', [], 'Positions whose Gaussian support is drawn '
-                             '(default: three spread over the text).')
+  flags.DEFINE_multi_integer(
+      'centres',
+      [],
+      'Positions whose Gaussian support is drawn ' '(default: three spread over the text).',
+  )
   flags.DEFINE_integer('dpi', 100, 'PNG resolution.')
   flags.mark_flags_as_required(['workdir', 'text', 'out'])
 
 
 if __name__ == '__main__':
   from absl import app as _app  # pylint: disable=g-import-not-at-top
+
   _define_flags()
   _app.run(main)

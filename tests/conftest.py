@@ -31,6 +31,7 @@ def corpus(tmp_path_factory):
     (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
   return root
 
+
 # tests/multi_device/ needs several (fake) devices, fixed when JAX starts:
 # tests/test_multi_device.py runs it in a subprocess that sets them.
 collect_ignore = [] if os.environ.get('CONTEXTPOOL_MULTI_DEVICE') else ['multi_device']

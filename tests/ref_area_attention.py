@@ -103,10 +103,24 @@ def _head_params(params, head, per_head):
   return {k: (v if k in shared else np.asarray(v)[head]) for k, v in params.items()}
 
 
-def area_attention(query, key, value, *, max_area_width=1, max_area_height=1,
-                   memory_height=1, mask=None, causal=False, key_mode='mean',
-                   value_mode='sum', scale=None, eps=1e-6, key_params=None,
-                   per_head=False, sample_eps=None):
+def area_attention(
+    query,
+    key,
+    value,
+    *,
+    max_area_width=1,
+    max_area_height=1,
+    memory_height=1,
+    mask=None,
+    causal=False,
+    key_mode='mean',
+    value_mode='sum',
+    scale=None,
+    eps=1e-6,
+    key_params=None,
+    per_head=False,
+    sample_eps=None,
+):
   """Multi-head area attention by brute force (Eq. 1-4, 5-9).
 
   query [b, q, h, d], key [b, kv, h, d], value [b, kv, h, dv] -> [b, q, h, dv].
@@ -140,8 +154,18 @@ def area_attention(query, key, value, *, max_area_width=1, max_area_height=1,
         mean = ki.mean(0)
         std = np.sqrt(np.maximum(((ki - mean) ** 2).mean(0), 0.0) + eps)
         eps_i = None if sample_eps is None else np.asarray(sample_eps, np.float64)[bi, ai, hi]
-        keys.append(area_key(key_mode, mean, std, ki.max(0), eps_i, area[2], area[3],
-                             _head_params(key_params, hi, per_head)))
+        keys.append(
+            area_key(
+                key_mode,
+                mean,
+                std,
+                ki.max(0),
+                eps_i,
+                area[2],
+                area[3],
+                _head_params(key_params, hi, per_head),
+            )
+        )
         values.append({'sum': vi.sum(0), 'mean': vi.mean(0), 'max': vi.max(0)}[value_mode])
       for qi in range(q_len):
         logits, vals = [], []
@@ -162,10 +186,22 @@ def area_attention(query, key, value, *, max_area_width=1, max_area_height=1,
   return out
 
 
-def area_attention_module(variables, inputs_q, inputs_kv=None, *, num_heads, mask=None,
-                          causal=False, max_area_width=1, max_area_height=1,
-                          memory_height=1, key_mode='mean', value_mode='sum', eps=1e-6,
-                          per_head=False):
+def area_attention_module(
+    variables,
+    inputs_q,
+    inputs_kv=None,
+    *,
+    num_heads,
+    mask=None,
+    causal=False,
+    max_area_width=1,
+    max_area_height=1,
+    memory_height=1,
+    key_mode='mean',
+    value_mode='sum',
+    eps=1e-6,
+    per_head=False,
+):
   """AreaAttention forward pass (deterministic) from its parameters, by brute force."""
   params = variables['params']
   inputs_q = np.asarray(inputs_q, np.float64)
@@ -184,10 +220,21 @@ def area_attention_module(variables, inputs_q, inputs_kv=None, *, num_heads, mas
     return y
 
   q, k, val = dense('query', xq), dense('key', xkv), dense('value', xkv)
-  o = area_attention(q, k, val, max_area_width=max_area_width,
-                     max_area_height=max_area_height, memory_height=memory_height,
-                     mask=mask, causal=causal, key_mode=key_mode, value_mode=value_mode,
-                     eps=eps, key_params=params.get('area_key'), per_head=per_head)
+  o = area_attention(
+      q,
+      k,
+      val,
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+      mask=mask,
+      causal=causal,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      eps=eps,
+      key_params=params.get('area_key'),
+      per_head=per_head,
+  )
   po = params['out']
   y = np.einsum('blhd,hdo->blo', o, np.asarray(po['kernel'], np.float64))
   if 'bias' in po:

@@ -73,7 +73,7 @@ def avg_pool_same(x, strides):
   for a in range(o_h):
     for c in range(o_w):
       y0, x0 = a * strides[0] - lo_h, c * strides[1] - lo_w
-      cell = x[:, max(y0, 0):y0 + strides[0], max(x0, 0):x0 + strides[1]]
+      cell = x[:, max(y0, 0) : y0 + strides[0], max(x0, 0) : x0 + strides[1]]
       out[:, a, c] = cell.mean(axis=(1, 2))
   return out
 
@@ -101,12 +101,16 @@ def coords(height, width):
   return enc
 
 
-def augmented_conv(params, x, *, d_k, d_v, num_heads, strides, position,
-                   attention_downsample):
+def augmented_conv(params, x, *, d_k, d_v, num_heads, strides, position, attention_downsample):
   """AAConv(X) = Concat[Conv(X), MHA(X)] with the layer's own parameters."""
-  p = {k: (np.asarray(v, np.float64) if not isinstance(v, dict) else
-           {kk: np.asarray(vv, np.float64) for kk, vv in v.items()})
-       for k, v in params.items()}
+  p = {
+      k: (
+          np.asarray(v, np.float64)
+          if not isinstance(v, dict)
+          else {kk: np.asarray(vv, np.float64) for kk, vv in v.items()}
+      )
+      for k, v in params.items()
+  }
   x = np.asarray(x, np.float64)
   conv = conv2d_same(x, p['conv']['kernel'], p['conv'].get('bias'), strides)
 
@@ -116,15 +120,14 @@ def augmented_conv(params, x, *, d_k, d_v, num_heads, strides, position,
     if attention_downsample == 'avg_pool':
       xa = avg_pool_same(x, strides)
     elif attention_downsample == 'subsample':
-      xa = x[:, ::strides[0], ::strides[1]]
+      xa = x[:, :: strides[0], :: strides[1]]
     else:
       qs = tuple(strides)
   batch, k_h, k_w, chans = xa.shape
   if position == 'sine2d':
     xa = xa + sine_2d(k_h, k_w, chans)
   elif position == 'coordconv':
-    xa = np.concatenate(
-        [xa, np.broadcast_to(coords(k_h, k_w), (batch, k_h, k_w, 2))], -1)
+    xa = np.concatenate([xa, np.broadcast_to(coords(k_h, k_w), (batch, k_h, k_w, 2))], -1)
   qkv = xa @ p['qkv']['kernel'][0, 0] + p['qkv'].get('bias', 0)
   dkh, dvh = d_k // num_heads, d_v // num_heads
   q_h, q_w = conv.shape[1:3]
@@ -138,20 +141,18 @@ def augmented_conv(params, x, *, d_k, d_v, num_heads, strides, position,
       for iy in range(q_h):
         for ix in range(q_w):
           py, px = qs[0] * iy, qs[1] * ix
-          q = qkv[b, py, px, h * dkh:(h + 1) * dkh]
+          q = qkv[b, py, px, h * dkh : (h + 1) * dkh]
           logits = np.zeros((k_h, k_w))
           values = np.zeros((k_h, k_w, dvh))
           for jy in range(k_h):
             for jx in range(k_w):
-              key = qkv[b, jy, jx, d_k + h * dkh:d_k + (h + 1) * dkh].copy()
+              key = qkv[b, jy, jx, d_k + h * dkh : d_k + (h + 1) * dkh].copy()
               if position == 'relative':
                 key = key + rel_w[jx - px + k_w - 1] + rel_h[jy - py + k_h - 1]
               logits[jy, jx] = q @ key / math.sqrt(dkh)
-              values[jy, jx] = qkv[b, jy, jx,
-                                   2 * d_k + h * dvh:2 * d_k + (h + 1) * dvh]
+              values[jy, jx] = qkv[b, jy, jx, 2 * d_k + h * dvh : 2 * d_k + (h + 1) * dvh]
           w = np.exp(logits - logits.max())
           w /= w.sum()
-          heads_out[b, iy, ix, h * dvh:(h + 1) * dvh] = np.einsum(
-              'yx,yxd->d', w, values)
+          heads_out[b, iy, ix, h * dvh : (h + 1) * dvh] = np.einsum('yx,yxd->d', w, values)
   attn = heads_out @ p['attn_out']['kernel'][0, 0] + p['attn_out'].get('bias', 0)
   return np.concatenate([conv, attn], -1)

@@ -14,8 +14,18 @@ def coords(spatial):
   return [tuple(c) for c in np.ndindex(*spatial)]
 
 
-def pool(x, w, sigma=None, *, mask=None, causal=False, centres=None,
-         locality='gaussian', window=None, support=None):
+def pool(
+    x,
+    w,
+    sigma=None,
+    *,
+    mask=None,
+    causal=False,
+    centres=None,
+    locality='gaussian',
+    window=None,
+    support=None,
+):
   """Eq. 4 / Eq. 6 by direct loops.
 
   y_k = sum_j x_j W_j G^k_j / sum_j W_j G^k_j, G^k_j = exp(-|c_k - p_j|^2 / (2 sigma_k^2)).
@@ -60,7 +70,7 @@ def pool(x, w, sigma=None, *, mask=None, causal=False, centres=None,
       elif locality == 'none':
         g = 1.0
       elif locality == 'fixed_window':
-        g = float(d2 <= window ** 2)
+        g = float(d2 <= window**2)
       elif locality == 'adaptive_window':
         g = float(d2 <= float(sigma[c]) ** 2)
       elif locality == 'support':
@@ -99,12 +109,12 @@ def sizes_to_sigma(raw, mask, *, size_norm, causal, ratio, grid=False):
     else:
       visible = fmask.copy()
       if causal:
-        visible[i + 1:] = False
+        visible[i + 1 :] = False
       s[i] = softmax(flat, visible)[i]
     if grid:
       extent[i] = sum(raw.shape) / 2.0
     elif causal:
-      extent[i] = fmask[:i + 1].sum()
+      extent[i] = fmask[: i + 1].sum()
     else:
       extent[i] = fmask.sum()
   return (ratio * extent * s).reshape(raw.shape)
@@ -143,13 +153,16 @@ def linear(x, kernel):
 
 def dense(x, params):
   return np.asarray(x, np.float64) @ np.asarray(params['kernel'], np.float64) + np.asarray(
-      params['bias'], np.float64)
+      params['bias'], np.float64
+  )
 
 
 def single_head_attention(x, params, valid, causal):
   """flax MultiHeadDotProductAttention with one head, by loops."""
   x = np.asarray(x, np.float64)
-  proj = lambda name: np.einsum('nd,dhk->nhk', x, np.asarray(params[name]['kernel'], np.float64)) + np.asarray(params[name]['bias'], np.float64)
+  proj = lambda name: np.einsum(
+      'nd,dhk->nhk', x, np.asarray(params[name]['kernel'], np.float64)
+  ) + np.asarray(params[name]['bias'], np.float64)
   q, k, val = proj('query'), proj('key'), proj('value')
   n = x.shape[0]
   out = np.zeros_like(q)
@@ -157,10 +170,12 @@ def single_head_attention(x, params, valid, causal):
     logits = np.array([q[i, 0] @ k[j, 0] for j in range(n)]) / np.sqrt(q.shape[-1])
     allowed = valid.copy() & valid[i]
     if causal:
-      allowed[i + 1:] = False
+      allowed[i + 1 :] = False
     if not allowed.any():
       allowed = np.ones(n, bool)  # flax: a fully masked row is uniform
     p = softmax(logits, allowed)
     out[i, 0] = p @ val[:, 0]
   o = params['out']
-  return np.einsum('nhk,hkd->nd', out, np.asarray(o['kernel'], np.float64)) + np.asarray(o['bias'], np.float64)
+  return np.einsum('nhk,hkd->nd', out, np.asarray(o['kernel'], np.float64)) + np.asarray(
+      o['bias'], np.float64
+  )

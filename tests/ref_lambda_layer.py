@@ -34,8 +34,8 @@ def embedding_index(spatial, table_kernel):
     spatial axis, into the table; ``valid`` is ``[n, m]`` bool, False when
     pos(m) - pos(n) lies outside the table.
   """
-  pos = coords(spatial)                                   # [n, rank]
-  offset = pos[None, :, :] - pos[:, None, :]              # [n, m, rank]: m - n
+  pos = coords(spatial)  # [n, rank]
+  offset = pos[None, :, :] - pos[:, None, :]  # [n, m, rank]: m - n
   centre = (np.asarray(table_kernel) - 1) // 2
   idx = offset + centre
   valid = np.all((idx >= 0) & (idx < np.asarray(table_kernel)), axis=-1)
@@ -67,8 +67,17 @@ def softmax(z, axis, xp=np):
   return e / xp.sum(e, axis=axis, keepdims=True)
 
 
-def lambda_layer(variables, x, *, content=True, position=True, batch_norm_on=True,
-                 train=False, epsilon=1e-5, xp=np):
+def lambda_layer(
+    variables,
+    x,
+    *,
+    content=True,
+    position=True,
+    batch_norm_on=True,
+    train=False,
+    epsilon=1e-5,
+    xp=np,
+):
   """The lambda layer by direct einsums.
 
   Args:

@@ -36,11 +36,29 @@ def jit(fun, **kwargs):
   return jax.jit(fun, compiler_options=_FAST_COMPILE, **kwargs)
 
 
-_STATIC = ('max_area_width', 'max_area_height', 'memory_height', 'causal', 'key_mode',
-           'value_mode', 'scale', 'dropout_rate', 'deterministic', 'std_epsilon')
+_STATIC = (
+    'max_area_width',
+    'max_area_height',
+    'memory_height',
+    'causal',
+    'key_mode',
+    'value_mode',
+    'scale',
+    'dropout_rate',
+    'deterministic',
+    'std_epsilon',
+)
 attention = jit(aa.dot_product_area_attention, static_argnames=_STATIC)
-features = jit(aa.area_features, static_argnames=(
-    'max_area_width', 'max_area_height', 'memory_height', 'features', 'std_epsilon'))
+features = jit(
+    aa.area_features,
+    static_argnames=(
+        'max_area_width',
+        'max_area_height',
+        'memory_height',
+        'features',
+        'std_epsilon',
+    ),
+)
 
 
 def random_variables(module, *args, seed=0):
@@ -52,8 +70,7 @@ def random_variables(module, *args, seed=0):
   """
   shapes = jax.eval_shape(module.init, jax.random.key(0), *args)
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda s: jnp.asarray(rng.normal(scale=0.5, size=s.shape), s.dtype),
-                      shapes)
+  return jax.tree.map(lambda s: jnp.asarray(rng.normal(scale=0.5, size=s.shape), s.dtype), shapes)
 
 
 def init_apply(module, *args):
@@ -97,8 +114,14 @@ def _area_kwargs(cfg):
 def test_public_names_importable_where_they_were():
   """The layout and features live in layers/areas.py; every public name is still
   importable from area_attention and the packages, and is the same object."""
-  for name in ('FEATURE_NAMES', 'AreaFeatures', 'AreaLayout', 'area_features', 'area_layout',
-               'num_areas'):
+  for name in (
+      'FEATURE_NAMES',
+      'AreaFeatures',
+      'AreaLayout',
+      'area_features',
+      'area_layout',
+      'num_areas',
+  ):
     assert getattr(aa, name) is getattr(areas, name), name
   for name in aa.__all__:
     assert hasattr(aa, name), name
@@ -121,29 +144,37 @@ def test_num_areas_closed_form_1d(n, a):
   assert aa.num_areas(n, max_area_width=a) == closed
   assert len(ref.enumerate_areas(n, a)) == closed
   # The arrays the layers build have that many areas (shapes only: no compilation).
-  feats = jax.eval_shape(functools.partial(aa.area_features, max_area_width=a),
-                         jnp.zeros((1, n, 2)))
+  feats = jax.eval_shape(
+      functools.partial(aa.area_features, max_area_width=a), jnp.zeros((1, n, 2))
+  )
   assert feats.mean.shape[1] == feats.max.shape[1] == closed
-  area_mask = jax.eval_shape(functools.partial(
-      aa.area_attention_mask, q_len=n, kv_len=n, max_area_width=a, causal=True),
-                             jnp.ones((n, n), bool))
+  area_mask = jax.eval_shape(
+      functools.partial(aa.area_attention_mask, q_len=n, kv_len=n, max_area_width=a, causal=True),
+      jnp.ones((n, n), bool),
+  )
   assert area_mask.shape[-1] == closed
 
 
-@pytest.mark.parametrize('grid_h,grid_w,max_h,max_w', [(3, 3, 2, 2), (3, 4, 2, 3), (2, 5, 3, 2),
-                                                     (4, 2, 4, 4), (1, 6, 2, 3)])
+@pytest.mark.parametrize(
+    'grid_h,grid_w,max_h,max_w',
+    [(3, 3, 2, 2), (3, 4, 2, 3), (2, 5, 3, 2), (4, 2, 4, 4), (1, 6, 2, 3)],
+)
 def test_num_areas_closed_form_2d(grid_h, grid_w, max_h, max_w):
-  closed = sum((grid_h - h + 1) * (grid_w - w + 1)
-               for h in range(1, min(max_h, grid_h) + 1)
-               for w in range(1, min(max_w, grid_w) + 1))
+  closed = sum(
+      (grid_h - h + 1) * (grid_w - w + 1)
+      for h in range(1, min(max_h, grid_h) + 1)
+      for w in range(1, min(max_w, grid_w) + 1)
+  )
   n = grid_h * grid_w
   opts = dict(max_area_width=max_w, max_area_height=max_h, memory_height=grid_h)
   assert aa.num_areas(n, **opts) == closed
   assert len(ref.enumerate_areas(n, max_w, max_h, grid_h)) == closed
   feats = jax.eval_shape(functools.partial(aa.area_features, **opts), jnp.zeros((1, n, 2)))
   assert feats.sum.shape[1] == feats.std.shape[1] == feats.max.shape[1] == closed
-  area_mask = jax.eval_shape(functools.partial(aa.area_attention_mask, q_len=3, kv_len=n, **opts),
-                             jnp.ones((2, 1, 1, n), bool))
+  area_mask = jax.eval_shape(
+      functools.partial(aa.area_attention_mask, q_len=3, kv_len=n, **opts),
+      jnp.ones((2, 1, 1, n), bool),
+  )
   assert area_mask.shape == (2, 1, 1, closed)
 
 
@@ -198,8 +229,9 @@ def test_features_subset_and_std_gradient_finite_at_zero_variance():
   x = jnp.ones((1, 6, 2))  # Every area has zero variance.
   feats = features(x, max_area_width=3, features=('std',))
   assert feats.sum is None and feats.mean is None and feats.max is None
-  grad = jit(jax.grad(
-      lambda x: aa.area_features(x, max_area_width=3, features=('std',)).std.sum()))(x)
+  grad = jit(
+      jax.grad(lambda x: aa.area_features(x, max_area_width=3, features=('std',)).std.sum())
+  )(x)
   chex.assert_tree_all_finite(grad)
 
 
@@ -208,9 +240,16 @@ def test_features_subset_and_std_gradient_finite_at_zero_variance():
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('key_mode,value_mode,cfg', [
-    (key_mode, value_mode, cfg) for key_mode in ('mean', 'max') for value_mode in aa.VALUE_MODES
-    for cfg in ('1d_cross', '2d_cross')] + [('max', 'max', '2d_areas_larger_than_grid')])
+@pytest.mark.parametrize(
+    'key_mode,value_mode,cfg',
+    [
+        (key_mode, value_mode, cfg)
+        for key_mode in ('mean', 'max')
+        for value_mode in aa.VALUE_MODES
+        for cfg in ('1d_cross', '2d_cross')
+    ]
+    + [('max', 'max', '2d_areas_larger_than_grid')],
+)
 def test_modes_match_bruteforce(key_mode, value_mode, cfg):
   q_len, kv_len = CONFIGS[cfg][:2]
   q, k, v = _qkv(q_len, kv_len)
@@ -221,15 +260,17 @@ def test_modes_match_bruteforce(key_mode, value_mode, cfg):
   chex.assert_trees_all_close(out, ref.area_attention(q, k, v, **opts), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize('cfg', ['1d_self', '1d_cross', '2d_self', '2d_cross',
-                                 '2d_areas_larger_than_grid'])
+@pytest.mark.parametrize(
+    'cfg', ['1d_self', '1d_cross', '2d_self', '2d_cross', '2d_areas_larger_than_grid']
+)
 @pytest.mark.parametrize('causal', [False, True])
 def test_masks_and_causal_match_bruteforce(cfg, causal):
   q_len, kv_len = CONFIGS[cfg][:2]
   q, k, v = _qkv(q_len, kv_len, seed=5)
   # Full-shape masks share one compilation; broadcast shapes are tested below.
-  f = jit(functools.partial(aa.dot_product_area_attention, causal=causal,
-                                **_area_kwargs(CONFIGS[cfg])))
+  f = jit(
+      functools.partial(aa.dot_product_area_attention, causal=causal, **_area_kwargs(CONFIGS[cfg]))
+  )
   for kind in ['all', 'padding', 'random', 'rank2']:
     mask = np.ones((q_len, kv_len), bool) if kind == 'all' else _mask(kind, q_len, kv_len)
     mask = np.broadcast_to(mask, (B, HEADS, q_len, kv_len))
@@ -242,25 +283,27 @@ def test_broadcast_masks_match_bruteforce(mask_kind):
   q_len, kv_len = CONFIGS['2d_cross'][:2]
   q, k, v = _qkv(q_len, kv_len, seed=6)
   opts = dict(_area_kwargs(CONFIGS['2d_cross']), mask=_mask(mask_kind, q_len, kv_len))
-  chex.assert_trees_all_close(attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts),
-                              atol=1e-6, rtol=0)
+  chex.assert_trees_all_close(
+      attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts), atol=1e-6, rtol=0
+  )
 
 
 @pytest.mark.parametrize('scale', [1.0, 0.3])
 def test_scale_matches_bruteforce(scale):
   q, k, v = _qkv(5, 8)
   opts = dict(max_area_width=3, scale=scale)
-  chex.assert_trees_all_close(attention(q, k, v, **opts),
-                              ref.area_attention(q, k, v, **opts), atol=1.5e-6, rtol=0)
+  chex.assert_trees_all_close(
+      attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts), atol=1.5e-6, rtol=0
+  )
 
 
 def test_sample_mode():
   q, k, v = _qkv(5, 12)
-  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, causal=True,
-              key_mode='sample')
+  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, causal=True, key_mode='sample')
   # Deterministic: the sample is the mean (the reference without eps).
-  chex.assert_trees_all_close(attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts),
-                              atol=7e-7, rtol=0)
+  chex.assert_trees_all_close(
+      attention(q, k, v, **opts), ref.area_attention(q, k, v, **opts), atol=7e-7, rtol=0
+  )
   # Stochastic: mean + std * eps with eps = normal(split(rng)[0]), as documented.
   rng = jax.random.key(7)
   out = attention(q, k, v, rng=rng, deterministic=False, **opts)
@@ -275,8 +318,7 @@ def test_single_item_areas_equal_dot_product_attention(causal, memory_height):
   q, k, v = _qkv(8, 8, seed=2)
   v = np.concatenate([v, v[..., :1]], -1)  # jax.nn needs depth_v == depth.
   mask = _mask('padding', 8, 8)
-  out = attention(q, k, v, mask=mask, causal=causal,
-                                      memory_height=memory_height)
+  out = attention(q, k, v, mask=mask, causal=causal, memory_height=memory_height)
   want = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
   chex.assert_trees_all_close(out, want, atol=5e-7, rtol=0)
 
@@ -291,13 +333,14 @@ def test_fully_masked_query_gives_zeros_and_finite_grads():
     return out, vjp(jnp.cos(out))  # Gradients of sum(sin(out)).
 
   mask = np.ones((B, HEADS, 4, 6), bool)
-  mask[:, :, 1] = False        # Query 1 sees nothing.
-  mask[1, 0, 2] = False        # Batch 1, head 0, query 2 sees nothing.
+  mask[:, :, 1] = False  # Query 1 sees nothing.
+  mask[1, 0, 2] = False  # Batch 1, head 0, query 2 sees nothing.
   out, grads = out_and_grads(q, k, v, mask)
   np.testing.assert_array_equal(out[:, 1], 0.0)
   np.testing.assert_array_equal(out[1, 2, 0], 0.0)
-  chex.assert_trees_all_close(out, ref.area_attention(q, k, v, max_area_width=3, mask=mask),
-                              atol=5e-7, rtol=0)
+  chex.assert_trees_all_close(
+      out, ref.area_attention(q, k, v, max_area_width=3, mask=mask), atol=5e-7, rtol=0
+  )
   chex.assert_tree_all_finite(grads)
   np.testing.assert_array_equal(grads[0][:, 1], 0.0)  # No gradient to a blind query.
 
@@ -321,14 +364,20 @@ def _assert_causal_jacobian(jac, q_axis, kv_axis):
   assert np.any(jac[~future] != 0.0)
 
 
-@pytest.mark.parametrize('cfg,key_mode', [('1d_self', 'mean'), ('1d_cross', 'max'),
-                                          ('2d_self', 'max'), ('2d_cross', 'mean')])
+@pytest.mark.parametrize(
+    'cfg,key_mode',
+    [('1d_self', 'mean'), ('1d_cross', 'max'), ('2d_self', 'max'), ('2d_cross', 'mean')],
+)
 def test_causal_jacobian_zero_for_future_items(cfg, key_mode):
   q_len, kv_len = CONFIGS[cfg][:2]
   q, k, v = (a[:1] for a in _qkv(q_len, kv_len, seed=9))
-  f = functools.partial(aa.dot_product_area_attention, causal=True, key_mode=key_mode,
-                        value_mode='max' if key_mode == 'max' else 'sum',
-                        **_area_kwargs(CONFIGS[cfg]))
+  f = functools.partial(
+      aa.dot_product_area_attention,
+      causal=True,
+      key_mode=key_mode,
+      value_mode='max' if key_mode == 'max' else 'sum',
+      **_area_kwargs(CONFIGS[cfg]),
+  )
   jac_k, jac_v = jit(jax.jacrev(f, argnums=(1, 2)))(q, k, v)
   # out [b, q, h, dv] x key [b, kv, h, d]: the query axis is 1, the item axis 4 + 1.
   _assert_causal_jacobian(jac_k, 1, 5)
@@ -337,8 +386,14 @@ def test_causal_jacobian_zero_for_future_items(cfg, key_mode):
 
 def test_module_causal_jacobian_zero_for_future_inputs():
   x = np.random.default_rng(0).normal(size=(1, 12, 6)).astype(np.float32)
-  m = aa.AreaAttention(num_heads=2, max_area_width=3, max_area_height=2, memory_height=3,
-                       key_mode='sample_concat', causal=True)
+  m = aa.AreaAttention(
+      num_heads=2,
+      max_area_width=3,
+      max_area_height=2,
+      memory_height=3,
+      key_mode='sample_concat',
+      causal=True,
+  )
   variables = random_variables(m, x)
   # deterministic=False: the sample noise must not leak the future either.
   apply = lambda x: m.apply(variables, x, None, None, False, rngs={'dropout': jax.random.key(1)})
@@ -352,19 +407,32 @@ def test_module_causal_jacobian_zero_for_future_inputs():
 
 
 MODULE_CASES = {
-    '1d_self_causal': dict(q=(2, 7, 6), kv=None, width=3, height=1, memory_height=1,
-                           mask=None, causal=True),
-    '2d_cross_masked': dict(q=(2, 5, 6), kv=(2, 12, 5), width=3, height=2, memory_height=3,
-                            mask='random', causal=False),
+    '1d_self_causal': dict(
+        q=(2, 7, 6), kv=None, width=3, height=1, memory_height=1, mask=None, causal=True
+    ),
+    '2d_cross_masked': dict(
+        q=(2, 5, 6), kv=(2, 12, 5), width=3, height=2, memory_height=3, mask='random', causal=False
+    ),
 }
 
 
-@pytest.mark.parametrize('case,key_mode', [
-    ('1d_self_causal', 'concat'), ('2d_cross_masked', 'concat'), ('1d_self_causal', 'sum'),
-    ('2d_cross_masked', 'max_concat'), ('1d_self_causal', 'sample_concat'),
-    ('2d_cross_masked', 'sample_sum'), ('2d_cross_masked', 'max'), ('1d_self_causal', 'mean'),
-    ('2d_cross_masked', 'sample'), ('1d_self_causal', 'max_std_concat'),
-    ('2d_cross_masked', 'sample_std_concat'), ('1d_self_causal', 'sample_std_sum')])
+@pytest.mark.parametrize(
+    'case,key_mode',
+    [
+        ('1d_self_causal', 'concat'),
+        ('2d_cross_masked', 'concat'),
+        ('1d_self_causal', 'sum'),
+        ('2d_cross_masked', 'max_concat'),
+        ('1d_self_causal', 'sample_concat'),
+        ('2d_cross_masked', 'sample_sum'),
+        ('2d_cross_masked', 'max'),
+        ('1d_self_causal', 'mean'),
+        ('2d_cross_masked', 'sample'),
+        ('1d_self_causal', 'max_std_concat'),
+        ('2d_cross_masked', 'sample_std_concat'),
+        ('1d_self_causal', 'sample_std_sum'),
+    ],
+)
 def test_module_matches_bruteforce(case, key_mode):
   c = MODULE_CASES[case]
   rng = np.random.default_rng(11)
@@ -372,32 +440,64 @@ def test_module_matches_bruteforce(case, key_mode):
   xkv = None if c['kv'] is None else rng.normal(size=c['kv']).astype(np.float32)
   kv_len = c['q'][1] if c['kv'] is None else c['kv'][1]
   mask = None if c['mask'] is None else rng.random((2, 2, c['q'][1], kv_len)) > 0.25
-  m = aa.AreaAttention(num_heads=2, qkv_features=8, out_features=7, max_area_width=c['width'],
-                       max_area_height=c['height'], memory_height=c['memory_height'],
-                       key_mode=key_mode, value_mode='sum', causal=c['causal'])
+  m = aa.AreaAttention(
+      num_heads=2,
+      qkv_features=8,
+      out_features=7,
+      max_area_width=c['width'],
+      max_area_height=c['height'],
+      memory_height=c['memory_height'],
+      key_mode=key_mode,
+      value_mode='sum',
+      causal=c['causal'],
+  )
   variables, out = init_apply(m, xq, xkv, mask)
   chex.assert_shape(out, c['q'][:2] + (7,))
   want = ref.area_attention_module(
-      variables, xq, xkv, num_heads=2, mask=mask, causal=c['causal'], max_area_width=c['width'],
-      max_area_height=c['height'], memory_height=c['memory_height'], key_mode=key_mode)
+      variables,
+      xq,
+      xkv,
+      num_heads=2,
+      mask=mask,
+      causal=c['causal'],
+      max_area_width=c['width'],
+      max_area_height=c['height'],
+      memory_height=c['memory_height'],
+      key_mode=key_mode,
+  )
   chex.assert_trees_all_close(out, want, atol=3e-6, rtol=0)
 
 
-@pytest.mark.parametrize('key_mode,value_mode', [('concat', 'mean'), ('sum', 'max'),
-                                                 ('max_concat', 'max')])
+@pytest.mark.parametrize(
+    'key_mode,value_mode', [('concat', 'mean'), ('sum', 'max'), ('max_concat', 'max')]
+)
 def test_module_per_head_params_and_value_modes(key_mode, value_mode):
   rng = np.random.default_rng(12)
   xq = rng.normal(size=(2, 4, 8)).astype(np.float32)
   xkv = rng.normal(size=(2, 2, 3, 8)).astype(np.float32)  # A [batch, h, w, features] memory.
-  m = aa.AreaAttention(num_heads=2, max_area_width=2, max_area_height=2, key_mode=key_mode,
-                       value_mode=value_mode, per_head_area_key_params=True,
-                       area_key_hidden_dim=5,
-                       area_embedding_dim=None if key_mode == 'sum' else 3)
+  m = aa.AreaAttention(
+      num_heads=2,
+      max_area_width=2,
+      max_area_height=2,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      per_head_area_key_params=True,
+      area_key_hidden_dim=5,
+      area_embedding_dim=None if key_mode == 'sum' else 3,
+  )
   variables, out = init_apply(m, xq, xkv)
   assert variables['params']['area_key']['hidden_kernel'].shape[:1] == (2,)
-  want = ref.area_attention_module(variables, xq, xkv, num_heads=2, max_area_width=2,
-                                   max_area_height=2, key_mode=key_mode,
-                                   value_mode=value_mode, per_head=True)
+  want = ref.area_attention_module(
+      variables,
+      xq,
+      xkv,
+      num_heads=2,
+      max_area_width=2,
+      max_area_height=2,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      per_head=True,
+  )
   chex.assert_trees_all_close(out, want, atol=2e-6, rtol=0)
 
 
@@ -408,17 +508,29 @@ def test_learned_key_modes_have_tensor2tensor_parameters():
   sample + e ('sample_sum'), then Dense(depth). Head depth 4 here: e is 2 + 2 wide."""
   x = jnp.zeros((1, 6, 8))
   d, e = 4, 4  # head depth, [e_h; e_w] width
-  inputs = {'concat': 2 * d + e, 'max_concat': d + e, 'sample_concat': d + e, 'sum': d,
-            'sample_sum': d, 'max_std_concat': 2 * d + e, 'sample_std_concat': 2 * d + e,
-            'sample_std_sum': d}
+  inputs = {
+      'concat': 2 * d + e,
+      'max_concat': d + e,
+      'sample_concat': d + e,
+      'sum': d,
+      'sample_sum': d,
+      'max_std_concat': 2 * d + e,
+      'sample_std_concat': 2 * d + e,
+      'sample_std_sum': d,
+  }
   assert set(inputs) == set(aa.LEARNED_KEY_MODES)
   for key_mode, in_dim in inputs.items():
     m = aa.AreaAttention(num_heads=2, max_area_width=3, max_area_height=2, key_mode=key_mode)
     p = jax.eval_shape(m.init, jax.random.key(0), x)['params']['area_key']
     shapes = {k: v.shape for k, v in p.items()}
-    assert shapes == {'height_embedding': (2, d // 2), 'width_embedding': (3, d // 2),
-                      'hidden_kernel': (in_dim, d), 'hidden_bias': (d,),
-                      'output_kernel': (d, d), 'output_bias': (d,)}, (key_mode, shapes)
+    assert shapes == {
+        'height_embedding': (2, d // 2),
+        'width_embedding': (3, d // 2),
+        'hidden_kernel': (in_dim, d),
+        'hidden_bias': (d,),
+        'output_kernel': (d, d),
+        'output_bias': (d,),
+    }, (key_mode, shapes)
 
 
 def test_module_2d_layouts_agree():
@@ -480,12 +592,14 @@ def test_empty_batch_gives_empty_outputs_and_gradients(key_mode):
   chex.assert_shape(out, (0, 5, 8))
   chex.assert_shape(jit(m.apply)(variables, grid), (0, 2, 3, 8))  # grid self-attention
   grads = jit(jax.grad(lambda v, z: jnp.sum(m.apply(v, z, grid, mask)), argnums=(0, 1)))(
-      variables, x)
+      variables, x
+  )
   chex.assert_shape(grads[1], x.shape)
   chex.assert_trees_all_equal(grads[0], jax.tree.map(jnp.zeros_like, variables))
   q = jnp.zeros((0, 5, HEADS, DEPTH))
-  out = attention(q, q, q[..., :DEPTH_V], max_area_width=3, causal=True,
-                  mask=jnp.ones((0, 1, 1, 5), bool))
+  out = attention(
+      q, q, q[..., :DEPTH_V], max_area_width=3, causal=True, mask=jnp.ones((0, 1, 1, 5), bool)
+  )
   chex.assert_shape(out, (0, 5, HEADS, DEPTH_V))
 
 
@@ -496,17 +610,24 @@ def test_empty_batch_gives_empty_outputs_and_gradients(key_mode):
 
 def test_jit_vmap_grad_pure():
   q, k, v = _qkv(5, 12)
-  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, causal=True,
-              mask=_mask('padding', 5, 12))
+  opts = dict(
+      max_area_width=3,
+      max_area_height=2,
+      memory_height=3,
+      causal=True,
+      mask=_mask('padding', 5, 12),
+  )
   f = functools.partial(aa.dot_product_area_attention, **opts)
-  chex.assert_trees_all_close(jit(f)(q, k, v), ref.area_attention(q, k, v, **opts),
-                              atol=7e-7, rtol=0)
+  chex.assert_trees_all_close(
+      jit(f)(q, k, v), ref.area_attention(q, k, v, **opts), atol=7e-7, rtol=0
+  )
   # vmap over an extra leading axis equals the reference on each slice.
   qs, ks, vs = (np.stack([a, 2.0 * a]) for a in (q, k, v))
   batched = jit(jax.vmap(f))(qs, ks, vs)
   for i in range(2):
-    chex.assert_trees_all_close(batched[i], ref.area_attention(qs[i], ks[i], vs[i], **opts),
-                                atol=1.5e-6, rtol=0)
+    chex.assert_trees_all_close(
+        batched[i], ref.area_attention(qs[i], ks[i], vs[i], **opts), atol=1.5e-6, rtol=0
+    )
   # Reverse-mode gradients agree with finite differences (a smooth mode, no mask).
   small = tuple(a[:1, :, :1] for a in (q, k, v))
   g = jax.jit(functools.partial(f, mask=None))  # check_grads nests it: no compiler_options.
@@ -531,8 +652,14 @@ def test_module_jit_grad_remat():
 
 def test_bfloat16_compute():
   x = np.random.default_rng(17).normal(size=(2, 12, 8)).astype(np.float32)
-  opts = dict(num_heads=2, max_area_width=3, max_area_height=2, memory_height=3,
-              key_mode='concat', causal=True)
+  opts = dict(
+      num_heads=2,
+      max_area_width=3,
+      max_area_height=2,
+      memory_height=3,
+      key_mode='concat',
+      causal=True,
+  )
   m16 = aa.AreaAttention(dtype=jnp.bfloat16, **opts)
   variables, out16 = init_apply(m16, x)
   chex.assert_trees_all_equal_dtypes(variables, jax.tree.map(jnp.float32, variables))
@@ -540,19 +667,20 @@ def test_bfloat16_compute():
   chex.assert_tree_all_finite(out16)
   out32 = jit(aa.AreaAttention(**opts).apply)(variables, x)
   # Measured: 0.040 = 1.4 bfloat16 epsilons (2^-8) of max |out| = 7.3.
-  bf16_eps = 2.0 ** -8
-  chex.assert_trees_all_close(out16.astype(jnp.float32), out32,
-                              atol=3 * bf16_eps * float(jnp.max(jnp.abs(out32))), rtol=0)
+  bf16_eps = 2.0**-8
+  chex.assert_trees_all_close(
+      out16.astype(jnp.float32), out32, atol=3 * bf16_eps * float(jnp.max(jnp.abs(out32))), rtol=0
+  )
   qkv = _qkv(5, 12)
-  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, key_mode='max',
-              causal=True)
+  opts = dict(max_area_width=3, max_area_height=2, memory_height=3, key_mode='max', causal=True)
   out = attention(*(a.astype(jnp.bfloat16) for a in qkv), **opts)
   assert out.dtype == jnp.bfloat16
   chex.assert_tree_all_finite(out)
   # Measured (bfloat16 inputs too): 0.0060 = 0.5 epsilons of max |out| = 2.9.
   out32 = attention(*qkv, **opts)
-  chex.assert_trees_all_close(out.astype(jnp.float32), out32,
-                              atol=1.5 * bf16_eps * float(jnp.max(jnp.abs(out32))), rtol=0)
+  chex.assert_trees_all_close(
+      out.astype(jnp.float32), out32, atol=1.5 * bf16_eps * float(jnp.max(jnp.abs(out32))), rtol=0
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -615,18 +743,24 @@ MODULE_ERRORS = {
     'inputs_rank': (_module(x_shape=(6, 8)), r'inputs_q has rank 2'),
     'inputs_kv_rank': (_module(kv_shape=(1, 2, 6, 3, 8)), r'inputs_kv has rank 5'),
     'kv_not_divisible': (_module(memory_height=4), r'memory_height=4 does not divide'),
-    'grid_memory_height': (_module(kv_shape=(2, 2, 3, 8), memory_height=3),
-                           r'memory_height=3 conflicts'),
+    'grid_memory_height': (
+        _module(kv_shape=(2, 2, 3, 8), memory_height=3),
+        r'memory_height=3 conflicts',
+    ),
     'heads_divide': (_module(num_heads=3), r'qkv_features=8 is not divisible by num_heads=3'),
     'num_heads': (_module(num_heads=0), r'num_heads=0'),
     'max_area_width': (_module(max_area_width=0), r'max_area_width=0'),
     'max_area_height': (_module(max_area_height=0), r'max_area_height=0'),
     'mask_shape': (_module(mask=jnp.ones((2, 2, 6, 5), bool)), r'mask has shape'),
     'dropout_rate': (_module(dropout_rate=-0.1), r'dropout_rate=-0.1'),
-    'embedding_dim_sum': (_module(key_mode='sum', area_embedding_dim=3),
-                          r"area_embedding_dim=3 is invalid for key_mode='sum'.*use None or 2"),
-    'sum_odd_depth': (_module(key_mode='sample_sum', qkv_features=6),
-                      r"key_mode='sample_sum' needs an even head depth.*got depth 3"),
+    'embedding_dim_sum': (
+        _module(key_mode='sum', area_embedding_dim=3),
+        r"area_embedding_dim=3 is invalid for key_mode='sum'.*use None or 2",
+    ),
+    'sum_odd_depth': (
+        _module(key_mode='sample_sum', qkv_features=6),
+        r"key_mode='sample_sum' needs an even head depth.*got depth 3",
+    ),
     'batch_mismatch': (_module(kv_shape=(3, 6, 8)), r'batch'),
 }
 
@@ -645,5 +779,11 @@ def test_helper_errors():
     features(jnp.zeros((4, 2)))
   with pytest.raises(ValueError, match=r"AreaKeyEncoder.mode='max'"):
     enc = aa.AreaKeyEncoder(max_area_width=2, mode='max')
-    jax.eval_shape(enc.init, jax.random.key(0), jnp.zeros((1, 3, 1, 2)), jnp.zeros((1, 3, 1, 2)),
-             jnp.ones(3, jnp.int32), jnp.ones(3, jnp.int32))
+    jax.eval_shape(
+        enc.init,
+        jax.random.key(0),
+        jnp.zeros((1, 3, 1, 2)),
+        jnp.zeros((1, 3, 1, 2)),
+        jnp.ones(3, jnp.int32),
+        jnp.ones(3, jnp.int32),
+    )

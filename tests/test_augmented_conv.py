@@ -30,8 +30,7 @@ def _init(model, x, seed=0):
   rng = np.random.default_rng(seed)
 
   def draw(leaf):
-    scale = (1 / math.sqrt(math.prod(leaf.shape[:-1])) if len(leaf.shape) == 4
-             else 0.5)
+    scale = 1 / math.sqrt(math.prod(leaf.shape[:-1])) if len(leaf.shape) == 4 else 0.5
     return jnp.asarray(rng.normal(0.0, scale, leaf.shape), leaf.dtype)
 
   return jax.tree_util.tree_map(draw, shapes)
@@ -49,12 +48,15 @@ def _randn(shape, seed=0):
 # ----------------------------------------------------------- relative logits
 
 
-@pytest.mark.parametrize('height,width,q_strides,per_head', [
-    (3, 5, (1, 1), False),
-    (4, 2, (1, 1), True),
-    (5, 7, (2, 3), False),
-    (4, 5, (2, 2), True),
-])
+@pytest.mark.parametrize(
+    'height,width,q_strides,per_head',
+    [
+        (3, 5, (1, 1), False),
+        (4, 2, (1, 1), True),
+        (5, 7, (2, 3), False),
+        (4, 5, (2, 2), True),
+    ],
+)
 def test_relative_logits_match_direct_loop(height, width, q_strides, per_head):
   heads, depth, batch = 3, 4, 2
   q_h = -(-height // q_strides[0])
@@ -63,8 +65,7 @@ def test_relative_logits_match_direct_loop(height, width, q_strides, per_head):
   lead = (heads,) if per_head else ()
   rel_w = _randn(lead + (2 * width - 1, depth), 2)
   rel_h = _randn(lead + (2 * height - 1, depth), 3)
-  got = jax.jit(relative_logits_2d, static_argnums=3)(q, rel_w, rel_h,
-                                                    q_strides)
+  got = jax.jit(relative_logits_2d, static_argnums=3)(q, rel_w, rel_h, q_strides)
   want = ref.direct_relative_logits(q, rel_w, rel_h, q_strides)
   chex.assert_shape(got, (batch, heads, q_h, q_w, height, width))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
@@ -77,7 +78,7 @@ def test_relative_logits_depend_only_on_offsets():
   q = jnp.broadcast_to(_randn((depth,), 4), (1, 1, 6, 1, depth))
   rel_w = _randn((11, depth), 5)
   rel_h = jnp.zeros((1, depth))
-  logits = jax.jit(relative_logits_2d)(q, rel_w, rel_h)[0, 0, 0, :, 0, :]   # [6, 6]
+  logits = jax.jit(relative_logits_2d)(q, rel_w, rel_h)[0, 0, 0, :, 0, :]  # [6, 6]
   np.testing.assert_allclose(logits[1:, 1:], logits[:-1, :-1], atol=1e-6)
 
 
@@ -101,21 +102,32 @@ def test_relative_logits_memory_is_linear_in_depth():
 
 
 @pytest.mark.parametrize('position', aac.POSITIONS)
-@pytest.mark.parametrize('strides,downsample', [
-    ((1, 1), 'avg_pool'),
-    ((2, 2), 'avg_pool'),
-    ((2, 1), 'subsample'),
-    ((2, 2), 'query_subsample'),
-])
+@pytest.mark.parametrize(
+    'strides,downsample',
+    [
+        ((1, 1), 'avg_pool'),
+        ((2, 2), 'avg_pool'),
+        ((2, 1), 'subsample'),
+        ((2, 2), 'query_subsample'),
+    ],
+)
 def test_module_matches_slow_reference(position, strides, downsample):
-  model = AugmentedConv2D(**SMALL, strides=strides, position=position,
-                          attention_downsample=downsample)
+  model = AugmentedConv2D(
+      **SMALL, strides=strides, position=position, attention_downsample=downsample
+  )
   x = _randn((2, 5, 4, 3), 7)
   params = _init(model, x)
   got = _apply(model, params, x)
-  want = ref.augmented_conv(params['params'], x, d_k=4, d_v=8, num_heads=2,
-                            strides=strides, position=position,
-                            attention_downsample=downsample)
+  want = ref.augmented_conv(
+      params['params'],
+      x,
+      d_k=4,
+      d_v=8,
+      num_heads=2,
+      strides=strides,
+      position=position,
+      attention_downsample=downsample,
+  )
   chex.assert_shape(got, want.shape)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
@@ -126,24 +138,32 @@ def test_relative_per_head_matches_reference():
   params = _init(model, x)
   assert params['params']['rel_width'].shape == (2, 7, 2)
   got = _apply(model, params, x)
-  want = ref.augmented_conv(params['params'], x, d_k=4, d_v=8, num_heads=2,
-                            strides=(1, 1), position='relative',
-                            attention_downsample='avg_pool')
+  want = ref.augmented_conv(
+      params['params'],
+      x,
+      d_k=4,
+      d_v=8,
+      num_heads=2,
+      strides=(1, 1),
+      position='relative',
+      attention_downsample='avg_pool',
+  )
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
 def test_downsample_modes_coincide_at_stride_one():
   x = _randn((2, 5, 6, 3), 9)
   params = _init(AugmentedConv2D(**SMALL), x)
-  outs = [_apply(AugmentedConv2D(**SMALL, attention_downsample=mode), params, x)
-          for mode in aac.DOWNSAMPLES]
+  outs = [
+      _apply(AugmentedConv2D(**SMALL, attention_downsample=mode), params, x)
+      for mode in aac.DOWNSAMPLES
+  ]
   for out in outs[1:]:
     chex.assert_trees_all_close(out, outs[0], atol=1e-6)
 
 
 def test_position_encodings_match_their_definition():
-  np.testing.assert_allclose(aac.sine_encoding_2d(4, 3, 7), ref.sine_2d(4, 3, 7),
-                             atol=1e-12)
+  np.testing.assert_allclose(aac.sine_encoding_2d(4, 3, 7), ref.sine_2d(4, 3, 7), atol=1e-12)
   np.testing.assert_allclose(aac.coord_channels(1, 4), ref.coords(1, 4))
   np.testing.assert_allclose(aac.coord_channels(5, 3), ref.coords(5, 3))
 
@@ -157,12 +177,13 @@ def test_position_encodings_match_their_definition():
 def test_output_shapes(height, width, stride, downsample):
   model = AugmentedConv2D(**SMALL, strides=stride, attention_downsample=downsample)
   x = jax.ShapeDtypeStruct((2, height, width, 3), jnp.float32)
-  out, params = jax.eval_shape(
-      lambda x: model.init_with_output(jax.random.key(0), x), x)
-  chex.assert_shape(out, (2, math.ceil(height / stride),
-                          math.ceil(width / stride), 20))
-  key_h, key_w = ((height, width) if downsample == 'query_subsample' else
-                  (math.ceil(height / stride), math.ceil(width / stride)))
+  out, params = jax.eval_shape(lambda x: model.init_with_output(jax.random.key(0), x), x)
+  chex.assert_shape(out, (2, math.ceil(height / stride), math.ceil(width / stride), 20))
+  key_h, key_w = (
+      (height, width)
+      if downsample == 'query_subsample'
+      else (math.ceil(height / stride), math.ceil(width / stride))
+  )
   p = params['params']
   assert p['rel_width'].shape == (2 * key_w - 1, 2)
   assert p['rel_height'].shape == (2 * key_h - 1, 2)
@@ -182,8 +203,7 @@ def test_coordconv_adds_two_input_channels():
 
 def test_nearest_rounding():
   # kappa * F = 12.8 and nu * F = 6.4 with 8 heads: nearest multiples of 8.
-  model = AugmentedConv2D(64, key_ratio=0.2, value_ratio=0.1, num_heads=8,
-                          depth_rounding='nearest')
+  model = AugmentedConv2D(64, key_ratio=0.2, value_ratio=0.1, num_heads=8, depth_rounding='nearest')
   x = jnp.ones((1, 3, 3, 4))
   p = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), x)['params']
   d_k, d_v = 16, 8
@@ -225,6 +245,7 @@ def test_remat():
     def loss(p):
       out = model.apply(p, x)
       return jnp.sum(jnp.sin(out)), out
+
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
   (_, out_remat), g_remat = forward_and_grads(remat)
@@ -241,20 +262,19 @@ def test_bfloat16_compute():
   out = _apply(bf16, params, x)
   assert out.dtype == jnp.bfloat16
   chex.assert_tree_all_finite(out)
-  np.testing.assert_allclose(np.asarray(out, np.float32),
-                             np.asarray(_apply(f32, params, x)), atol=0.1,
-                             rtol=0.05)
+  np.testing.assert_allclose(
+      np.asarray(out, np.float32), np.asarray(_apply(f32, params, x)), atol=0.1, rtol=0.05
+  )
 
 
 def test_real_init():
   # model.init itself, with bf16 parameters and compute.
   x = _randn((1, 4, 3, 3), 13)
-  model = AugmentedConv2D(**SMALL, dtype=jnp.bfloat16,
-                          param_dtype=jnp.bfloat16)
+  model = AugmentedConv2D(**SMALL, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
   out, params = jax.jit(model.init_with_output)(
-      jax.random.key(0, impl='rbg'), x)   # rbg: cheaper to compile
-  assert all(leaf.dtype == jnp.bfloat16
-             for leaf in jax.tree_util.tree_leaves(params))
+      jax.random.key(0, impl='rbg'), x
+  )  # rbg: cheaper to compile
+  assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params))
   assert out.dtype == jnp.bfloat16
   chex.assert_shape(out, (1, 4, 3, 20))
   chex.assert_tree_all_finite((out, params))
@@ -266,20 +286,25 @@ def test_real_init():
 # ------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize('kwargs,needles', [
-    (dict(position='learned'), ['position', "'learned'", "'relative'"]),
-    (dict(attention_downsample='max_pool'),
-     ['attention_downsample', "'max_pool'", "'avg_pool'"]),
-    (dict(depth_rounding='up'), ['depth_rounding', "'up'", "'nearest'"]),
-    (dict(key_ratio=0.15), ['key_ratio', '0.15', 'num_heads=2']),
-    (dict(key_ratio=0.05), ['key_ratio', '0.05', 'divisible']),
-    (dict(value_ratio=-0.1), ['value_ratio', '-0.1']),
-    (dict(value_ratio=1.0), ['value_ratio', 'features=20']),
-    (dict(features=0), ['features', '0']),
-    (dict(num_heads=0), ['num_heads', '0']),
-    (dict(kernel_size=(3, 3, 3)), ['kernel_size', '(3, 3, 3)']),
-    (dict(strides=0), ['strides', '0']),
-])
+@pytest.mark.parametrize(
+    'kwargs,needles',
+    [
+        (dict(position='learned'), ['position', "'learned'", "'relative'"]),
+        (
+            dict(attention_downsample='max_pool'),
+            ['attention_downsample', "'max_pool'", "'avg_pool'"],
+        ),
+        (dict(depth_rounding='up'), ['depth_rounding', "'up'", "'nearest'"]),
+        (dict(key_ratio=0.15), ['key_ratio', '0.15', 'num_heads=2']),
+        (dict(key_ratio=0.05), ['key_ratio', '0.05', 'divisible']),
+        (dict(value_ratio=-0.1), ['value_ratio', '-0.1']),
+        (dict(value_ratio=1.0), ['value_ratio', 'features=20']),
+        (dict(features=0), ['features', '0']),
+        (dict(num_heads=0), ['num_heads', '0']),
+        (dict(kernel_size=(3, 3, 3)), ['kernel_size', '(3, 3, 3)']),
+        (dict(strides=0), ['strides', '0']),
+    ],
+)
 def test_bad_options_raise(kwargs, needles):
   config = dict(SMALL, **kwargs)
   model = AugmentedConv2D(**config)
@@ -314,7 +339,7 @@ def test_relative_logits_bad_inputs_raise():
     jax.eval_shape(logits, q, r4, r5)
   with pytest.raises(ValueError, match='rank'):
     jax.eval_shape(logits, q4, r5, r5)
-  with pytest.raises(ValueError, match='rows'):   # stride 2 needs 5 keys
+  with pytest.raises(ValueError, match='rows'):  # stride 2 needs 5 keys
     jax.eval_shape(logits, q, r5, r5, (2, 2))
   per_head = jax.ShapeDtypeStruct((2, 5, 2), jnp.float32)
   with pytest.raises(ValueError, match='per-head'):

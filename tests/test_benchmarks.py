@@ -20,8 +20,18 @@ from contextpool_jax.models.common import count_params
 from contextpool_jax.training import objectives
 
 TINY = dataclasses.replace(
-    tables.QUICK, nmt_batch=1, nmt_length=8, nmt_layers=1, vit_batch=1, vit_image=32,
-    vit_layers=1, resnet_batch=2, lambda_batch=1, lambda_size=8, lambda_channels=16)
+    tables.QUICK,
+    nmt_batch=1,
+    nmt_length=8,
+    nmt_layers=1,
+    vit_batch=1,
+    vit_image=32,
+    vit_layers=1,
+    resnet_batch=2,
+    lambda_batch=1,
+    lambda_size=8,
+    lambda_channels=16,
+)
 
 
 class _Mlp(nn.Module):
@@ -38,17 +48,28 @@ def _mlp_workload(width: int) -> harness.Workload:
   def make_batch(key):  # 'image' is what a classification objective feeds the model
     return {'image': jax.random.normal(key, (4, 8)), 'label': jnp.arange(4) % 3}
 
-  return harness.Workload(_Mlp(width), objectives.Classification(num_classes=3), make_batch,
-                          (optax.adam(1e-3), optax.constant_schedule(1e-3)))
+  return harness.Workload(
+      _Mlp(width),
+      objectives.Classification(num_classes=3),
+      make_batch,
+      (optax.adam(1e-3), optax.constant_schedule(1e-3)),
+  )
 
 
 def _tiny_table() -> tables.Table:
-  rows = tuple(tables.Row(f'mlp{w}', lambda w=w: _mlp_workload(w), ('mlp', w),
-                          {'paper_x': float(w)}) for w in (16, 32))
+  rows = tuple(
+      tables.Row(f'mlp{w}', lambda w=w: _mlp_workload(w), ('mlp', w), {'paper_x': float(w)})
+      for w in (16, 32)
+  )
   return tables.Table(
-      name='tiny', title='Tiny', shapes='batch 4 x 8', baseline='mlp16', rows=rows,
+      name='tiny',
+      title='Tiny',
+      shapes='batch 4 x 8',
+      baseline='mlp16',
+      rows=rows,
       paper_columns=(harness.PaperColumn('paper_x', 'paper x'),),
-      targets=(tables.Target('mlp32', 'params_rel', 10.0, None, 'mlp32 params'),))
+      targets=(tables.Target('mlp32', 'params_rel', 10.0, None, 'mlp32 params'),),
+  )
 
 
 def test_measure_row_fields():
@@ -109,8 +130,14 @@ def test_tables_build_their_workloads():
     assert len(set(names)) == len(names) and table.baseline in names, name
     assert all(t.variant in names for t in table.targets), name
   area = {row.variant: row for row in tables.area(TINY, {}).rows}
-  standard, basic, rich = (_params(area[v]) for v in (
-      'Transformer-Base', 'area attention, basic (Eq. 3-4)', 'area attention, rich (Eq. 9, 4)'))
+  standard, basic, rich = (
+      _params(area[v])
+      for v in (
+          'Transformer-Base',
+          'area attention, basic (Eq. 3-4)',
+          'area attention, rich (Eq. 9, 4)',
+      )
+  )
   assert standard == basic < rich  # basic area attention has no parameters; Eq. 9 has
 
 
@@ -120,6 +147,10 @@ def test_sizes_and_table_names():
   with pytest.raises(ValueError, match='fields'):
     tables.QUICK.replace('nmt_size=4')
   assert tables.resolve(['contextpool', 'lambda']) == [
-      'contextpool_nmt', 'contextpool_vit', 'contextpool_resnet', 'lambda']
+      'contextpool_nmt',
+      'contextpool_vit',
+      'contextpool_resnet',
+      'lambda',
+  ]
   with pytest.raises(ValueError, match='unknown table'):
     tables.resolve(['nope'])

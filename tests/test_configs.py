@@ -24,14 +24,25 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 CONFIGS = {
     'default': ['', 'baseline'],
-    'wmt14': [f'{p},{s},{k}' for p in ('en-de', 'en-fr') for s in ('tiny', 'small', 'base', 'big')
-              for k in ('standard', 'local', 'area', 'cp')],
+    'wmt14': [
+        f'{p},{s},{k}'
+        for p in ('en-de', 'en-fr')
+        for s in ('tiny', 'small', 'base', 'big')
+        for k in ('standard', 'local', 'area', 'cp')
+    ],
     'enwik8': ['stage1', 'stage2', 'stage3', 'stage1,baseline'],
     'text8': ['stage1', 'stage3,baseline'],
     'imagenet_vit': ['vit_b16', 'cp_vit_b16'],
     'cifar10_resnet': ['resnet44', 'cp_resnet44', 'cp_resnet46', 'resnet20'],
-    'imagenet_resnet': ['resnet50', 'cp_resnet50', 'resnet101', 'cp_resnet101',
-                        'lambda_resnet50', 'aa_resnet34', 'aa_resnet50'],
+    'imagenet_resnet': [
+        'resnet50',
+        'cp_resnet50',
+        'resnet101',
+        'cp_resnet101',
+        'lambda_resnet50',
+        'aa_resnet34',
+        'aa_resnet50',
+    ],
 }
 
 
@@ -81,8 +92,11 @@ def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
   manual = tmp_path / 'manual'
   manual.mkdir()
   rng = np.random.default_rng(0)
-  alphabet = (np.frombuffer(b'abcdefghij klmnop\n<>', np.uint8) if name == 'enwik8'
-              else np.frombuffer(b'abcdefghijklmnopqrstuvwxyz ', np.uint8))
+  alphabet = (
+      np.frombuffer(b'abcdefghij klmnop\n<>', np.uint8)
+      if name == 'enwik8'
+      else np.frombuffer(b'abcdefghijklmnopqrstuvwxyz ', np.uint8)
+  )
   data = alphabet[rng.integers(0, len(alphabet), 30_000)].tobytes()
   buf = io.BytesIO()
   with zipfile.ZipFile(buf, 'w') as z:
@@ -92,9 +106,16 @@ def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
   config.dtype, config.remat = 'bfloat16', True  # the paper configs' compute settings
   config.batch_size = 4
   config.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2)
-  config.dataset.update(data_dir=str(tmp_path / 'data'), manual_dir=str(manual), seq_len=64,
-                        eval_context=64, eval_step=32, eval_batch_size=4, eval_max_bytes=512,
-                        download=False)
+  config.dataset.update(
+      data_dir=str(tmp_path / 'data'),
+      manual_dir=str(manual),
+      seq_len=64,
+      eval_context=64,
+      eval_step=32,
+      eval_batch_size=4,
+      eval_max_bytes=512,
+      download=False,
+  )
   with config.unlocked():
     config.dataset.split_bytes = (27_000, 1_500, 1_500)
   result = _run(config, tmp_path)
@@ -117,8 +138,9 @@ def _mock_wmt(n=200):
     del self, decoders, deserialize_method, kwargs
     return records if split == 'train' else records[:16]
 
-  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
-                              as_data_source_fn=as_data_source):
+  with tfds.testing.mock_data(
+      policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=as_data_source
+  ):
     yield
 
 
@@ -148,13 +170,19 @@ def test_cifar10_resnet_config_trains(tmp_path):
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
 
 
-@pytest.mark.parametrize('arg,overrides', [
-    ('cp_vit_b16', dict(image_size=32, num_layers=2, hidden_size=32, num_heads=2, mlp_dim=64)),
-    ('cp_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=8)),
-    ('lambda_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=16, lambda_scope_size=3)),
-    ('aa_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=16, aa_heads=2,
-                         aa_min_key_depth_per_head=0)),
-], ids=lambda x: x if isinstance(x, str) else '')
+@pytest.mark.parametrize(
+    'arg,overrides',
+    [
+        ('cp_vit_b16', dict(image_size=32, num_layers=2, hidden_size=32, num_heads=2, mlp_dim=64)),
+        ('cp_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=8)),
+        ('lambda_resnet50', dict(stage_sizes=(1, 1, 1, 1), width=16, lambda_scope_size=3)),
+        (
+            'aa_resnet50',
+            dict(stage_sizes=(1, 1, 1, 1), width=16, aa_heads=2, aa_min_key_depth_per_head=0),
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else '',
+)
 def test_imagenet_configs_train(arg, overrides, tmp_path):
   family = 'imagenet_vit' if 'vit' in arg else 'imagenet_resnet'
   config = _shrink(_load(family, arg))

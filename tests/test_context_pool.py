@@ -41,24 +41,33 @@ def _init_apply(module, x, mask=None, seed=1, params=None, spread=3.0):
 # Eq. 4 and Eq. 6 against the slow loops, using the sown weights and sigma.
 # ----------------------------------------------------------------------------
 
-SEQ_CASES = list(itertools.product(
-    ('learned', 'unnormalized', 'uniform'),
-    ('gaussian', 'none', 'fixed_window', 'adaptive_window'),
-    (False, True),  # causal
-))
+SEQ_CASES = list(
+    itertools.product(
+        ('learned', 'unnormalized', 'uniform'),
+        ('gaussian', 'none', 'fixed_window', 'adaptive_window'),
+        (False, True),  # causal
+    )
+)
 
 
 @pytest.mark.parametrize('weights,locality,causal', SEQ_CASES)
 def test_eq4_sequence_matches_reference(weights, locality, causal):
   x = _x((B, N, D))
   mask = _right_pad_mask(B, N, [N, 6])
-  module = ContextPool(weights=weights, locality=locality, causal=causal,
-                       size_norm='sigmoid', ratio=0.3, window=2)
+  module = ContextPool(
+      weights=weights, locality=locality, causal=causal, size_norm='sigmoid', ratio=0.3, window=2
+  )
   _, y, inter = _init_apply(module, x, mask)
   for b in range(B):
-    want = ref.pool(x[b], inter['pool_weights'][b],
-                    inter.get('pool_sigma', [None] * B)[b], mask=mask[b],
-                    causal=causal, locality=locality, window=2)
+    want = ref.pool(
+        x[b],
+        inter['pool_weights'][b],
+        inter.get('pool_sigma', [None] * B)[b],
+        mask=mask[b],
+        causal=causal,
+        locality=locality,
+        window=2,
+    )
     chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-6, rtol=0)
 
 
@@ -73,15 +82,21 @@ def test_sigma_and_weights_follow_the_paper(size_norm, causal):
   p = params['params']
   for b in range(B):
     xm = np.where(mask[b][:, None], x[b], 0.0)
-    h = ref.relu(ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'],
-                          causal=causal)) * np.asarray(mask[b])[:, None]
+    h = (
+        ref.relu(
+            ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'], causal=causal)
+        )
+        * np.asarray(mask[b])[:, None]
+    )
     raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'], causal=causal)
     m = np.asarray(mask[b])
-    chex.assert_trees_all_close(np.asarray(inter['pool_weights'][b]),
-                                ref.softmax(raw[:, 0], m), atol=7e-7, rtol=0)
+    chex.assert_trees_all_close(
+        np.asarray(inter['pool_weights'][b]), ref.softmax(raw[:, 0], m), atol=7e-7, rtol=0
+    )
     want_sigma = ref.sizes_to_sigma(raw[:, 1], m, size_norm=size_norm, causal=causal, ratio=0.1)
-    chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][b])[m], want_sigma[m],
-                                atol=3e-7, rtol=0)
+    chex.assert_trees_all_close(
+        np.asarray(inter['pool_sigma'][b])[m], want_sigma[m], atol=3e-7, rtol=0
+    )
 
 
 @pytest.mark.parametrize('mapping', MAPPINGS)
@@ -90,15 +105,18 @@ def test_mapping_variants_match_reference(mapping, causal):
   """m(X): cnn (two convolutions), mlp (per token), attention (single head)."""
   x = _x((1, N, D))
   mask = _right_pad_mask(1, N, [7])
-  module = ContextPool(mapping=mapping, causal=causal, weights='unnormalized',
-                       size_norm='sigmoid')
+  module = ContextPool(mapping=mapping, causal=causal, weights='unnormalized', size_norm='sigmoid')
   params, _, inter = _init_apply(module, x, mask)
   p = params['params']
   m = np.asarray(mask[0])
   xm = np.where(m[:, None], np.asarray(x[0]), 0.0)
   if mapping == 'cnn':
-    h = ref.relu(ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'],
-                          causal=causal)) * m[:, None]
+    h = (
+        ref.relu(
+            ref.conv(xm, p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias'], causal=causal)
+        )
+        * m[:, None]
+    )
     raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'], causal=causal)
   elif mapping == 'mlp':
     raw = ref.dense(ref.relu(ref.dense(xm, p['mapping_dense_0'])), p['mapping_dense_1'])
@@ -106,11 +124,11 @@ def test_mapping_variants_match_reference(mapping, causal):
     h = ref.single_head_attention(xm, p['mapping_attention'], m, causal)
     raw = ref.dense(h, p['mapping_dense'])
   softplus = np.logaddexp(0.0, raw[:, 0])
-  chex.assert_trees_all_close(np.asarray(inter['pool_weights'][0])[m], softplus[m], atol=1e-7,
-                              rtol=5e-6)
+  chex.assert_trees_all_close(
+      np.asarray(inter['pool_weights'][0])[m], softplus[m], atol=1e-7, rtol=5e-6
+  )
   sigma = ref.sizes_to_sigma(raw[:, 1], m, size_norm='sigmoid', causal=causal, ratio=0.1)
-  chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0])[m], sigma[m], atol=1e-6,
-                              rtol=0)
+  chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0])[m], sigma[m], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize('causal', [False, True])
@@ -148,8 +166,14 @@ def test_eq6_grid_matches_reference(weights, locality):
   module = ContextPool(weights=weights, locality=locality, size_norm='sigmoid', window=2)
   _, y, inter = _init_apply(module, x, mask)
   for b in range(B):
-    want = ref.pool(x[b], inter['pool_weights'][b], inter.get('pool_sigma', [None] * B)[b],
-                    mask=mask[b], locality=locality, window=2)
+    want = ref.pool(
+        x[b],
+        inter['pool_weights'][b],
+        inter.get('pool_sigma', [None] * B)[b],
+        mask=mask[b],
+        locality=locality,
+        window=2,
+    )
     chex.assert_trees_all_close(np.asarray(y[b]).reshape(-1, D), want, atol=7e-7, rtol=0)
 
 
@@ -160,8 +184,9 @@ def test_grid_sigma_uses_half_perimeter():
   p = params['params']
   h = ref.relu(ref.conv(x[0], p['mapping_conv_0']['kernel'], p['mapping_conv_0']['bias']))
   raw = ref.conv(h, p['mapping_conv_1']['kernel'], p['mapping_conv_1']['bias'])
-  want = ref.sizes_to_sigma(raw[..., 1], np.ones((4, 7), bool), size_norm='softmax',
-                            causal=False, ratio=0.05, grid=True)
+  want = ref.sizes_to_sigma(
+      raw[..., 1], np.ones((4, 7), bool), size_norm='softmax', causal=False, ratio=0.05, grid=True
+  )
   chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0]), want, atol=2e-8, rtol=0)
 
 
@@ -203,15 +228,25 @@ def test_pool_centres_match_avg_pool_windows():
   """Centres are the centres of nn.avg_pool's 'SAME' windows, rounded down for
   even windows: averaging the input indices over an interior window (one not
   clipped by padding) gives its centre, c or c + 0.5."""
-  for size, stride, window in [(8, 2, 3), (7, 2, 3), (9, 3, 3), (10, 2, 5), (8, 2, 2),
-                               (7, 2, 2), (10, 4, 4), (9, 3, 2)]:
+  for size, stride, window in [
+      (8, 2, 3),
+      (7, 2, 3),
+      (9, 3, 3),
+      (10, 2, 5),
+      (8, 2, 2),
+      (7, 2, 2),
+      (10, 4, 4),
+      (9, 3, 2),
+  ]:
     x = jnp.arange(size, dtype=jnp.float32)[None, :, None]
-    pooled = np.asarray(nn.avg_pool(x, (window,), (stride,), padding='SAME',
-                                    count_include_pad=False))[0, :, 0]
+    pooled = np.asarray(
+        nn.avg_pool(x, (window,), (stride,), padding='SAME', count_include_pad=False)
+    )[0, :, 0]
     (c,) = pool_centres((size,), (stride,), (window,))
     assert len(c) == len(pooled) == -(-size // stride)
-    interior = [o for o in range(len(c))
-                if c[o] - (window - 1) // 2 >= 0 and c[o] + window // 2 <= size - 1]
+    interior = [
+        o for o in range(len(c)) if c[o] - (window - 1) // 2 >= 0 and c[o] + window // 2 <= size - 1
+    ]
     assert interior, (size, stride, window)
     np.testing.assert_array_equal(np.floor(pooled[interior]), c[interior])
 
@@ -241,8 +276,11 @@ def test_uniform_weights_infinite_sigma_is_mean_of_real_tokens(causal):
   assert float(jnp.min(jnp.where(mask, inter['pool_sigma'], jnp.inf))) > 1e4
   for b, length in enumerate(lengths):
     xr = np.asarray(x[b, :length], np.float64)
-    want = (np.cumsum(xr, 0) / np.arange(1, length + 1)[:, None] if causal
-            else np.broadcast_to(xr.mean(0), xr.shape))
+    want = (
+        np.cumsum(xr, 0) / np.arange(1, length + 1)[:, None]
+        if causal
+        else np.broadcast_to(xr.mean(0), xr.shape)
+    )
     chex.assert_trees_all_close(np.asarray(y[b, :length]), want, atol=4e-7, rtol=0)
     chex.assert_trees_all_equal(y[b, length:], x[b, length:])  # padding passed through
 
@@ -250,8 +288,9 @@ def test_uniform_weights_infinite_sigma_is_mean_of_real_tokens(causal):
 def test_no_locality_uniform_is_global_mean_on_grid():
   x = _x((1, 3, 4, D))
   _, y, _ = _init_apply(ContextPool(weights='uniform', locality='none'), x)
-  chex.assert_trees_all_close(y, jnp.broadcast_to(x.mean((1, 2), keepdims=True), x.shape),
-                              atol=2e-7, rtol=0)
+  chex.assert_trees_all_close(
+      y, jnp.broadcast_to(x.mean((1, 2), keepdims=True), x.shape), atol=2e-7, rtol=0
+  )
 
 
 def test_residual_adds_the_pooled_features():
@@ -280,27 +319,36 @@ def _support(module, spatial, params=None):
 def _lattice_offsets(ndim, radius):
   """Non-zero integer offsets of Euclidean length <= radius, by brute force."""
   r = range(-radius, radius + 1)
-  return [o for o in itertools.product(*[r] * ndim)
-          if any(o) and sum(c * c for c in o) <= radius ** 2]
+  return [
+      o for o in itertools.product(*[r] * ndim) if any(o) and sum(c * c for c in o) <= radius**2
+  ]
 
 
-@pytest.mark.parametrize('spatial,window,span,causal', [
-    ((160,), 4, None, False), ((160,), 4, None, True), ((160,), 3, 5, True),
-    ((18, 18), 2, None, False)])
+@pytest.mark.parametrize(
+    'spatial,window,span,causal',
+    [
+        ((160,), 4, None, False),
+        ((160,), 4, None, True),
+        ((160,), 3, 5, True),
+        ((18, 18), 2, None, False),
+    ],
+)
 def test_random_sparse_support_is_fixed_seeded_and_as_large_as_the_window(
-    spatial, window, span, causal):
+    spatial, window, span, causal
+):
   """Each token keeps itself and each position within radius random_span
   (default 4 * window) with probability K / M, K and M the offsets within
   window and random_span: as many, in expectation, as the fixed window."""
-  fields = dict(weights='uniform', locality='random_sparse', window=window,
-                random_span=span, causal=causal)
+  fields = dict(
+      weights='uniform', locality='random_sparse', window=window, random_span=span, causal=causal
+  )
   module = ContextPool(**fields)
   support = _support(module, spatial)
   span = 4 * window if span is None else span
   n = support.shape[0]
   coords = np.stack(np.unravel_index(np.arange(n), spatial), -1)
   d2 = np.sum(np.square(coords[:, None] - coords[None, :]), -1)
-  candidates = (d2 > 0) & (d2 <= span ** 2)
+  candidates = (d2 > 0) & (d2 <= span**2)
   if causal:
     candidates &= np.tril(np.ones((n, n), bool))
   assert support.diagonal().all()
@@ -337,8 +385,13 @@ def test_random_sparse_grid_support_does_not_depend_on_grid_padding(implementati
   """The same 5 x 6 real grid alone or padded to 7 x 9: the same outputs."""
   x = _x((1, 7, 9, D))
   mask = jnp.zeros((1, 7, 9), bool).at[:, :5, :6].set(True)
-  module = ContextPool(weights='uniform', locality='random_sparse', window=2,
-                       implementation=implementation, block_size=8)
+  module = ContextPool(
+      weights='uniform',
+      locality='random_sparse',
+      window=2,
+      implementation=implementation,
+      block_size=8,
+  )
   params = module.init(jax.random.key(0), x, mask)
   padded = module.apply(params, x, mask)[:, :5, :6]
   alone = module.apply(params, x[:, :5, :6])
@@ -367,8 +420,12 @@ CAUSAL_CASES = (
     [dict(weights=w) for w in WEIGHTS]
     + [dict(locality=l) for l in LOCALITIES if l != 'gaussian']
     + [dict(mapping=m) for m in MAPPINGS if m != 'cnn']
-    + [dict(size_norm='softmax'), dict(residual=True), dict(mapping='attention', weights='nonlocal'),
-       dict(kernel_size=5, size_norm='sigmoid', weights='unnormalized')]
+    + [
+        dict(size_norm='softmax'),
+        dict(residual=True),
+        dict(mapping='attention', weights='nonlocal'),
+        dict(kernel_size=5, size_norm='sigmoid', weights='unnormalized'),
+    ]
 )
 
 
@@ -402,8 +459,10 @@ def test_causal_output_does_not_depend_on_sequence_length(case):
 
 
 PAD_CASES = (
-    [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
-    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='softmax'), dict(residual=True)]
+    [dict(weights=w) for w in WEIGHTS]
+    + [dict(locality=l) for l in LOCALITIES]
+    + [dict(mapping=m) for m in MAPPINGS]
+    + [dict(size_norm='softmax'), dict(residual=True)]
 )
 
 
@@ -424,16 +483,20 @@ def test_padding_never_changes_real_outputs(case, causal):
   chex.assert_trees_all_close(y[:, :length], y_short, atol=2e-6, rtol=0)
 
 
-@pytest.mark.parametrize('case', [dict(), dict(weights='nonlocal'), dict(mapping='attention'),
-                                  dict(locality='adaptive_window')], ids=_case_id)
+@pytest.mark.parametrize(
+    'case',
+    [dict(), dict(weights='nonlocal'), dict(mapping='attention'), dict(locality='adaptive_window')],
+    ids=_case_id,
+)
 def test_grid_padding_values_never_change_real_outputs(case):
   x = _x((B, 5, 6, D))
   mask = jnp.ones((B, 5, 6), bool).at[:, 3:, :].set(False).at[:, :, 5:].set(False)
   module = ContextPool(size_norm='sigmoid', **case)
   params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
   garbage = jnp.where(mask[..., None], x, 1e4)
-  chex.assert_trees_all_equal(module.apply(params, x, mask)[mask],
-                              module.apply(params, garbage, mask)[mask])
+  chex.assert_trees_all_equal(
+      module.apply(params, x, mask)[mask], module.apply(params, garbage, mask)[mask]
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -441,8 +504,10 @@ def test_grid_padding_values_never_change_real_outputs(case):
 # ----------------------------------------------------------------------------
 
 ALL_VARIANTS = (
-    [dict(weights=w) for w in WEIGHTS] + [dict(locality=l) for l in LOCALITIES]
-    + [dict(mapping=m) for m in MAPPINGS] + [dict(size_norm='softmax', causal=True)]
+    [dict(weights=w) for w in WEIGHTS]
+    + [dict(locality=l) for l in LOCALITIES]
+    + [dict(mapping=m) for m in MAPPINGS]
+    + [dict(size_norm='softmax', causal=True)]
     + [dict(strides=2)]
 )
 
@@ -459,8 +524,9 @@ def test_jit_grad_vmap(case):
   y_v = jax.vmap(module.apply, in_axes=(None, 0))(params, stacked)
   chex.assert_trees_all_close(y_v[1], module.apply(params, 2.0 * x), atol=1e-6)
   chex.assert_trees_all_close(y_v[0], y, atol=1e-6)
-  grads = jax.jit(jax.grad(lambda p, z: jnp.sum(jnp.sin(module.apply(p, z))),
-                           argnums=(0, 1)))(params, x)
+  grads = jax.jit(jax.grad(lambda p, z: jnp.sum(jnp.sin(module.apply(p, z))), argnums=(0, 1)))(
+      params, x
+  )
   chex.assert_tree_all_finite(grads)
 
 
@@ -471,28 +537,35 @@ def test_bfloat16_compute_is_finite_and_close(case):
   f32 = ContextPool(**case)
   bf16 = ContextPool(dtype=jnp.bfloat16, **case)
   params = f32.init(jax.random.key(0), x)
-  chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda p: p.astype(jnp.float32),
-                                                          params))
+  chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda p: p.astype(jnp.float32), params))
   y32 = f32.apply(params, x)
   y16 = bf16.apply(params, x)
   assert y16.dtype == jnp.bfloat16
   # Measured: 0.7 (no locality) to 1.9 (attention mapping) bfloat16 epsilons
   # (2^-8) of max |y|.
   scale = float(jnp.max(jnp.abs(y32)))
-  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=4 * 2.0 ** -8 * scale, rtol=0)
+  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=4 * 2.0**-8 * scale, rtol=0)
   loss = lambda module: lambda p: jnp.sum(module.apply(p, x).astype(jnp.float32) ** 2)
   grads, grads32 = jax.grad(loss(bf16))(params), jax.grad(loss(f32))(params)
   chex.assert_tree_all_finite(grads)
   # Measured: at most 0.017 of max(1, max |gradient|) per leaf (attention mapping).
   for g, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads32)):
-    chex.assert_trees_all_close(g, want, atol=0.035 * max(1.0, float(jnp.max(jnp.abs(want)))),
-                                rtol=0)
+    chex.assert_trees_all_close(
+        g, want, atol=0.035 * max(1.0, float(jnp.max(jnp.abs(want)))), rtol=0
+    )
 
 
 @pytest.mark.parametrize('implementation', ['dense', 'blockwise'])
-@pytest.mark.parametrize('case', [dict(), dict(mapping='attention', weights='nonlocal'),
-                                  dict(locality='random_sparse', causal=True),
-                                  dict(strides=2, locality='adaptive_window')], ids=_case_id)
+@pytest.mark.parametrize(
+    'case',
+    [
+        dict(),
+        dict(mapping='attention', weights='nonlocal'),
+        dict(locality='random_sparse', causal=True),
+        dict(strides=2, locality='adaptive_window'),
+    ],
+    ids=_case_id,
+)
 def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
   """Batch size 0 (the end of a sharded evaluation): empty outputs, zero parameter
   gradients, an empty input gradient, no error."""
@@ -532,12 +605,14 @@ def test_dropout_on_pooling_weights():
   chex.assert_trees_all_equal(module.apply(params, x), no_dropout)
   draws = 4000
   keys = jax.random.split(jax.random.key(1), draws)
-  drop = jax.jit(jax.vmap(
-      lambda k: module.apply(params, x, deterministic=False, rngs={'dropout': k})))(keys)
+  drop = jax.jit(
+      jax.vmap(lambda k: module.apply(params, x, deterministic=False, rngs={'dropout': k}))
+  )(keys)
   assert not np.allclose(drop[0], no_dropout) and not np.allclose(drop[0], drop[1])
   mean, stderr = np.mean(drop, 0), np.std(drop, 0) / np.sqrt(draws)
   assert np.all(np.abs(mean - no_dropout) <= 5 * stderr + 1e-6), np.max(
-      np.abs(mean - no_dropout) / stderr)
+      np.abs(mean - no_dropout) / stderr
+  )
   with pytest.raises(Exception, match='dropout'):
     module.apply(params, x, deterministic=False)
 
@@ -547,15 +622,33 @@ def test_dropout_on_pooling_weights():
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('field,value', [
-    ('weights', 'softmax'), ('locality', 'gauss'), ('mapping', 'rnn'), ('size_norm', 'l1'),
-    ('activation', 'swish2'), ('ratio', -0.1), ('ratio', 0), ('kernel_size', 0),
-    ('kernel_size', 2.5), ('hidden_features', 0), ('window', 0), ('window_softness', 0.0),
-    ('nonlocal_features', -3), ('dropout_rate', 1.0), ('random_seed', 1.5),
-    ('random_span', 7), ('random_span', 16.0),
-    ('residual', 'yes'), ('causal', 1), ('strides', 0), ('strides', (2, 2, 2)),
-    ('window_shape', (0, 1)),
-])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('weights', 'softmax'),
+        ('locality', 'gauss'),
+        ('mapping', 'rnn'),
+        ('size_norm', 'l1'),
+        ('activation', 'swish2'),
+        ('ratio', -0.1),
+        ('ratio', 0),
+        ('kernel_size', 0),
+        ('kernel_size', 2.5),
+        ('hidden_features', 0),
+        ('window', 0),
+        ('window_softness', 0.0),
+        ('nonlocal_features', -3),
+        ('dropout_rate', 1.0),
+        ('random_seed', 1.5),
+        ('random_span', 7),
+        ('random_span', 16.0),
+        ('residual', 'yes'),
+        ('causal', 1),
+        ('strides', 0),
+        ('strides', (2, 2, 2)),
+        ('window_shape', (0, 1)),
+    ],
+)
 def test_invalid_config_raises_naming_field_and_value(field, value):
   x = _x((1, 6, 6, D))
   with pytest.raises(ValueError) as err:
@@ -586,8 +679,11 @@ def test_causal_grid_and_causal_strides_raise():
     ContextPool(causal=True, strides=2).init(jax.random.key(0), _x((1, 8, D)))
 
 
-@pytest.mark.parametrize('case', [dict(), dict(locality='adaptive_window'),
-                                  dict(implementation='blockwise', block_size=4)], ids=_case_id)
+@pytest.mark.parametrize(
+    'case',
+    [dict(), dict(locality='adaptive_window'), dict(implementation='blockwise', block_size=4)],
+    ids=_case_id,
+)
 def test_grad_through_scan_and_remat(case):
   """Inside nn.scan over layers and nn.remat (as the models use it), gradients
   equal those of the same layers unrolled without remat."""
@@ -600,8 +696,13 @@ def test_grad_through_scan_and_remat(case):
     @nn.compact
     def __call__(self, x):
       if self.scan:
-        body = nn.scan(nn.remat(_PoolBody), variable_axes={'params': 0},
-                       split_rngs={'params': True}, in_axes=nn.broadcast, length=2)
+        body = nn.scan(
+            nn.remat(_PoolBody),
+            variable_axes={'params': 0},
+            split_rngs={'params': True},
+            in_axes=nn.broadcast,
+            length=2,
+        )
         return body(case, name='layers')(x, mask)[0]
       for i in range(2):
         x = ContextPool(**case, name=f'layer_{i}')(x, mask)
@@ -610,15 +711,19 @@ def test_grad_through_scan_and_remat(case):
   scanned, unrolled = Stack(scan=True), Stack(scan=False)
   params = scanned.init(jax.random.key(0), x)
   stacked = params['params']['layers']['pool']
-  unrolled_params = {'params': {f'layer_{i}': jax.tree.map(lambda p: p[i], stacked)
-                                for i in range(2)}}
+  unrolled_params = {
+      'params': {f'layer_{i}': jax.tree.map(lambda p: p[i], stacked) for i in range(2)}
+  }
   loss = lambda m, p, x: jnp.sum(jnp.square(m.apply(p, x)))
   g_scan = jax.jit(jax.grad(functools.partial(loss, scanned), argnums=(0, 1)))(params, x)
   g_unrolled = jax.grad(functools.partial(loss, unrolled), argnums=(0, 1))(unrolled_params, x)
   chex.assert_trees_all_close(g_scan[1], g_unrolled[1], atol=1.5e-6, rtol=0)
   chex.assert_trees_all_close(
       jax.tree.map(lambda p: p[1], g_scan[0]['params']['layers']['pool']),
-      g_unrolled[0]['params']['layer_1'], atol=3e-6, rtol=0)
+      g_unrolled[0]['params']['layer_1'],
+      atol=3e-6,
+      rtol=0,
+  )
 
 
 class _PoolBody(nn.Module):

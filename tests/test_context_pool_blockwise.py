@@ -37,10 +37,12 @@ def _right_pad_mask(n, lengths):
 
 def _value_and_grads(module, params, x, mask, jit=False, **apply_kwargs):
   """Outputs, and gradients of a fixed random projection of them (float32)."""
+
   def loss(p, z):
     y = module.apply(p, z, mask, **apply_kwargs)
     probe = jax.random.normal(jax.random.key(99), y.shape, jnp.float32)
     return jnp.sum(jnp.sin(y.astype(jnp.float32)) * probe), y
+
   step = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
   (_, y), grads = (jax.jit(step) if jit else step)(params, x)
   return y, grads
@@ -57,8 +59,9 @@ def _assert_grads_close(got, want, rtol=5e-6):
     assert err <= tol, f'{jax.tree_util.keystr(path)}: max error {err} > {tol}'
 
 
-def _check_blockwise_matches_dense(x, mask=None, block_size=8, spread=2.0, seed=1,
-                                   apply_kwargs=None, jit=False, **fields):
+def _check_blockwise_matches_dense(
+    x, mask=None, block_size=8, spread=2.0, seed=1, apply_kwargs=None, jit=False, **fields
+):
   """jit: compile instead of running op by op (cheaper for a one-off output shape)."""
   apply_kwargs = apply_kwargs or {}
   dense = ContextPool(implementation='dense', **fields)
@@ -78,39 +81,58 @@ def _check_blockwise_matches_dense(x, mask=None, block_size=8, spread=2.0, seed=
 # Every weights x locality pair; causal alternates so each pair is checked once
 # and both settings cover every weights and every locality. n = 37 with blocks
 # of 8: padded queries and keys, several blocks, skipped causal blocks.
-SEQ_CASES = [(w, l, (i + j) % 2 == 1) for i, w in enumerate(WEIGHTS)
-             for j, l in enumerate(LOCALITIES)]
+SEQ_CASES = [
+    (w, l, (i + j) % 2 == 1) for i, w in enumerate(WEIGHTS) for j, l in enumerate(LOCALITIES)
+]
 
 
 @pytest.mark.parametrize('weights,locality,causal', SEQ_CASES)
 def test_sequence_variants_match_dense(weights, locality, causal):
   x = _x(SEQ)
-  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 23]), weights=weights,
-                                 locality=locality, causal=causal, window=3,
-                                 size_norm='sigmoid', ratio=0.3)
+  _check_blockwise_matches_dense(
+      x,
+      _right_pad_mask(37, [37, 23]),
+      weights=weights,
+      locality=locality,
+      causal=causal,
+      window=3,
+      size_norm='sigmoid',
+      ratio=0.3,
+  )
 
 
 @pytest.mark.parametrize('mapping,causal', [('mlp', False), ('attention', True)])
 def test_mapping_variants_match_dense(mapping, causal):
   x = _x(SEQ)
-  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 13]), mapping=mapping,
-                                 causal=causal, block_size=5, jit=mapping == 'attention')
+  _check_blockwise_matches_dense(
+      x,
+      _right_pad_mask(37, [37, 13]),
+      mapping=mapping,
+      causal=causal,
+      block_size=5,
+      jit=mapping == 'attention',
+  )
 
 
 @pytest.mark.parametrize('block_size', [4, 7, 37, 64])
 def test_block_sizes_match_dense(block_size):
   """Many small blocks, an odd size, exactly n, one block larger than n."""
   x = _x(SEQ)
-  _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 18]), causal=True,
-                                 block_size=block_size, size_norm='softmax')
+  _check_blockwise_matches_dense(
+      x, _right_pad_mask(37, [37, 18]), causal=True, block_size=block_size, size_norm='softmax'
+  )
 
 
-@pytest.mark.parametrize('fields', [
-    dict(),  # gaussian, learned, softmax sizes
-    dict(locality='fixed_window', window=2, weights='unnormalized'),
-    dict(locality='adaptive_window', size_norm='sigmoid', weights='uniform'),
-    dict(locality='random_sparse', window=2, weights='nonlocal'),
-], ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default')
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(),  # gaussian, learned, softmax sizes
+        dict(locality='fixed_window', window=2, weights='unnormalized'),
+        dict(locality='adaptive_window', size_norm='sigmoid', weights='uniform'),
+        dict(locality='random_sparse', window=2, weights='nonlocal'),
+    ],
+    ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default',
+)
 def test_grid_variants_match_dense(fields):
   """42 positions in blocks of 8 (padded) or of 14 (whole rows, no padding)."""
   x = _x(GRID)
@@ -118,22 +140,33 @@ def test_grid_variants_match_dense(fields):
   _check_blockwise_matches_dense(x, mask, block_size=14 if fields else 8, **fields)
 
 
-@pytest.mark.parametrize('strides,window_shape,locality', [
-    (2, None, 'gaussian'), (2, 3, 'random_sparse'), ((3, 2), None, 'adaptive_window')])
+@pytest.mark.parametrize(
+    'strides,window_shape,locality',
+    [(2, None, 'gaussian'), (2, 3, 'random_sparse'), ((3, 2), None, 'adaptive_window')],
+)
 def test_strided_grids_match_dense(strides, window_shape, locality):
   x = _x(GRID)
   mask = jnp.ones(GRID[:-1], bool).at[1, -2:, :].set(False)
-  _check_blockwise_matches_dense(x, mask, block_size=4, jit=True, strides=strides,
-                                 window_shape=window_shape, locality=locality, window=2,
-                                 size_norm='sigmoid')
+  _check_blockwise_matches_dense(
+      x,
+      mask,
+      block_size=4,
+      jit=True,
+      strides=strides,
+      window_shape=window_shape,
+      locality=locality,
+      window=2,
+      size_norm='sigmoid',
+  )
 
 
 def test_residual_and_rows_without_support_match_dense():
   """An example with no real token: every row has no allowed position (0 weight,
   passed-through outputs), no NaN in the forward or the backward pass."""
   x = _x(SEQ)
-  _, y = _check_blockwise_matches_dense(x, _right_pad_mask(37, [37, 0]), residual=True,
-                                        causal=True, block_size=8)
+  _, y = _check_blockwise_matches_dense(
+      x, _right_pad_mask(37, [37, 0]), residual=True, causal=True, block_size=8
+  )
   chex.assert_trees_all_equal(y[1], x[1])
 
 
@@ -141,8 +174,9 @@ def test_tiny_sigma_is_identity_and_finite():
   """sigma -> 0: huge logits (-d^2 / 1e-12) in the key blocks read before the one
   holding the centre must not overflow the running softmax."""
   x = _x(SEQ)
-  module = ContextPool(implementation='blockwise', block_size=8, ratio=1e-7,
-                       size_norm='sigmoid', weights='uniform')
+  module = ContextPool(
+      implementation='blockwise', block_size=8, ratio=1e-7, size_norm='sigmoid', weights='uniform'
+  )
   params = module.init(jax.random.key(0), x)
   y, grads = _value_and_grads(module, params, x, None)
   chex.assert_trees_all_equal(y, x)
@@ -154,17 +188,21 @@ def test_dropout_is_identical_in_both_implementations_and_unbiased():
   mask = _right_pad_mask(37, [37, 17])
   rngs = {'dropout': jax.random.key(7)}
   params, drop = _check_blockwise_matches_dense(
-      x, mask, causal=True, dropout_rate=0.3, block_size=8,
-      apply_kwargs=dict(deterministic=False, rngs=rngs))
-  module = ContextPool(implementation='blockwise', block_size=8, dropout_rate=0.3,
-                       causal=True)
+      x,
+      mask,
+      causal=True,
+      dropout_rate=0.3,
+      block_size=8,
+      apply_kwargs=dict(deterministic=False, rngs=rngs),
+  )
+  module = ContextPool(implementation='blockwise', block_size=8, dropout_rate=0.3, causal=True)
   assert not np.allclose(drop, module.apply(params, x, mask))
   with pytest.raises(Exception, match='dropout'):
     module.apply(params, x, mask, deterministic=False)
   # The keep mask has the right rate, and it is independent across examples.
   keep = cp._dropout_keep(jnp.array([1, 2], jnp.uint32), 0.3, jnp.arange(512), jnp.arange(512))
   assert abs(float(keep.mean()) - 0.7) < 0.005
-  assert abs(float(jnp.mean(keep[0] == keep[1])) - (0.7 ** 2 + 0.3 ** 2)) < 0.005
+  assert abs(float(jnp.mean(keep[0] == keep[1])) - (0.7**2 + 0.3**2)) < 0.005
 
 
 @pytest.mark.parametrize('weights', ['learned', 'nonlocal'])
@@ -173,14 +211,19 @@ def test_sown_intermediates_are_what_blockwise_pools_with(weights):
   reference, give the blockwise output."""
   x = _x(SEQ)
   mask = _right_pad_mask(37, [37, 9])
-  block = ContextPool(implementation='blockwise', block_size=4, weights=weights, causal=True,
-                      size_norm='sigmoid', ratio=0.3)
+  block = ContextPool(
+      implementation='blockwise',
+      block_size=4,
+      weights=weights,
+      causal=True,
+      size_norm='sigmoid',
+      ratio=0.3,
+  )
   params = jax.tree.map(lambda p: 2.0 * p, block.init(jax.random.key(0), x, mask))
   y, state = block.apply(params, x, mask, mutable=['intermediates'])
   sown = {k: v[0] for k, v in state['intermediates'].items()}
   for b in range(SEQ[0]):
-    want = ref.pool(x[b], sown['pool_weights'][b], sown['pool_sigma'][b], mask=mask[b],
-                    causal=True)
+    want = ref.pool(x[b], sown['pool_weights'][b], sown['pool_sigma'][b], mask=mask[b], causal=True)
     chex.assert_trees_all_close(np.asarray(y[b]), want, atol=2e-6, rtol=0)  # measured 6.4e-7
 
 
@@ -197,7 +240,7 @@ def test_bfloat16_compute_is_finite_and_close():
   assert y16.dtype == jnp.bfloat16
   # Measured: 0.0148 = 1.2 bfloat16 epsilons (2^-8) of max |y| = 3.2.
   scale = float(jnp.max(jnp.abs(y32)))
-  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=3 * 2.0 ** -8 * scale, rtol=0)
+  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=3 * 2.0**-8 * scale, rtol=0)
   chex.assert_tree_all_finite(grads)
   chex.assert_trees_all_equal_dtypes(grads, params)
   # Measured: at most 0.016 of max(1, max |gradient|) per leaf.
@@ -209,16 +252,22 @@ def test_bfloat16_compute_is_finite_and_close():
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('fields', [
-    dict(), dict(weights='nonlocal', locality='random_sparse'),
-    dict(locality='adaptive_window', weights='unnormalized')],
-    ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default')
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(),
+        dict(weights='nonlocal', locality='random_sparse'),
+        dict(locality='adaptive_window', weights='unnormalized'),
+    ],
+    ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default',
+)
 def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
   n = 10
   x = _x((1, n, 2))
   mask = _right_pad_mask(n, [9])
-  module = ContextPool(implementation='blockwise', block_size=4, causal=True, ratio=0.5,
-                       window=2, **fields)
+  module = ContextPool(
+      implementation='blockwise', block_size=4, causal=True, ratio=0.5, window=2, **fields
+  )
   params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
   jac = jax.jit(jax.jacrev(lambda z: module.apply(params, z, mask)))(x)[0, :, :, 0]
   dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
@@ -229,13 +278,23 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
 
 def _take_positions(t, s):
   """Positions ``s`` (a slice) of a Centres or Context: index on axis 0, the rest on axis 1."""
-  return type(t)(*(None if a is None else (a[s] if name == 'index' else a[:, s])
-                   for name, a in zip(t._fields, t)))
+  return type(t)(
+      *(
+          None if a is None else (a[s] if name == 'index' else a[:, s])
+          for name, a in zip(t._fields, t)
+      )
+  )
 
 
-@pytest.mark.parametrize('weights,locality', [
-    ('learned', 'gaussian'), ('nonlocal', 'random_sparse'),
-    ('unnormalized', 'adaptive_window'), ('uniform', 'fixed_window')])
+@pytest.mark.parametrize(
+    'weights,locality',
+    [
+        ('learned', 'gaussian'),
+        ('nonlocal', 'random_sparse'),
+        ('unnormalized', 'adaptive_window'),
+        ('uniform', 'fixed_window'),
+    ],
+)
 def test_pool_block_of_any_block_is_that_slice_of_the_whole(weights, locality):
   """pool_block (what the dense path calls on everything and the blockwise path per
   block) depends only on each pair's positions and features: any block, e.g. the
@@ -244,16 +303,22 @@ def test_pool_block_of_any_block_is_that_slice_of_the_whole(weights, locality):
   keys = iter(jax.random.split(jax.random.key(0), 5))
   valid = _right_pad_mask(n, [n, 9])
   nonlocal_ = weights == 'nonlocal'
-  rule = ContextPool(weights=weights, locality=locality, causal=True, window=2,
-                     dropout_rate=0.2).pool_rule((n,), dropout=True)
+  rule = ContextPool(
+      weights=weights, locality=locality, causal=True, window=2, dropout_rate=0.2
+  ).pool_rule((n,), dropout=True)
   centres = cp.Centres(
-      index=np.arange(n), valid=valid,
+      index=np.arange(n),
+      valid=valid,
       sigma=3.0 * jax.random.uniform(next(keys), (b, n)),
-      theta=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None)
+      theta=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None,
+  )
   context = cp.Context(
-      index=np.arange(n), valid=valid, x=_x((b, n, D)),
+      index=np.arange(n),
+      valid=valid,
+      x=_x((b, n, D)),
       log_w=None if nonlocal_ or weights == 'uniform' else jax.random.normal(next(keys), (b, n)),
-      phi=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None)
+      phi=jax.random.normal(next(keys), (b, n, k)) if nonlocal_ else None,
+  )
   seeds = jnp.array([3, 4], jnp.uint32)
   whole = cp.pool_block(rule, centres, context, seeds)
   assert (whole.allowed & whole.keep)[0].sum() < n * (n + 1) // 2  # not vacuous
@@ -310,13 +375,14 @@ def test_auto_picks_blockwise_above_the_documented_threshold():
   assert module.implementation == 'auto'
   assert module.resolved_implementation(threshold) == 'dense'
   assert module.resolved_implementation(threshold + 1) == 'blockwise'
-  assert ContextPool(implementation='dense').resolved_implementation(10 ** 6) == 'dense'
+  assert ContextPool(implementation='dense').resolved_implementation(10**6) == 'dense'
   assert ContextPool(implementation='blockwise').resolved_implementation(4) == 'blockwise'
   # What actually runs: sequences and grids, by the number of input positions.
   assert not _uses_blockwise(module, jnp.zeros((1, threshold, 2)))
   assert _uses_blockwise(module, jnp.zeros((1, threshold + 1, 2)))
-  assert _uses_blockwise(ContextPool(weights='nonlocal', locality='adaptive_window'),
-                         jnp.zeros((1, threshold + 1, 2)))
+  assert _uses_blockwise(
+      ContextPool(weights='nonlocal', locality='adaptive_window'), jnp.zeros((1, threshold + 1, 2))
+  )
   assert _uses_blockwise(ContextPool(strides=2), jnp.zeros((1, 33, 32, 2)))
   assert not _uses_blockwise(ContextPool(strides=2), jnp.zeros((1, 32, 32, 2)))
 
@@ -332,9 +398,16 @@ def test_forward_mode_autodiff_raises_with_blockwise_only():
     jax.jvp(lambda z: block.apply(params, z), (x,), tangent)
 
 
-@pytest.mark.parametrize('field,value', [
-    ('implementation', 'flash'), ('implementation', None), ('block_size', 0),
-    ('block_size', 2.5), ('block_size', True)])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('implementation', 'flash'),
+        ('implementation', None),
+        ('block_size', 0),
+        ('block_size', 2.5),
+        ('block_size', True),
+    ],
+)
 def test_invalid_implementation_config_raises(field, value):
   with pytest.raises(ValueError) as err:
     ContextPool(**{field: value}).init(jax.random.key(0), _x((1, 6, D)))
@@ -348,15 +421,17 @@ def test_invalid_implementation_config_raises(field, value):
 
 def _compiled_temp_bytes(implementation, n):
   from benchmarks.contextpool_memory import compile_pool_step
-  return compile_pool_step(n, implementation, batch=1, features=512, block_size=512,
-                           causal=True)['temp_bytes']
+
+  return compile_pool_step(n, implementation, batch=1, features=512, block_size=512, causal=True)[
+      'temp_bytes'
+  ]
 
 
 def test_blockwise_temp_memory_at_8192_is_8x_below_dense():
   """enwik8's last stage: n = 8192, batch 1, 512 features, causal, cnn mapping."""
   dense = _compiled_temp_bytes('dense', 8192)
   block = _compiled_temp_bytes('blockwise', 8192)
-  assert dense >= 8 * block, (dense / 2 ** 20, block / 2 ** 20)
+  assert dense >= 8 * block, (dense / 2**20, block / 2**20)
   # The dense pooling matrix alone is 8192^2 float32 = 256 MiB; blockwise must
   # not hold anything of that order.
-  assert block < 128 * 2 ** 20, block / 2 ** 20
+  assert block < 128 * 2**20, block / 2**20

@@ -44,11 +44,19 @@ def _text(n, seed=0):
 
 
 def _lm_config(tmp_path, files, **dataset):
-  config = ml_collections.ConfigDict({
-      'seed': 0, 'batch_size': 4, 'dataset': lm_input.default_dataset_config()})
-  config.dataset.update(name='local_text', data_dir=str(tmp_path / 'tfds'), files=files,
-                        max_bytes=0, seq_len=16, eval_context=32, eval_step=16,
-                        eval_batch_size=4)
+  config = ml_collections.ConfigDict(
+      {'seed': 0, 'batch_size': 4, 'dataset': lm_input.default_dataset_config()}
+  )
+  config.dataset.update(
+      name='local_text',
+      data_dir=str(tmp_path / 'tfds'),
+      files=files,
+      max_bytes=0,
+      seq_len=16,
+      eval_context=32,
+      eval_step=16,
+      eval_batch_size=4,
+  )
   config.dataset.update(**dataset)
   return config
 
@@ -83,13 +91,16 @@ def test_files_default_is_the_standard_library_and_an_empty_pattern_is_an_error(
   assert _prepared(tmp_path) == []
 
 
-@pytest.mark.parametrize('pattern,why', [
-    ('text/*.md', 'a glob pattern that matches no file'),
-    ('text/**/*.rst', 'a glob pattern that matches no file'),
-    ('empty_dir', 'a directory without non-hidden files'),
-    ('hidden_only', 'a directory without non-hidden files'),
-    ('text/missing.txt', 'no such file or directory'),
-])
+@pytest.mark.parametrize(
+    'pattern,why',
+    [
+        ('text/*.md', 'a glob pattern that matches no file'),
+        ('text/**/*.rst', 'a glob pattern that matches no file'),
+        ('empty_dir', 'a directory without non-hidden files'),
+        ('hidden_only', 'a directory without non-hidden files'),
+        ('text/missing.txt', 'no such file or directory'),
+    ],
+)
 def test_a_pattern_naming_no_file_is_dataset_not_found_naming_it(tmp_path, pattern, why):
   (tmp_path / 'text').mkdir()
   (tmp_path / 'text' / 'a.txt').write_bytes(_text(5000))
@@ -153,7 +164,8 @@ def test_a_corpus_too_small_for_the_90_5_5_split_fails_before_preparing(tmp_path
     _train(_lm_config(tmp_path, files, max_bytes=19))
   assert str(e.value).startswith(
       f'local_text: config.dataset.files={files!r} gives a corpus of 19 bytes'
-      ' (config.dataset.max_bytes=19, 0 = no cap), too few for a non-empty validation split')
+      ' (config.dataset.max_bytes=19, 0 = no cap), too few for a non-empty validation split'
+  )
   assert _prepared(tmp_path) == []
 
 
@@ -161,14 +173,18 @@ def test_a_train_split_shorter_than_two_windows_is_an_error_naming_seq_len(tmp_p
   (tmp_path / 'a.txt').write_bytes(_text(1000))  # train: 900 bytes
   files = (str(tmp_path / 'a.txt'),)
   config = _lm_config(tmp_path, files, seq_len=451)
-  for make in (_train, lambda c: lm_input.make_eval_batches(
-      c, 'validation', process_index=0, process_count=1)):
+  for make in (
+      _train,
+      lambda c: lm_input.make_eval_batches(c, 'validation', process_index=0, process_count=1),
+  ):
     with pytest.raises(ValueError) as e:
       make(config)
     message = str(e.value)
-    assert message.startswith('config.dataset.seq_len=451 is too large for the train split of'
-                              f' config.dataset.files={files!r} (config.dataset.max_bytes=0):'
-                              ' it has 900 bytes')
+    assert message.startswith(
+        'config.dataset.seq_len=451 is too large for the train split of'
+        f' config.dataset.files={files!r} (config.dataset.max_bytes=0):'
+        ' it has 900 bytes'
+    )
     assert 'at least 2 * seq_len = 902' in message
   # Exactly 2 * seq_len bytes: one window per epoch, at phase 0..seq_len-1.
   fits = _lm_config(tmp_path, files, seq_len=450)
@@ -186,10 +202,12 @@ def test_an_evaluation_split_shorter_than_two_bytes_is_an_error(tmp_path):
     _train(_lm_config(tmp_path, files, seq_len=8))  # checked before training
   assert str(e.value).startswith(
       f'The validation split of config.dataset.files={files!r} (config.dataset.max_bytes=0)'
-      ' has 1 byte(s); evaluation needs at least 2')
+      ' has 1 byte(s); evaluation needs at least 2'
+  )
   (tmp_path / 'a.txt').write_bytes(_text(40))  # validation: 2 bytes, test: 2 bytes
-  (batch,) = lm_input.make_eval_batches(_lm_config(tmp_path, files, seq_len=8), 'validation',
-                                        process_index=0, process_count=1)
+  (batch,) = lm_input.make_eval_batches(
+      _lm_config(tmp_path, files, seq_len=8), 'validation', process_index=0, process_count=1
+  )
   assert batch['weights'].sum() == 1
   with pytest.raises(ValueError, match=r'config.dataset.eval_max_bytes=1 must be 0'):
     _train(_lm_config(tmp_path, files, seq_len=8, eval_max_bytes=1))
@@ -199,10 +217,14 @@ def test_enwik8_split_sizes_too_small_name_split_bytes(tmp_path):
   manual = tmp_path / 'tfds' / 'downloads' / 'manual'
   manual.mkdir(parents=True)
   (manual / 'enwik8').write_bytes(_text(1000))
-  config = _lm_config(tmp_path, (), name='enwik8', download=False,
-                      split_bytes=(998, 1, 1), seq_len=8)
-  with pytest.raises(ValueError, match=r"^The validation split of config.dataset.name="
-                     r"'enwik8' with config.dataset.split_bytes=\(998, 1, 1\) has 1 byte"):
+  config = _lm_config(
+      tmp_path, (), name='enwik8', download=False, split_bytes=(998, 1, 1), seq_len=8
+  )
+  with pytest.raises(
+      ValueError,
+      match=r'^The validation split of config.dataset.name='
+      r"'enwik8' with config.dataset.split_bytes=\(998, 1, 1\) has 1 byte",
+  ):
     _train(config)
 
 
@@ -217,18 +239,27 @@ def _bigram_logits(tokens, table):
 
 @pytest.mark.parametrize('process_count', [1, 2])
 @pytest.mark.parametrize('context,step', [(32, 16), (256, 128)])
-def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(tmp_path, process_count, context,
-                                                             step):
+def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(
+    tmp_path, process_count, context, step
+):
   (tmp_path / 'a.txt').write_bytes(_text(2000, seed=1))  # validation: 100 bytes
   config = default_config.get_config()
-  config.dataset.update(data_dir=str(tmp_path / 'tfds'), files=(str(tmp_path / 'a.txt'),),
-                        max_bytes=0, seq_len=16, eval_context=context, eval_step=step,
-                        eval_batch_size=16, eval_max_bytes=0)
+  config.dataset.update(
+      data_dir=str(tmp_path / 'tfds'),
+      files=(str(tmp_path / 'a.txt'),),
+      max_bytes=0,
+      seq_len=16,
+      eval_context=context,
+      eval_step=step,
+      eval_batch_size=16,
+      eval_max_bytes=0,
+  )
   task = tasks.make_task(config, str(tmp_path)).objective
   table = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
-  shards = [lm_input.make_eval_batches(config, 'validation', process_index=p,
-                                       process_count=process_count)
-            for p in range(process_count)]
+  shards = [
+      lm_input.make_eval_batches(config, 'validation', process_index=p, process_count=process_count)
+      for p in range(process_count)
+  ]
   assert shards[0].num_windows < 16 and all(len(s) == 1 for s in shards)
   sums = {}
   for shard in shards:
@@ -241,7 +272,8 @@ def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(tmp_path, process_
   assert len(data) == 100 and sums['weight'] == 99
   log_p = jax.nn.log_softmax(table[data[:-1]], axis=-1)
   direct_bpc = -float(np.take_along_axis(np.asarray(log_p), data[1:, None], 1).sum()) / (
-      99 * math.log(2.0))
+      99 * math.log(2.0)
+  )
   np.testing.assert_allclose(task.finalize(sums)['bpc'], direct_bpc, rtol=1e-6)
 
 
@@ -301,8 +333,9 @@ def _prepare_tfds(data_dir, full_name, splits):
       return epath.Path(__file__)
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=real.info.features,
-                                   disable_shuffling=True)
+      return tfds.core.DatasetInfo(
+          builder=self, features=real.info.features, disable_shuffling=True
+      )
 
     def _split_generators(self, dl_manager):
       return {split: self._generate_examples(examples) for split, examples in splits.items()}
@@ -310,8 +343,9 @@ def _prepare_tfds(data_dir, full_name, splits):
     def _generate_examples(self, examples):
       yield from enumerate(examples)
 
-  StandIn(data_dir=str(data_dir), config=configs[0].name if configs else None
-          ).download_and_prepare(file_format='array_record')
+  StandIn(data_dir=str(data_dir), config=configs[0].name if configs else None).download_and_prepare(
+      file_format='array_record'
+  )
 
 
 def _png(value):
@@ -325,8 +359,11 @@ def _png(value):
 def cifar_dir(tmp_path_factory):
   data_dir = tmp_path_factory.mktemp('cifar')
   example = lambda i: {'id': f'x{i}', 'image': _png(20 * i), 'label': i % 10}
-  _prepare_tfds(data_dir, 'cifar10', {'train': [example(i) for i in range(6)],
-                                      'test': [example(i) for i in range(3)]})
+  _prepare_tfds(
+      data_dir,
+      'cifar10',
+      {'train': [example(i) for i in range(6)], 'test': [example(i) for i in range(3)]},
+  )
   return data_dir
 
 
@@ -337,16 +374,18 @@ def _cifar_config(data_dir, **dataset):
 
 
 @pytest.mark.parametrize('process_count', [1, 2])
-def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(cifar_dir, tmp_path,
-                                                                    process_count):
+def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(
+    cifar_dir, tmp_path, process_count
+):
   config = _cifar_config(cifar_dir)
   task = tasks.make_task(config, str(tmp_path)).objective
   weights = np.random.default_rng(0).normal(size=(3, 10)).astype(np.float32)
   logits_of = lambda images: jnp.asarray(images.mean(axis=(1, 2)) @ weights)
   sums, labels = {}, []
   for p in range(process_count):
-    (batch,) = list(image_input.make_eval_batches(config, process_index=p,
-                                                  process_count=process_count))
+    (batch,) = list(
+        image_input.make_eval_batches(config, process_index=p, process_count=process_count)
+    )
     assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
     assert not batch['image'][~batch['mask']].any()
     labels += batch['label'][batch['mask']].tolist()
@@ -370,8 +409,10 @@ def test_image_missing_or_empty_split_names_the_setting(cifar_dir, tmp_path):
       (dict(split='valid'), "the evaluation split 'valid' (config.eval_splits)"),
       (dict(dataset=dict(eval_split='validation')), "config.dataset.eval_split='validation'"),
       (dict(split='test[3:]'), "the evaluation split 'test[3:]' (config.eval_splits)"),
-      (dict(dataset=dict(train_split='train[:0]'), train=True),
-       "config.dataset.train_split='train[:0]'"),
+      (
+          dict(dataset=dict(train_split='train[:0]'), train=True),
+          "config.dataset.train_split='train[:0]'",
+      ),
   ]
   for case, setting in cases:
     config = _cifar_config(cifar_dir, **case.get('dataset', {}))
@@ -379,14 +420,17 @@ def test_image_missing_or_empty_split_names_the_setting(cifar_dir, tmp_path):
       if case.get('train'):
         image_input.make_train_dataset(config, process_index=0, process_count=1)
       else:
-        image_input.make_eval_batches(config, case.get('split'), process_index=0,
-                                      process_count=1)
+        image_input.make_eval_batches(config, case.get('split'), process_index=0, process_count=1)
     assert str(e.value).startswith(f"{setting} cannot be read from 'cifar10'")
     assert available in str(e.value)
-  with pytest.raises(ValueError, match=r"^the evaluation split 'test' \(config.eval_splits\) selects "
-                     r"no example of 'cifar10'"):
-    image_input.make_eval_batches(_cifar_config(cifar_dir), 'test', process_index=0,
-                                  process_count=1, source=[])
+  with pytest.raises(
+      ValueError,
+      match=r"^the evaluation split 'test' \(config.eval_splits\) selects "
+      r"no example of 'cifar10'",
+  ):
+    image_input.make_eval_batches(
+        _cifar_config(cifar_dir), 'test', process_index=0, process_count=1, source=[]
+    )
   # Not prepared at all: DatasetNotFoundError saying how to prepare it.
   with pytest.raises(DatasetNotFoundError, match='tfds build cifar10'):
     image_input.make_eval_batches(_cifar_config(tmp_path), process_index=0, process_count=1)
@@ -401,8 +445,9 @@ def _pairs(n, seed):
   out = []
   for i in range(n):
     w = rng.integers(0, len(EN), int(rng.integers(2, 10)))
-    out.append({'en': ' '.join(EN[j] for j in w) + f' {i}',
-                'de': ' '.join(DE[j] for j in w) + f' {i}'})
+    out.append(
+        {'en': ' '.join(EN[j] for j in w) + f' {i}', 'de': ' '.join(DE[j] for j in w) + f' {i}'}
+    )
   return out
 
 
@@ -410,22 +455,30 @@ def _pairs(n, seed):
 def wmt_dir(tmp_path_factory):
   data_dir = tmp_path_factory.mktemp('wmt')
   importlib.import_module('tensorflow_datasets.translate.wmt14')  # registers it without TF
-  _prepare_tfds(data_dir, 'wmt14_translate/de-en',
-                {'train': _pairs(48, 0), 'validation': _pairs(3, 1)})  # no 'test'
+  _prepare_tfds(
+      data_dir, 'wmt14_translate/de-en', {'train': _pairs(48, 0), 'validation': _pairs(3, 1)}
+  )  # no 'test'
   return data_dir
 
 
 def _wmt_config(data_dir, workdir, **dataset):
   config = wmt14.get_config('en-de,tiny,standard')
-  config.dataset.update(data_dir=str(data_dir), vocab_size=40, max_source_len=32,
-                        max_target_len=32, eval_batch_size=8, vocab_path=str(workdir / 'v.model'))
+  config.dataset.update(
+      data_dir=str(data_dir),
+      vocab_size=40,
+      max_source_len=32,
+      max_target_len=32,
+      eval_batch_size=8,
+      vocab_path=str(workdir / 'v.model'),
+  )
   config.dataset.update(**dataset)
   return config
 
 
 @pytest.mark.parametrize('process_count', [1, 2])
-def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(wmt_dir, tmp_path,
-                                                                        process_count):
+def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(
+    wmt_dir, tmp_path, process_count
+):
   config = _wmt_config(wmt_dir, tmp_path)
   full = tasks.make_task(config, str(tmp_path))
   task, vocab = full.objective, full.data.vocab
@@ -433,8 +486,11 @@ def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(wmt_dir,
   logits_of = lambda inputs: jnp.asarray(table[inputs[:, 0]], jnp.float32)
   sums, seen = {}, []
   for p in range(process_count):
-    (batch,) = list(translation_input.make_eval_batches(
-        config, 'validation', process_index=p, process_count=process_count, vocab=vocab))
+    (batch,) = list(
+        translation_input.make_eval_batches(
+            config, 'validation', process_index=p, process_count=process_count, vocab=vocab
+        )
+    )
     assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
     assert not batch['targets'][~batch['mask']].any()
     seen += batch['index'][batch['mask']].tolist()
@@ -464,33 +520,45 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   config = _wmt_config(wmt_dir, tmp_path)
   vocab = translation_input.get_vocab(config, process_index=0)
   with pytest.raises(ValueError) as e:
-    translation_input.make_eval_batches(config, 'test', process_index=0, process_count=1,
-                                        vocab=vocab)
+    translation_input.make_eval_batches(
+        config, 'test', process_index=0, process_count=1, vocab=vocab
+    )
   assert str(e.value).startswith(
       "the evaluation split 'test' (config.eval_splits) cannot be read from"
-      " 'wmt14_translate/de-en'")
+      " 'wmt14_translate/de-en'"
+  )
   assert 'Prepared splits: train (48 examples), validation (3 examples)' in str(e.value)
   with pytest.raises(ValueError, match=r"^config.dataset.train_split='train\[:0\]' cannot be"):
-    translation_input.make_train_dataset(_wmt_config(wmt_dir, tmp_path, train_split='train[:0]'),
-                                         process_index=0, process_count=1, vocab=vocab)
+    translation_input.make_train_dataset(
+        _wmt_config(wmt_dir, tmp_path, train_split='train[:0]'),
+        process_index=0,
+        process_count=1,
+        vocab=vocab,
+    )
   one = _wmt_config(wmt_dir, tmp_path, train_split='train[:1]', bucket_boundaries=[32])
-  with pytest.raises(ValueError, match=r"train_split='train\[:1\]' has no examples for "
-                     'process 1 of 2'):
+  with pytest.raises(
+      ValueError, match=r"train_split='train\[:1\]' has no examples for " 'process 1 of 2'
+  ):
     translation_input.make_train_dataset(one, process_index=1, process_count=2, vocab=vocab)
   # Every pair too long (and truncate=False): an error after two epochs, not a hang.
   too_short = _wmt_config(wmt_dir, tmp_path, max_source_len=2, max_target_len=2)
-  it = iter(translation_input.make_train_dataset(too_short, process_index=0, process_count=1,
-                                                 vocab=vocab))
+  it = iter(
+      translation_input.make_train_dataset(too_short, process_index=0, process_count=1, vocab=vocab)
+  )
   raised = []
   puller = threading.Thread(target=lambda: raised.append(_raised(lambda: next(it))), daemon=True)
   puller.start()
   puller.join(timeout=120)  # a regression hangs: fail instead of waiting forever
   assert raised and isinstance(raised[0], ValueError), raised
-  assert re.match(r'96 training pairs in a row are longer than config.dataset.max_source_len=2'
-                  r' or max_target_len=2 .* none fits', str(raised[0]))
+  assert re.match(
+      r'96 training pairs in a row are longer than config.dataset.max_source_len=2'
+      r' or max_target_len=2 .* none fits',
+      str(raised[0]),
+  )
   with pytest.raises(DatasetNotFoundError, match='tfds build wmt14_translate/de-en'):
-    translation_input.make_train_dataset(_wmt_config(tmp_path / 'none', tmp_path),
-                                         process_index=0, process_count=1, vocab=vocab)
+    translation_input.make_train_dataset(
+        _wmt_config(tmp_path / 'none', tmp_path), process_index=0, process_count=1, vocab=vocab
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -501,17 +569,20 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
 def _no_compiling(monkeypatch):
   def jit(*args, **kwargs):
     raise AssertionError('jax.jit was called: the data error came after compiling started')
+
   monkeypatch.setattr(jax, 'jit', jit)
 
 
-@pytest.mark.parametrize('fault,error,expected', [
-    ('glob_matches_nothing', DatasetNotFoundError, "names no file (a glob pattern"),
-    ('binary_file', ValueError, 'first NUL at byte'),
-    ('shorter_than_seq_len', ValueError, 'config.dataset.seq_len=32 is too large'),
-    ('validation_too_short', ValueError, 'The validation split of'),
-])
-def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault, error,
-                                                    expected):
+@pytest.mark.parametrize(
+    'fault,error,expected',
+    [
+        ('glob_matches_nothing', DatasetNotFoundError, 'names no file (a glob pattern'),
+        ('binary_file', ValueError, 'first NUL at byte'),
+        ('shorter_than_seq_len', ValueError, 'config.dataset.seq_len=32 is too large'),
+        ('validation_too_short', ValueError, 'The validation split of'),
+    ],
+)
+def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault, error, expected):
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   sizes = {'shorter_than_seq_len': 60, 'validation_too_short': 39}
@@ -533,11 +604,18 @@ def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault
 
 def test_trainer_bpc_is_exact_on_a_validation_split_smaller_than_one_batch(tmp_path):
   from contextpool_jax.training import load
+
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   (corpus / 'a.txt').write_bytes(_text(600, seed=4))  # validation: 30 bytes, one window
-  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=2, log_every_steps=2,
-                       eval_every_steps=2, checkpoint_every_steps=2)
+  config = tiny_config(
+      corpus,
+      tmp_path / 'data',
+      num_train_steps=2,
+      log_every_steps=2,
+      eval_every_steps=2,
+      checkpoint_every_steps=2,
+  )
   result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   model, variables, _ = load(str(tmp_path / 'run'))
   data = np.frombuffer(_split_bytes(config, 'validation'), np.uint8)

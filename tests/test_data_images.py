@@ -25,15 +25,18 @@ NUM_CLASSES = {'cifar10': 10, 'imagenet2012': 1000}
 
 
 def make_config(name='cifar10', batch_size=4, seed=0, **dataset):
-  dataset = {'name': name, 'num_threads': 2, 'prefetch_buffer_size': 16,
-             'eval_batch_size': 6, **dataset}
-  return ml_collections.ConfigDict({'seed': seed, 'batch_size': batch_size,
-                                    'dataset': dataset})
+  dataset = {
+      'name': name,
+      'num_threads': 2,
+      'prefetch_buffer_size': 16,
+      'eval_batch_size': 6,
+      **dataset,
+  }
+  return ml_collections.ConfigDict({'seed': seed, 'batch_size': batch_size, 'dataset': dataset})
 
 
 def mock(num_examples=24):
-  return tfds.testing.mock_data(num_examples=num_examples,
-                                policy=tfds.testing.MockPolicy.USE_CODE)
+  return tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE)
 
 
 def indexed_source(n, size=(32, 32)):
@@ -88,25 +91,32 @@ def test_train_is_deterministic_and_state_round_trips():
   cfg = make_config('cifar10', batch_size=4, randaugment_num_ops=1)
   with mock(20):
     ds = ii.make_train_dataset(cfg, process_index=0, process_count=1)
-    first = take(ds, 8)   # 32 examples: more than one epoch
-    assert_batches_equal(first, take(ii.make_train_dataset(
-        cfg, process_index=0, process_count=1), 8))
+    first = take(ds, 8)  # 32 examples: more than one epoch
+    assert_batches_equal(
+        first, take(ii.make_train_dataset(cfg, process_index=0, process_count=1), 8)
+    )
     it = iter(ds)
     take(ds, 3, it)
     state = it.get_state()
     resumed = iter(ii.make_train_dataset(cfg, process_index=0, process_count=1))
     resumed.set_state(state)
     assert_batches_equal(take(ds, 5, resumed), first[3:])
-    other = take(ii.make_train_dataset(make_config('cifar10', batch_size=4, seed=1,
-                                                   randaugment_num_ops=1),
-                                       process_index=0, process_count=1), 1)
+    other = take(
+        ii.make_train_dataset(
+            make_config('cifar10', batch_size=4, seed=1, randaugment_num_ops=1),
+            process_index=0,
+            process_count=1,
+        ),
+        1,
+    )
   assert not np.array_equal(other[0]['image'], first[0]['image'])
 
 
 def test_epochs_are_permutations_reshuffled_every_epoch():
   n, batch = 12, 4
-  ds = ii.make_train_dataset(make_config(batch_size=batch), process_index=0, process_count=1,
-                             source=indexed_source(n))
+  ds = ii.make_train_dataset(
+      make_config(batch_size=batch), process_index=0, process_count=1, source=indexed_source(n)
+  )
   labels = np.concatenate([b['label'] for b in take(ds, 3 * n // batch)]).reshape(3, n)
   for epoch in labels:
     assert sorted(epoch) == list(range(n))
@@ -118,8 +128,9 @@ def test_train_shards_are_disjoint_per_process():
   source = indexed_source(n)
   seen = []
   for p in range(count):
-    ds = ii.make_train_dataset(make_config(batch_size=6), process_index=p,
-                               process_count=count, source=source)
+    ds = ii.make_train_dataset(
+        make_config(batch_size=6), process_index=p, process_count=count, source=source
+    )
     batches = take(ds, 4)  # one epoch of this process's 8 examples, 2 per batch
     assert all(b['label'].shape == (2,) for b in batches)
     labels = np.concatenate([b['label'] for b in batches])
@@ -134,16 +145,21 @@ def test_eval_padding_mask_and_shards():
   cfg = make_config(eval_batch_size=6)  # 2 per process
   valid, num_batches = [], set()
   for p in range(count):
-    batches = list(ii.make_eval_batches(cfg, 'test', process_index=p, process_count=count,
-                                        source=source))
+    batches = list(
+        ii.make_eval_batches(cfg, 'test', process_index=p, process_count=count, source=source)
+    )
     num_batches.add(len(batches))
     for b in batches:
       assert b['image'].shape == (2, 32, 32, 3) and b['mask'].shape == (2,)
       assert np.all(b['image'][~b['mask']] == 0) and np.all(b['label'][~b['mask']] == 0)
       valid += b['label'][b['mask']].tolist()
     # Re-iterable and deterministic.
-    assert_batches_equal(batches, list(ii.make_eval_batches(
-        cfg, 'test', process_index=p, process_count=count, source=source)))
+    assert_batches_equal(
+        batches,
+        list(
+            ii.make_eval_batches(cfg, 'test', process_index=p, process_count=count, source=source)
+        ),
+    )
   assert num_batches == {5}  # ceil(ceil(25 / 3) / 2) on every process
   assert sorted(valid) == list(range(n))
 
@@ -158,8 +174,9 @@ def test_normalisation_per_channel(name, size):
   expected = (rgb - np.array(mean)) / np.array(std)
   s = 32 if name == 'cifar10' else 224
   assert batch['image'].shape == (1, s, s, 3)
-  np.testing.assert_allclose(batch['image'][0], np.broadcast_to(expected, (s, s, 3)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      batch['image'][0], np.broadcast_to(expected, (s, s, 3)), rtol=1e-5, atol=1e-5
+  )
   # Overridden statistics.
   cfg = make_config(name, eval_batch_size=1, mean=(127.5,) * 3, std=(127.5,) * 3)
   (batch,) = list(ii.make_eval_batches(cfg, process_index=0, process_count=1, source=source))
@@ -175,7 +192,7 @@ def _windows(image, padding=4):
   h, w = image.shape[:2]
   padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
   for y, x in itertools.product(range(2 * padding + 1), repeat=2):
-    window = padded[y:y + h, x:x + w]
+    window = padded[y : y + h, x : x + w]
     yield (y, x, False), window
     yield (y, x, True), window[:, ::-1]
 
@@ -188,8 +205,10 @@ def _which_window(out, image):
 
 def test_cifar_pad_crop_flip_is_a_window_of_the_padded_image():
   image = np.random.default_rng(0).integers(1, 256, (32, 32, 3), dtype=np.uint8)
-  kinds = {_which_window(ii.pad_crop_flip(image, np.random.default_rng(seed)), image)
-           for seed in range(40)}
+  kinds = {
+      _which_window(ii.pad_crop_flip(image, np.random.default_rng(seed)), image)
+      for seed in range(40)
+  }
   assert {flip for _, _, flip in kinds} == {False, True}
   assert len({(y, x) for y, x, _ in kinds}) > 10
 
@@ -197,8 +216,9 @@ def test_cifar_pad_crop_flip_is_a_window_of_the_padded_image():
 def test_cifar_train_pipeline_crops_and_flips():
   image = np.random.default_rng(1).integers(1, 256, (32, 32, 3), dtype=np.uint8)
   source = [{'image': image, 'label': 0}] * 4
-  ds = ii.make_train_dataset(make_config(batch_size=4), process_index=0, process_count=1,
-                             source=source)
+  ds = ii.make_train_dataset(
+      make_config(batch_size=4), process_index=0, process_count=1, source=source
+  )
   kinds = set()
   for batch in take(ds, 4):
     for out in batch['image']:
@@ -231,8 +251,7 @@ def test_imagenet_train_and_eval_geometry():
   # Left half black, right half white: the eval crop keeps the boundary centred.
   image = np.zeros((300, 500, 3), np.uint8)
   image[:, 250:] = 255
-  out = denormalise(ii.eval_example({'image': image, 'label': 1}, spec)['image'],
-                    'imagenet2012')
+  out = denormalise(ii.eval_example({'image': image, 'label': 1}, spec)['image'], 'imagenet2012')
   assert out.shape == (224, 224, 3)
   np.testing.assert_allclose(out[:, :100], 0, atol=1e-3)
   np.testing.assert_allclose(out[:, 124:], 255, atol=1e-3)
@@ -255,21 +274,24 @@ MAGNITUDE_OPS = [n for n in randaugment.RANDAUGMENT_OPS if n not in ('autocontra
 @pytest.mark.parametrize('name', list(randaugment.RANDAUGMENT_OPS))
 def test_randaugment_op_keeps_shape_and_dtype(name):
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   image = np.random.default_rng(0).integers(0, 256, (20, 28, 3), dtype=np.uint8)
   op = randaugment.RANDAUGMENT_OPS[name]
   for m in (0.0, 5.0, 10.0):
     out = np.asarray(op(Image.fromarray(image), m, np.random.default_rng(1)))
     assert out.shape == image.shape and out.dtype == np.uint8
     if m == 0 and name in MAGNITUDE_OPS:
-      np.testing.assert_array_equal(out, image)   # magnitude 0 is the identity
+      np.testing.assert_array_equal(out, image)  # magnitude 0 is the identity
     if m == 10 and name in MAGNITUDE_OPS and name != 'identity':
       assert not np.array_equal(out, image)
 
 
 def test_randaugment():
   image = np.random.default_rng(0).integers(0, 256, (24, 24, 3), dtype=np.uint8)
+
   def run(seed, **kw):
     return randaugment.randaugment(image, np.random.default_rng(seed), **kw)
+
   out = run(0, num_ops=3, magnitude=9, magnitude_std=0.5)
   assert out.shape == image.shape and out.dtype == np.uint8
   np.testing.assert_array_equal(out, run(0, num_ops=3, magnitude=9, magnitude_std=0.5))
@@ -293,8 +315,11 @@ def _two_images(b=4, h=16, w=12):
 @pytest.mark.parametrize('mixup_alpha,cutmix_alpha', [(0.8, 0.0), (0.0, 1.0), (0.8, 1.0)])
 def test_mixup_cutmix_label_mass_matches_pixels(mixup_alpha, cutmix_alpha):
   images, labels = _two_images()
-  fn = jax.jit(lambda k: mixup.mixup_cutmix(k, images, labels, mixup_alpha=mixup_alpha,
-                                         cutmix_alpha=cutmix_alpha, switch_prob=0.5))
+  fn = jax.jit(
+      lambda k: mixup.mixup_cutmix(
+          k, images, labels, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, switch_prob=0.5
+      )
+  )
   kinds = set()
   for seed in range(12):
     out, soft = fn(jax.random.key(seed))
@@ -327,23 +352,28 @@ def test_cutmix_box_area_matches_lambda():
     if len(ys):  # a rectangle
       assert mask.sum() == (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
   # Sides floor(sqrt(1 - lam) * side), less where the box is clipped at the border.
-  sums = [int(mixup.cutmix_box(jax.random.key(s), 20, 30, jnp.float32(0.75))[0].sum())
-          for s in range(20)]
+  sums = [
+      int(mixup.cutmix_box(jax.random.key(s), 20, 30, jnp.float32(0.75))[0].sum())
+      for s in range(20)
+  ]
   assert max(sums) == 10 * 15 and min(sums) < 10 * 15
 
 
 def test_mixup_cutmix_alpha_zero_is_identity():
   images, labels = _two_images()
-  out, soft = mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=0.0,
-                              cutmix_alpha=0.0, switch_prob=0.5)
+  out, soft = mixup.mixup_cutmix(
+      jax.random.key(0), images, labels, mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5
+  )
   np.testing.assert_array_equal(out, images)
   np.testing.assert_array_equal(soft, labels)
   with pytest.raises(ValueError, match='mixup_alpha'):
-    mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=-1.0, cutmix_alpha=0.0,
-                    switch_prob=0.5)
+    mixup.mixup_cutmix(
+        jax.random.key(0), images, labels, mixup_alpha=-1.0, cutmix_alpha=0.0, switch_prob=0.5
+    )
   with pytest.raises(ValueError, match='switch_prob'):
-    mixup.mixup_cutmix(jax.random.key(0), images, labels, mixup_alpha=1.0, cutmix_alpha=1.0,
-                    switch_prob=1.5)
+    mixup.mixup_cutmix(
+        jax.random.key(0), images, labels, mixup_alpha=1.0, cutmix_alpha=1.0, switch_prob=1.5
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -351,21 +381,24 @@ def test_mixup_cutmix_alpha_zero_is_identity():
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('overrides,field', [
-    ({'name': 'mnist'}, 'name'),
-    ({'image_size': 0}, 'image_size'),
-    ({'crop_area_min': 0.0}, 'crop_area_min'),
-    ({'crop_area_min': 1.5}, 'crop_area_min'),
-    ({'randaugment_num_ops': -1}, 'randaugment_num_ops'),
-    ({'randaugment_magnitude': 11}, 'randaugment_magnitude'),
-    ({'randaugment_prob': 2.0}, 'randaugment_prob'),
-    ({'interpolation': 'nearest'}, 'interpolation'),
-    ({'eval_crop_fraction': 0}, 'eval_crop_fraction'),
-    ({'std': (1.0, 0.0, 1.0)}, 'std'),
-    ({'mean': (1.0, 2.0)}, 'mean'),
-    ({'eval_split': ''}, 'eval_split'),
-    ({'num_workers': -1}, 'num_workers'),
-])
+@pytest.mark.parametrize(
+    'overrides,field',
+    [
+        ({'name': 'mnist'}, 'name'),
+        ({'image_size': 0}, 'image_size'),
+        ({'crop_area_min': 0.0}, 'crop_area_min'),
+        ({'crop_area_min': 1.5}, 'crop_area_min'),
+        ({'randaugment_num_ops': -1}, 'randaugment_num_ops'),
+        ({'randaugment_magnitude': 11}, 'randaugment_magnitude'),
+        ({'randaugment_prob': 2.0}, 'randaugment_prob'),
+        ({'interpolation': 'nearest'}, 'interpolation'),
+        ({'eval_crop_fraction': 0}, 'eval_crop_fraction'),
+        ({'std': (1.0, 0.0, 1.0)}, 'std'),
+        ({'mean': (1.0, 2.0)}, 'mean'),
+        ({'eval_split': ''}, 'eval_split'),
+        ({'num_workers': -1}, 'num_workers'),
+    ],
+)
 def test_bad_config_raises_naming_the_field(overrides, field):
   with pytest.raises(ValueError, match=f'config.dataset.{field}='):
     ii.resolve_spec(make_config(**overrides))
@@ -374,22 +407,33 @@ def test_bad_config_raises_naming_the_field(overrides, field):
 def test_batch_sizes_must_divide_by_process_count():
   source = indexed_source(4)
   with pytest.raises(ValueError, match='config.batch_size=6'):
-    ii.make_train_dataset(make_config(batch_size=6), process_index=0, process_count=4,
-                          source=source)
+    ii.make_train_dataset(
+        make_config(batch_size=6), process_index=0, process_count=4, source=source
+    )
   with pytest.raises(ValueError, match='config.dataset.eval_batch_size=6'):
-    ii.make_eval_batches(make_config(eval_batch_size=6), process_index=0, process_count=4,
-                         source=source)
+    ii.make_eval_batches(
+        make_config(eval_batch_size=6), process_index=0, process_count=4, source=source
+    )
   with pytest.raises(ValueError, match='process_index'):
     ii.make_train_dataset(make_config(), process_index=2, process_count=2, source=source)
 
 
 def test_defaults():
   cifar = ii.resolve_spec(make_config('cifar10', eval_batch_size=None))
-  assert (cifar.image_size, cifar.train_split, cifar.eval_split, cifar.eval_batch_size,
-          cifar.randaugment_num_ops) == (32, 'train', 'test', 1000, 0)
+  assert (
+      cifar.image_size,
+      cifar.train_split,
+      cifar.eval_split,
+      cifar.eval_batch_size,
+      cifar.randaugment_num_ops,
+  ) == (32, 'train', 'test', 1000, 0)
   imnet = ii.resolve_spec(make_config('imagenet2012', eval_batch_size=None))
-  assert (imnet.image_size, imnet.eval_split, imnet.crop_area_min,
-          imnet.eval_crop_fraction) == (224, 'validation', 0.08, 0.875)
+  assert (imnet.image_size, imnet.eval_split, imnet.crop_area_min, imnet.eval_crop_fraction) == (
+      224,
+      'validation',
+      0.08,
+      0.875,
+  )
 
 
 @pytest.mark.parametrize('name', ['cifar10', 'imagenet2012'])

@@ -12,8 +12,7 @@ from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.data import lm_input
 from contextpool_jax.data import text_builders as tb
 
-_SMALL = dict(train_bytes=180_000, validation_bytes=10_000, test_bytes=10_000,
-              chunk_bytes=4096)
+_SMALL = dict(train_bytes=180_000, validation_bytes=10_000, test_bytes=10_000, chunk_bytes=4096)
 
 
 def _read_all(sources):
@@ -36,19 +35,24 @@ def _write_zip(path, member, data):
 
 
 def test_standard_split_is_90m_5m_5m():
-  for cls, url in ((tb.Enwik8, 'http://mattmahoney.net/dc/enwik8.zip'),
-                   (tb.Text8, 'http://mattmahoney.net/dc/text8.zip')):
+  for cls, url in (
+      (tb.Enwik8, 'http://mattmahoney.net/dc/enwik8.zip'),
+      (tb.Text8, 'http://mattmahoney.net/dc/text8.zip'),
+  ):
     assert cls.URL == url
     (config,) = cls.BUILDER_CONFIGS
     assert config.name == 'standard'
-    assert (config.train_bytes, config.validation_bytes,
-            config.test_bytes) == (90_000_000, 5_000_000, 5_000_000)
+    assert (config.train_bytes, config.validation_bytes, config.test_bytes) == (
+        90_000_000,
+        5_000_000,
+        5_000_000,
+    )
     assert config.chunk_bytes == 64 * 1024
   assert tb.Enwik8(data_dir='/nonexistent').builder_config.name == 'standard'
-  assert tb.Enwik8(data_dir='/nonexistent',
-                   train_bytes=90_000_000).builder_config.name == 'standard'
-  assert tb.Enwik8(data_dir='/nonexistent',
-                   **_SMALL).builder_config.name != 'standard'
+  assert (
+      tb.Enwik8(data_dir='/nonexistent', train_bytes=90_000_000).builder_config.name == 'standard'
+  )
+  assert tb.Enwik8(data_dir='/nonexistent', **_SMALL).builder_config.name != 'standard'
   assert tb.VOCAB_SIZE == 256
 
 
@@ -56,8 +60,12 @@ def test_enwik8_from_manual_zip(tmp_path):
   data = np.random.default_rng(0).integers(0, 256, 200_000, np.uint8).tobytes()
   _write_zip(tmp_path / 'manual' / 'enwik8.zip', 'enwik8', data)
   sources = tb.prepare_text_dataset(
-      'enwik8', str(tmp_path / 'tfds'), manual_dir=str(tmp_path / 'manual'),
-      download=False, **_SMALL)
+      'enwik8',
+      str(tmp_path / 'tfds'),
+      manual_dir=str(tmp_path / 'manual'),
+      download=False,
+      **_SMALL,
+  )
   splits = _read_all(sources)
   assert splits['train'] == data[:180_000]
   assert splits['validation'] == data[180_000:190_000]
@@ -69,8 +77,7 @@ def test_enwik8_from_manual_zip(tmp_path):
   assert [len(r['bytes']) for r in records] == [4096, 4096, 10_000 - 8192]
   # Prepared data is reused: no manual file needed any more.
   os.remove(tmp_path / 'manual' / 'enwik8.zip')
-  again = tb.prepare_text_dataset('enwik8', str(tmp_path / 'tfds'),
-                                  download=False, **_SMALL)
+  again = tb.prepare_text_dataset('enwik8', str(tmp_path / 'tfds'), download=False, **_SMALL)
   assert _read_all(again) == splits
 
 
@@ -81,8 +88,9 @@ def test_text8_from_extracted_file_in_default_manual_dir(tmp_path):
   manual = tmp_path / 'tfds' / 'downloads' / 'manual'
   manual.mkdir(parents=True)
   (manual / 'text8').write_bytes(data)
-  splits = _read_all(tb.prepare_text_dataset(
-      'text8', str(tmp_path / 'tfds'), download=False, **_SMALL))
+  splits = _read_all(
+      tb.prepare_text_dataset('text8', str(tmp_path / 'tfds'), download=False, **_SMALL)
+  )
   assert b''.join(splits[s] for s in tb.SPLITS) == data
   assert [len(splits[s]) for s in tb.SPLITS] == [180_000, 10_000, 10_000]
 
@@ -90,8 +98,9 @@ def test_text8_from_extracted_file_in_default_manual_dir(tmp_path):
 def test_wrong_corpus_size_fails(tmp_path):
   _write_zip(tmp_path / 'm' / 'enwik8.zip', 'enwik8', b'x' * 1000)
   with pytest.raises(ValueError, match='truncated'):
-    tb.prepare_text_dataset('enwik8', str(tmp_path / 'tfds'),
-                            manual_dir=str(tmp_path / 'm'), **_SMALL)
+    tb.prepare_text_dataset(
+        'enwik8', str(tmp_path / 'tfds'), manual_dir=str(tmp_path / 'm'), **_SMALL
+    )
 
 
 def test_missing_dataset_says_where_to_put_the_file(tmp_path):
@@ -104,21 +113,21 @@ def test_missing_dataset_says_where_to_put_the_file(tmp_path):
   assert tb.TEXT8_URL in message
   assert 'incomplete' not in message
   # Through the pipeline config, with an explicit manual directory.
-  config = _config(name='enwik8', data_dir=data_dir, download=False,
-                   manual_dir=str(tmp_path / 'elsewhere'))
-  with pytest.raises(DatasetNotFoundError,
-                     match=str(tmp_path / 'elsewhere' / 'enwik8.zip')):
+  config = _config(
+      name='enwik8', data_dir=data_dir, download=False, manual_dir=str(tmp_path / 'elsewhere')
+  )
+  with pytest.raises(DatasetNotFoundError, match=str(tmp_path / 'elsewhere' / 'enwik8.zip')):
     lm_input.make_train_dataset(config, process_index=0, process_count=1)
 
 
 def test_failed_download_says_where_to_put_the_file(tmp_path, monkeypatch):
   def offline(self, url):
     raise ConnectionError(f'no network for {url}')
+
   monkeypatch.setattr(tfds.download.DownloadManager, 'download', offline)
   with pytest.raises(DatasetNotFoundError, match='download failed') as e:
     tb.prepare_text_dataset('enwik8', str(tmp_path / 'tfds'))
-  assert os.path.join(str(tmp_path / 'tfds'), 'downloads', 'manual',
-                      'enwik8.zip') in str(e.value)
+  assert os.path.join(str(tmp_path / 'tfds'), 'downloads', 'manual', 'enwik8.zip') in str(e.value)
 
 
 def _make_text_files(root, sizes, seed=0):
@@ -135,27 +144,35 @@ def _make_text_files(root, sizes, seed=0):
 def test_local_text_files_split_disjoint_covering_order_independent(tmp_path):
   paths = _make_text_files(tmp_path / 'text', [7000, 300, 12_345, 5000])
   expected = b''.join(p.read_bytes() for p in sorted(paths, key=str))
-  patterns = [str(tmp_path / 'text' / 'dir0'),            # a directory
-              str(tmp_path / 'text' / 'dir1' / '*.txt'),  # a glob
-              str(paths[1])]                              # a file, again
-  a = tb.LocalText(files=patterns, max_bytes=0, chunk_bytes=1000,
-                   data_dir=str(tmp_path / 'tfds'))
-  b = tb.LocalText(files=patterns[::-1], max_bytes=0, chunk_bytes=1000,
-                   data_dir=str(tmp_path / 'tfds'))
+  patterns = [
+      str(tmp_path / 'text' / 'dir0'),  # a directory
+      str(tmp_path / 'text' / 'dir1' / '*.txt'),  # a glob
+      str(paths[1]),
+  ]  # a file, again
+  a = tb.LocalText(files=patterns, max_bytes=0, chunk_bytes=1000, data_dir=str(tmp_path / 'tfds'))
+  b = tb.LocalText(
+      files=patterns[::-1], max_bytes=0, chunk_bytes=1000, data_dir=str(tmp_path / 'tfds')
+  )
   assert a.builder_config.name == b.builder_config.name  # Same inputs.
-  splits = _read_all(tb.prepare_text_dataset(
-      'local_text', str(tmp_path / 'tfds'), files=patterns[::-1], max_bytes=0,
-      chunk_bytes=1000))
+  splits = _read_all(
+      tb.prepare_text_dataset(
+          'local_text', str(tmp_path / 'tfds'), files=patterns[::-1], max_bytes=0, chunk_bytes=1000
+      )
+  )
   n = len(expected)
   assert [len(splits[s]) for s in tb.SPLITS] == [
-      n * 90 // 100, n * 5 // 100, n - n * 90 // 100 - n * 5 // 100]
+      n * 90 // 100,
+      n * 5 // 100,
+      n - n * 90 // 100 - n * 5 // 100,
+  ]
   assert b''.join(splits[s] for s in tb.SPLITS) == expected
   # A cap, or a changed file, changes the config (and the data directory).
   capped = tb.LocalText(files=patterns, max_bytes=10_000, chunk_bytes=1000)
   assert capped.builder_config.name != a.builder_config.name
   assert capped.builder_config.total_bytes == 10_000
-  stale = tb.LocalText(files=patterns, max_bytes=0, chunk_bytes=1000,
-                       data_dir=str(tmp_path / 'tfds2'))
+  stale = tb.LocalText(
+      files=patterns, max_bytes=0, chunk_bytes=1000, data_dir=str(tmp_path / 'tfds2')
+  )
   paths[0].write_bytes(b'changed')
   changed = tb.LocalText(files=patterns, max_bytes=0, chunk_bytes=1000)
   assert changed.builder_config.name != a.builder_config.name
@@ -175,8 +192,7 @@ def test_local_text_default_is_stdlib_sources(tmp_path):
   assert all(p.startswith(tb.stdlib_source_dir()) for p in paths)
   assert not any('site-packages' in p for p in paths)
   expected = b''.join(open(p, 'rb').read() for p in paths)[:100_000]
-  splits = _read_all(tb.prepare_text_dataset('local_text', str(tmp_path),
-                                             max_bytes=100_000))
+  splits = _read_all(tb.prepare_text_dataset('local_text', str(tmp_path), max_bytes=100_000))
   assert b''.join(splits[s] for s in tb.SPLITS) == expected
   assert len(splits['train']) == 90_000
 
@@ -194,14 +210,17 @@ def corpus_dir(tmp_path_factory):
 
 
 def _config(corpus_dir=None, **dataset):
-  config = ml_collections.ConfigDict({
-      'seed': 7, 'batch_size': 8,
-      'dataset': lm_input.default_dataset_config()})
+  config = ml_collections.ConfigDict(
+      {'seed': 7, 'batch_size': 8, 'dataset': lm_input.default_dataset_config()}
+  )
   if corpus_dir is not None:
-    config.dataset.update(name='local_text', data_dir=str(corpus_dir / 'tfds'),
-                          files=(str(corpus_dir / 'text'),), max_bytes=0)
-  config.dataset.update(seq_len=64, eval_context=256, eval_step=64,
-                        eval_batch_size=4)
+    config.dataset.update(
+        name='local_text',
+        data_dir=str(corpus_dir / 'tfds'),
+        files=(str(corpus_dir / 'text'),),
+        max_bytes=0,
+    )
+  config.dataset.update(seq_len=64, eval_context=256, eval_step=64, eval_batch_size=4)
   config.dataset.update(**dataset)
   return config
 
@@ -253,8 +272,7 @@ def test_train_state_round_trip_and_determinism(corpus_dir):
   _take(it, 4)
   state = it.get_state()
   expected = _take(it, 5)
-  resumed = iter(lm_input.make_train_dataset(config, process_index=0,
-                                             process_count=1))
+  resumed = iter(lm_input.make_train_dataset(config, process_index=0, process_count=1))
   resumed.set_state(state)
   for a, b in zip(expected, _take(resumed, 5)):
     np.testing.assert_array_equal(a['tokens'], b['tokens'])
@@ -265,10 +283,11 @@ def test_train_state_round_trip_and_determinism(corpus_dir):
 
 def test_train_process_shards_disjoint_and_match_global_stream(corpus_dir):
   config = _config(corpus_dir)
-  whole = _take(iter(lm_input.make_train_dataset(
-      config, process_index=0, process_count=1)), 6)
-  shards = [_take(iter(lm_input.make_train_dataset(
-      config, process_index=p, process_count=2)), 6) for p in range(2)]
+  whole = _take(iter(lm_input.make_train_dataset(config, process_index=0, process_count=1)), 6)
+  shards = [
+      _take(iter(lm_input.make_train_dataset(config, process_index=p, process_count=2)), 6)
+      for p in range(2)
+  ]
   seen = set()
   for t in range(6):
     rows = [r.tobytes() for p in range(2) for r in shards[p][t]['tokens']]
@@ -279,9 +298,10 @@ def test_train_process_shards_disjoint_and_match_global_stream(corpus_dir):
   assert len(seen) == 48
 
 
-@pytest.mark.parametrize('num_bytes,context,step', [
-    (2, 8, 4), (9, 8, 4), (10, 8, 4), (11, 8, 3), (100, 8, 8), (101, 16, 5),
-    (1000, 64, 1)])
+@pytest.mark.parametrize(
+    'num_bytes,context,step',
+    [(2, 8, 4), (9, 8, 4), (10, 8, 4), (11, 8, 3), (100, 8, 8), (101, 16, 5), (1000, 64, 1)],
+)
 def test_eval_windows_score_every_byte_once(num_bytes, context, step):
   starts, score_from, score_to = lm_input.eval_windows(num_bytes, context, step)
   count = np.zeros(num_bytes, int)
@@ -291,19 +311,19 @@ def test_eval_windows_score_every_byte_once(num_bytes, context, step):
       assert a == 0
     else:
       assert b - a <= step and a >= context - step
-    count[s + 1 + a: s + 1 + b] += 1
+    count[s + 1 + a : s + 1 + b] += 1
   assert count[0] == 0 and np.all(count[1:] == 1)
 
 
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_eval_batches_reproduce_split(corpus_dir, process_count):
-  config = _config(corpus_dir, eval_context=256, eval_step=96,
-                   eval_batch_size=4)
+  config = _config(corpus_dir, eval_context=256, eval_step=96, eval_batch_size=4)
   corpus = lm_input.load_split(config, 'validation')
   data = corpus.read(0, len(corpus))
-  per_process = [lm_input.make_eval_batches(
-      config, 'validation', process_index=p, process_count=process_count)
-                 for p in range(process_count)]
+  per_process = [
+      lm_input.make_eval_batches(config, 'validation', process_index=p, process_count=process_count)
+      for p in range(process_count)
+  ]
   assert len({len(b) for b in per_process}) == 1
   starts = lm_input.eval_windows(len(data), 256, 96)[0]
   assert per_process[0].num_windows == len(starts)
@@ -319,7 +339,7 @@ def test_eval_batches_reproduce_split(corpus_dir, process_count):
         assert not tokens[i].any() and not weights[i].any()
         continue
       s = starts[row]
-      np.testing.assert_array_equal(tokens[i], data[s: s + 257])
+      np.testing.assert_array_equal(tokens[i], data[s : s + 257])
       targets = s + 1 + np.flatnonzero(weights[i])
       assert np.all(predicted[targets] == -1)
       predicted[targets] = tokens[i, 1:][weights[i] == 1]
@@ -331,32 +351,38 @@ def test_eval_batches_reproduce_split(corpus_dir, process_count):
 
 def test_eval_max_bytes_and_short_split(corpus_dir):
   config = _config(corpus_dir, eval_max_bytes=1000)
-  batches = lm_input.make_eval_batches(config, 'test', process_index=0,
-                                       process_count=1)
+  batches = lm_input.make_eval_batches(config, 'test', process_index=0, process_count=1)
   assert batches.num_predicted_bytes == 999
   assert sum(b['weights'].sum() for b in batches) == 999
   assert len(list(batches)) == len(batches)  # Re-iterable.
   config = _config(corpus_dir, eval_max_bytes=100)
-  (batch,) = list(lm_input.make_eval_batches(config, 'test', process_index=0,
-                                             process_count=1))
+  (batch,) = list(lm_input.make_eval_batches(config, 'test', process_index=0, process_count=1))
   data = lm_input.load_split(config, 'test').read(0, 100)
   np.testing.assert_array_equal(batch['tokens'][0, :100], data)
   assert not batch['tokens'][0, 100:].any()
   assert batch['weights'][0].sum() == 99 and batch['weights'][1:].sum() == 0
 
 
-@pytest.mark.parametrize('field,value', [
-    ('seq_len', 0), ('seq_len', 10**9), ('eval_step', 1000),
-    ('eval_batch_size', 3), ('eval_max_bytes', -1), ('name', 'wiki'),
-    ('max_bytes', -5), ('files', 3)])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('seq_len', 0),
+        ('seq_len', 10**9),
+        ('eval_step', 1000),
+        ('eval_batch_size', 3),
+        ('eval_max_bytes', -1),
+        ('name', 'wiki'),
+        ('max_bytes', -5),
+        ('files', 3),
+    ],
+)
 def test_bad_config_raises_value_error_naming_field(corpus_dir, field, value):
   values = _config(corpus_dir).to_dict()
   values['dataset'][field] = value
   config = ml_collections.ConfigDict(values)
   with pytest.raises(ValueError, match=field):
     if field.startswith('eval'):
-      lm_input.make_eval_batches(config, 'validation', process_index=0,
-                                 process_count=2)
+      lm_input.make_eval_batches(config, 'validation', process_index=0, process_count=2)
     else:
       lm_input.make_train_dataset(config, process_index=0, process_count=1)
 
@@ -369,8 +395,7 @@ def test_bad_batch_size_and_process_arguments(corpus_dir):
   with pytest.raises(ValueError, match='process_index'):
     lm_input.make_train_dataset(config, process_index=2, process_count=2)
   with pytest.raises(ValueError, match='split'):
-    lm_input.make_eval_batches(config, 'valid', process_index=0,
-                               process_count=1)
+    lm_input.make_eval_batches(config, 'valid', process_index=0, process_count=1)
 
 
 def test_bits_per_byte():

@@ -26,7 +26,7 @@ from test_training import tiny_config
 # Runs train.py with a fault injected: SIGKILL of the whole process at the
 # n-th call of a function (argv[1] = 'module:function', argv[2] = n; after the
 # call returns), then train.py's own flags.
-_KILL_DRIVER = r'''
+_KILL_DRIVER = r"""
 import os, runpy, signal, sys, importlib
 target, n = sys.argv[1], int(sys.argv[2])
 module_name, attr = target.split(':')
@@ -44,7 +44,7 @@ def wrapped(*args, **kwargs):
 setattr(owner, function, wrapped)
 sys.argv = [sys.argv[0]] + sys.argv[3:]
 runpy.run_path({train!r}, run_name='__main__')
-'''
+"""
 
 
 def _env():
@@ -57,8 +57,7 @@ def _train(args, *, kill_at=None, check=True):
   else:
     driver = _KILL_DRIVER.format(train=str(REPO / 'train.py'))
     cmd = [sys.executable, '-c', driver, kill_at[0], str(kill_at[1]), *args]
-  out = subprocess.run(cmd, env=_env(), cwd=REPO, capture_output=True, text=True,
-                       timeout=900)
+  out = subprocess.run(cmd, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=900)
   if check:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out
@@ -126,10 +125,18 @@ def test_sigterm_saves_the_current_step_and_the_rerun_resumes_there(reference, t
   args, uninterrupted = reference
   workdir = tmp_path / 'run'
   # Checkpoints every 2 steps would hide the preemption save: every 100 here.
-  proc_args = args(workdir) + ['--config.checkpoint_every_steps=100',
-                               '--config.num_train_steps=400']
-  proc = subprocess.Popen([sys.executable, str(REPO / 'train.py'), *proc_args], env=_env(),
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc_args = args(workdir) + [
+      '--config.checkpoint_every_steps=100',
+      '--config.num_train_steps=400',
+  ]
+  proc = subprocess.Popen(
+      [sys.executable, str(REPO / 'train.py'), *proc_args],
+      env=_env(),
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   log = workdir / 'metrics.jsonl'
   deadline = time.time() + 600
   while not (log.exists() and '"train"' in log.read_text()) and time.time() < deadline:
@@ -154,12 +161,31 @@ def test_sigterm_saves_the_current_step_and_the_rerun_resumes_there(reference, t
 
 def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
   workdir = tmp_path / 'run'
-  args = flags(corpus, tmp_path / 'data', workdir, steps=400, log_every_steps=2,
-               checkpoint_every_steps=1000, eval_every_steps=1000)
+  args = flags(
+      corpus,
+      tmp_path / 'data',
+      workdir,
+      steps=400,
+      log_every_steps=2,
+      checkpoint_every_steps=1000,
+      eval_every_steps=1000,
+  )
   proc = subprocess.Popen(
-      [sys.executable, '-m', 'contextpool_jax.training.launch', '--num_processes=2',
-       '--devices_per_process=2', '--', *args],
-      env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      [
+          sys.executable,
+          '-m',
+          'contextpool_jax.training.launch',
+          '--num_processes=2',
+          '--devices_per_process=2',
+          '--',
+          *args,
+      ],
+      env=_env(),
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+  )
   log = workdir / 'metrics.jsonl'
   deadline = time.time() + 600
   while not (log.exists() and '"train"' in log.read_text()) and time.time() < deadline:
@@ -177,9 +203,17 @@ def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
 # Damaged checkpoints and a changed config (in process: fast).
 # ----------------------------------------------------------------------------
 
+
 def _tiny(corpus, tmp_path, steps, **overrides):
-  return tiny_config(corpus, tmp_path / 'data', num_train_steps=steps, log_every_steps=2,
-                     checkpoint_every_steps=2, eval_every_steps=100, **overrides)
+  return tiny_config(
+      corpus,
+      tmp_path / 'data',
+      num_train_steps=steps,
+      log_every_steps=2,
+      checkpoint_every_steps=2,
+      eval_every_steps=100,
+      **overrides,
+  )
 
 
 def _largest_array_file(step_dir):
@@ -190,11 +224,14 @@ def _largest_array_file(step_dir):
 DAMAGE = {
     'array_file_missing': lambda step_dir: _largest_array_file(step_dir).unlink(),
     'array_file_truncated': lambda step_dir: _largest_array_file(step_dir).write_bytes(
-        _largest_array_file(step_dir).read_bytes()[:100]),
+        _largest_array_file(step_dir).read_bytes()[:100]
+    ),
     'metadata_truncated': lambda step_dir: (step_dir / 'state' / '_METADATA').write_text(
-        (step_dir / 'state' / '_METADATA').read_text()[:50]),
+        (step_dir / 'state' / '_METADATA').read_text()[:50]
+    ),
     'data_iterator_state_missing': lambda step_dir: next(
-        (step_dir / 'data').glob('process_*.json')).unlink(),
+        (step_dir / 'data').glob('process_*.json')
+    ).unlink(),
 }
 
 
@@ -207,12 +244,16 @@ def uninterrupted_six(corpus, tmp_path_factory):
 
 @pytest.mark.parametrize('damage', sorted(DAMAGE))
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
-    corpus, tmp_path, uninterrupted_six, damage):
+    corpus, tmp_path, uninterrupted_six, damage
+):
   workdir = tmp_path / 'run'
   trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4), str(workdir))
   DAMAGE[damage](workdir / 'checkpoints' / '4')
-  with pytest.warns(UserWarning, match=r'(?s)Resuming from checkpoint step 2 in .*'
-                    r'step 4 \(moved to .*damaged_checkpoints/4-'):
+  with pytest.warns(
+      UserWarning,
+      match=r'(?s)Resuming from checkpoint step 2 in .*'
+      r'step 4 \(moved to .*damaged_checkpoints/4-',
+  ):
     result = trainer.train_and_evaluate(_tiny(corpus, tmp_path, 6), str(workdir))
   assert result['step'] == 6
   assert [p.name.split('-')[0] for p in (workdir / 'damaged_checkpoints').iterdir()] == ['4']
@@ -227,8 +268,10 @@ def test_no_readable_checkpoint_stops_with_one_message_not_a_restart(corpus, tmp
   trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4, keep_checkpoints=2), str(workdir))
   for step in (2, 4):
     DAMAGE['array_file_missing'](workdir / 'checkpoints' / str(step))
-  with pytest.raises(checkpoints.CheckpointError, match=r'(?s)No checkpoint in .*checkpoints '
-                     r'could be read.*step 4.*step 2'):
+  with pytest.raises(
+      checkpoints.CheckpointError,
+      match=r'(?s)No checkpoint in .*checkpoints ' r'could be read.*step 4.*step 2',
+  ):
     trainer.train_and_evaluate(_tiny(corpus, tmp_path, 6), str(workdir))
   assert not (workdir / 'checkpoints' / '6').exists()  # nothing trained from step 0
 
@@ -238,8 +281,11 @@ def test_resuming_with_a_different_model_names_what_differs(corpus, tmp_path):
   trainer.train_and_evaluate(_tiny(corpus, tmp_path, 2), str(workdir))
   saved = (workdir / 'config.json').read_text()
   changed = _tiny(corpus, tmp_path, 4, **{'model.num_layers': 2, 'model.emb_dim': 48})
-  with pytest.raises(checkpoints.CheckpointError, match=r'(?s)different configuration.*'
-                     r'model\.emb_dim: saved 32, now 48.*model\.num_layers: saved 1, now 2'):
+  with pytest.raises(
+      checkpoints.CheckpointError,
+      match=r'(?s)different configuration.*'
+      r'model\.emb_dim: saved 32, now 48.*model\.num_layers: saved 1, now 2',
+  ):
     trainer.train_and_evaluate(changed, str(workdir))
   assert (workdir / 'config.json').read_text() == saved  # nothing written or restored
   # Fields that do not change the saved state may change (here the step count).

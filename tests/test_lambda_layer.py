@@ -14,7 +14,7 @@ from contextpool_jax.layers.lambda_layer import LambdaLayer
 import ref_lambda_layer as ref
 
 D, HEADS, K = 8, 2, 4
-SHAPES = {'1d': (2, 7, D), '2d': (2, 5, 4, D)}   # 2D with height != width.
+SHAPES = {'1d': (2, 7, D), '2d': (2, 5, 4, D)}  # 2D with height != width.
 TOL = dict(rtol=2e-4, atol=2e-5)
 
 
@@ -59,9 +59,11 @@ def _apply(module, variables, x, train=False):
 
 def _apply_both(module, variables, x):
   """(eval output, train output, train batch_stats) from one compile."""
+
   def both(v, z):
     y_train, state = module.apply(v, z, train=True, mutable=['batch_stats'])
     return module.apply(v, z), y_train, state
+
   return jax.jit(both)(variables, x)
 
 
@@ -71,20 +73,25 @@ def _to64(tree):
 
 def _reference(module, variables, x, train):
   y, _ = ref.lambda_layer(
-      _to64(variables), np.asarray(x, np.float64), content=module.content,
-      position=module.position != 'none', batch_norm_on=module.batch_norm,
-      train=train, epsilon=module.batch_norm_epsilon)
+      _to64(variables),
+      np.asarray(x, np.float64),
+      content=module.content,
+      position=module.position != 'none',
+      batch_norm_on=module.batch_norm,
+      train=train,
+      epsilon=module.batch_norm_epsilon,
+  )
   return y
 
 
 # ----------------------------------------------------------------------------
 # Shapes and parameters.
 
+
 @pytest.mark.parametrize('shape', [(2, 9, 8), (1, 3, 7, 8)])
 @pytest.mark.parametrize('position', ['global', 'conv', 'none'])
 def test_output_shape_and_params(shape, position):
-  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position=position,
-                       scope_size=3)
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position=position, scope_size=3)
   x = _x(shape)
   y = _apply(module, _init(module, x, 1), x)
   chex.assert_shape(y, shape)
@@ -127,11 +134,15 @@ def test_initialisation_is_documented_normal():
   module = LambdaLayer()
   variables = jax.jit(module.init)(jax.random.key(0), _x((1, 8, 8, d)))
   p = variables['params']
-  for leaf in (p['query']['kernel'], p['key']['kernel'], p['value']['kernel'],
-               p['position_embedding']):
+  for leaf in (
+      p['query']['kernel'],
+      p['key']['kernel'],
+      p['value']['kernel'],
+      p['position_embedding'],
+  ):
     leaf = np.asarray(leaf)
-    assert abs(leaf.mean()) < 0.1 * d ** -0.5
-    np.testing.assert_allclose(leaf.std(), d ** -0.5, rtol=0.1)
+    assert abs(leaf.mean()) < 0.1 * d**-0.5
+    np.testing.assert_allclose(leaf.std(), d**-0.5, rtol=0.1)
   for name in ('query_norm', 'value_norm'):
     chex.assert_trees_all_equal(p[name]['scale'], jnp.ones_like(p[name]['scale']))
     chex.assert_trees_all_equal(p[name]['bias'], jnp.zeros_like(p[name]['bias']))
@@ -153,16 +164,21 @@ def test_position_only_has_no_key_projection():
 # content) pair is checked with |u| = 1 and |u| = 4.
 CASES = [
     (pos, content, 4 if content == (dims == '1d') else 1, dims)
-    for pos, content, dims in itertools.product(
-        ('global', 'conv'), (True, False), ('1d', '2d'))
+    for pos, content, dims in itertools.product(('global', 'conv'), (True, False), ('1d', '2d'))
 ] + [('none', True, 1, '1d'), ('none', True, 4, '2d')]
 
 
 @pytest.mark.parametrize('position,content,intra_depth,dims', CASES)
 def test_matches_reference(position, content, intra_depth, dims):
   """Eval mode (running averages) and train mode (batch statistics)."""
-  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=intra_depth,
-                       position=position, scope_size=3, content=content)
+  module = LambdaLayer(
+      key_depth=K,
+      heads=HEADS,
+      intra_depth=intra_depth,
+      position=position,
+      scope_size=3,
+      content=content,
+  )
   x = _x(SHAPES[dims], seed=5)
   variables = _init(module, x, 2)
   y_eval, y_train, _ = _apply_both(module, variables, x)
@@ -170,18 +186,23 @@ def test_matches_reference(position, content, intra_depth, dims):
   np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
 
 
-@pytest.mark.parametrize('scope_size,shape', [
-    ((5, 3), (2, 5, 4, D)),      # window smaller than the grid on both axes
-    (9, (2, 3, 4, D)),           # scope wider than 2 * size - 1: cropped
-    (5, (1, 11, D)),
-])
+@pytest.mark.parametrize(
+    'scope_size,shape',
+    [
+        ((5, 3), (2, 5, 4, D)),  # window smaller than the grid on both axes
+        (9, (2, 3, 4, D)),  # scope wider than 2 * size - 1: cropped
+        (5, (1, 11, D)),
+    ],
+)
 def test_conv_scopes_match_reference(scope_size, shape):
-  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position='conv',
-                       scope_size=scope_size)
+  module = LambdaLayer(
+      key_depth=K, heads=HEADS, intra_depth=2, position='conv', scope_size=scope_size
+  )
   x = _x(shape, seed=7)
   variables = _init(module, x, 4)
-  np.testing.assert_allclose(_apply(module, variables, x),
-                             _reference(module, variables, x, False), **TOL)
+  np.testing.assert_allclose(
+      _apply(module, variables, x), _reference(module, variables, x, False), **TOL
+  )
 
 
 def test_no_batch_norm_matches_reference():
@@ -189,8 +210,9 @@ def test_no_batch_norm_matches_reference():
   x = _x(SHAPES['2d'], seed=8)
   variables = _init(module, x)
   assert 'batch_stats' not in variables
-  np.testing.assert_allclose(_apply(module, variables, x),
-                             _reference(module, variables, x, False), **TOL)
+  np.testing.assert_allclose(
+      _apply(module, variables, x), _reference(module, variables, x, False), **TOL
+  )
 
 
 def test_global_table_centre_used_for_smaller_inputs():
@@ -212,10 +234,10 @@ def test_sign_convention_offset_is_context_minus_query():
   x = _x((1, length, D), seed=1)
   variables = _init(module, x)
   table = np.zeros(variables['params']['position_embedding'].shape, np.float32)
-  table[(length - 1) + 1] = 1.0                     # centre c = length - 1
+  table[(length - 1) + 1] = 1.0  # centre c = length - 1
   variables = {'params': {**variables['params'], 'position_embedding': jnp.asarray(table)}}
   jac = jax.jit(jax.jacobian(lambda z: module.apply(variables, z)))(x)
-  reads = np.abs(np.asarray(jac[0, :, :, 0])).sum(axis=(1, 3)) > 0   # [n, j]
+  reads = np.abs(np.asarray(jac[0, :, :, 0])).sum(axis=(1, 3)) > 0  # [n, j]
   for n in range(length):
     expected = {n, n + 1} if n + 1 < length else set()
     assert set(np.flatnonzero(reads[n])) == expected, (n, np.flatnonzero(reads[n]))
@@ -223,6 +245,7 @@ def test_sign_convention_offset_is_context_minus_query():
 
 # ----------------------------------------------------------------------------
 # BatchNorm modes.
+
 
 def test_train_mode_updates_batch_stats():
   module = LambdaLayer(key_depth=K, heads=HEADS, batch_norm_momentum=0.9)
@@ -234,13 +257,14 @@ def test_train_mode_updates_batch_stats():
     old = variables['batch_stats'][name]
     new = updates['batch_stats'][name]
     mean, var = moments[name]
-    np.testing.assert_allclose(new['mean'], 0.9 * np.asarray(old['mean']) + 0.1 * mean,
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(new['var'], 0.9 * np.asarray(old['var']) + 0.1 * var,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        new['mean'], 0.9 * np.asarray(old['mean']) + 0.1 * mean, rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        new['var'], 0.9 * np.asarray(old['var']) + 0.1 * var, rtol=1e-4, atol=1e-5
+    )
   # Eval mode reads the running averages (different here) and mutates nothing.
-  y_eval, state = jax.jit(lambda v, z: module.apply(v, z, mutable=['batch_stats']))(
-      variables, x)
+  y_eval, state = jax.jit(lambda v, z: module.apply(v, z, mutable=['batch_stats']))(variables, x)
   chex.assert_trees_all_equal(state['batch_stats'], variables['batch_stats'])
   assert not np.allclose(y_eval, y, atol=1e-3)
 
@@ -256,17 +280,20 @@ def test_train_mode_requires_mutable_batch_stats():
 # ----------------------------------------------------------------------------
 # Transforms: jit, grad, vmap, remat; dtypes.
 
+
 def _setup(position='global', dims='2d', **kw):
-  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position=position,
-                       scope_size=3, **kw)
+  module = LambdaLayer(
+      key_depth=K, heads=HEADS, intra_depth=2, position=position, scope_size=3, **kw
+  )
   x = _x(SHAPES[dims], seed=12)
   return module, _init(module, x), x
 
 
 def test_jit_matches_eager():
   module, variables, x = _setup('conv')
-  np.testing.assert_allclose(_apply(module, variables, x), module.apply(variables, x),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      _apply(module, variables, x), module.apply(variables, x), rtol=1e-5, atol=1e-6
+  )
 
 
 @pytest.mark.parametrize('position,dims', [('global', '2d'), ('conv', '1d')])
@@ -297,44 +324,48 @@ def test_vmap_matches_loop():
   xs = jnp.stack([x, 2.0 * x, -x])
   ys = jax.jit(jax.vmap(lambda z: module.apply(variables, z)))(xs)
   for i in range(xs.shape[0]):
-    np.testing.assert_allclose(ys[i], _apply(module, variables, xs[i]),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ys[i], _apply(module, variables, xs[i]), rtol=1e-5, atol=1e-6)
   # Training under vmap: per-example batch statistics, like a loop.
-  ys, _ = jax.jit(jax.vmap(lambda z: module.apply(variables, z, train=True,
-                                                  mutable=['batch_stats'])))(xs)
+  ys, _ = jax.jit(
+      jax.vmap(lambda z: module.apply(variables, z, train=True, mutable=['batch_stats']))
+  )(xs)
   for i in range(xs.shape[0]):
-    np.testing.assert_allclose(ys[i], _apply(module, variables, xs[i], True)[0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ys[i], _apply(module, variables, xs[i], True)[0], rtol=1e-5, atol=1e-6
+    )
 
 
 class _Block(nn.Module):
   """``train`` is keyword-only on LambdaLayer and nn.remat traces keyword
   arguments, so training code fixes it outside the remat boundary (a field)."""
+
   train: bool
 
   @nn.compact
   def __call__(self, x):
-    return LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, name='lambda')(
-        x, train=self.train)
+    return LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, name='lambda')(x, train=self.train)
 
 
 def test_remat_matches_plain():
   module, variables, x = _setup('global')
   # Eval mode: remat the layer class directly.
   remat_layer = nn.remat(LambdaLayer)(key_depth=K, heads=HEADS, intra_depth=2)
-  np.testing.assert_allclose(_apply(remat_layer, variables, x),
-                             _apply(module, variables, x), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      _apply(remat_layer, variables, x), _apply(module, variables, x), rtol=1e-5, atol=1e-6
+  )
   # Train mode: remat a block that closes over train; gradients unchanged.
   wrapped = {c: {'lambda': t} for c, t in variables.items()}
 
   def grad(block):
     def loss(params):
       y, _ = block.apply({**wrapped, 'params': params}, x, mutable=['batch_stats'])
-      return jnp.sum(y ** 2)
+      return jnp.sum(y**2)
+
     return jax.jit(jax.grad(loss))(wrapped['params'])
 
-  chex.assert_trees_all_close(grad(nn.remat(_Block)(train=True)),
-                              grad(_Block(train=True)), rtol=1e-4, atol=1e-5)
+  chex.assert_trees_all_close(
+      grad(nn.remat(_Block)(train=True)), grad(_Block(train=True)), rtol=1e-4, atol=1e-5
+  )
 
 
 def test_bfloat16_compute():
@@ -347,8 +378,9 @@ def test_bfloat16_compute():
   y32 = _apply(LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2), variables, x)
   scale = float(jnp.abs(y32).max())
   np.testing.assert_allclose(np.asarray(y, np.float32), y32, atol=0.05 * scale)
-  grads = jax.jit(jax.grad(lambda p: jnp.sum(
-      module.apply({**variables, 'params': p}, x).astype(jnp.float32))))(variables['params'])
+  grads = jax.jit(
+      jax.grad(lambda p: jnp.sum(module.apply({**variables, 'params': p}, x).astype(jnp.float32)))
+  )(variables['params'])
   chex.assert_tree_all_finite(grads)
 
 
@@ -363,6 +395,7 @@ def test_param_dtype():
 
 # ----------------------------------------------------------------------------
 # Memory: no [n, m]-sized intermediate anywhere in forward or backward.
+
 
 def _max_intermediate(jaxpr):
   biggest = 0
@@ -385,9 +418,8 @@ def test_no_n_by_m_intermediate(position):
   n = 12 * 10
 
   def loss(params):
-    y, _ = module.apply({**variables, 'params': params}, x, train=True,
-                        mutable=['batch_stats'])
-    return jnp.sum(y ** 2)
+    y, _ = module.apply({**variables, 'params': params}, x, train=True, mutable=['batch_stats'])
+    return jnp.sum(y**2)
 
   jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(variables['params']).jaxpr
   assert _max_intermediate(jaxpr) < n * n
@@ -395,6 +427,7 @@ def test_no_n_by_m_intermediate(position):
 
 # ----------------------------------------------------------------------------
 # Errors at trace time (jax.eval_shape: nothing is compiled).
+
 
 def _trace(module, shape):
   return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros(shape))
@@ -406,22 +439,25 @@ def test_bad_rank(shape):
     _trace(LambdaLayer(key_depth=K, heads=HEADS), shape)
 
 
-@pytest.mark.parametrize('kwargs,pattern', [
-    ({'position': 'local'}, r"position='local'.*'global', 'conv', 'none'"),
-    ({'position': 'conv', 'scope_size': 4}, r'scope_size=4.*odd'),
-    ({'position': 'conv', 'scope_size': 0}, r'scope_size=0'),
-    ({'position': 'conv', 'scope_size': (3, 3, 3)}, r'scope_size=\(3, 3, 3\)'),
-    ({'heads': 3}, r'heads=3.*divide.*8'),
-    ({'out_features': 10, 'heads': 4}, r'heads=4.*divide.*10'),
-    ({'heads': 0}, r'heads=0'),
-    ({'key_depth': -1}, r'key_depth=-1'),
-    ({'intra_depth': 1.5}, r'intra_depth=1.5'),
-    ({'out_features': 0}, r'out_features=0'),
-    ({'position': 'none', 'content': False}, r'content=False.*position=.none.'),
-    ({'context_size': (2, 3)}, r'exceeds the global table'),
-    ({'context_size': (5, 5, 5)}, r'context_size=\(5, 5, 5\)'),
-    ({'batch_norm_momentum': 1.0}, r'batch_norm_momentum=1.0'),
-])
+@pytest.mark.parametrize(
+    'kwargs,pattern',
+    [
+        ({'position': 'local'}, r"position='local'.*'global', 'conv', 'none'"),
+        ({'position': 'conv', 'scope_size': 4}, r'scope_size=4.*odd'),
+        ({'position': 'conv', 'scope_size': 0}, r'scope_size=0'),
+        ({'position': 'conv', 'scope_size': (3, 3, 3)}, r'scope_size=\(3, 3, 3\)'),
+        ({'heads': 3}, r'heads=3.*divide.*8'),
+        ({'out_features': 10, 'heads': 4}, r'heads=4.*divide.*10'),
+        ({'heads': 0}, r'heads=0'),
+        ({'key_depth': -1}, r'key_depth=-1'),
+        ({'intra_depth': 1.5}, r'intra_depth=1.5'),
+        ({'out_features': 0}, r'out_features=0'),
+        ({'position': 'none', 'content': False}, r'content=False.*position=.none.'),
+        ({'context_size': (2, 3)}, r'exceeds the global table'),
+        ({'context_size': (5, 5, 5)}, r'context_size=\(5, 5, 5\)'),
+        ({'batch_norm_momentum': 1.0}, r'batch_norm_momentum=1.0'),
+    ],
+)
 def test_bad_options(kwargs, pattern):
   module = LambdaLayer(**{'key_depth': K, 'heads': HEADS, **kwargs})
   with pytest.raises(ValueError, match=pattern):
@@ -444,5 +480,6 @@ def test_empty_batch_gives_empty_outputs_and_zero_gradients(position):
   y = _apply(module, variables, empty)
   chex.assert_shape(y, (0, *SHAPES['2d'][1:-1], D))
   grads = jax.grad(lambda p: module.apply({**variables, 'params': p}, empty).sum())(
-      variables['params'])
+      variables['params']
+  )
   chex.assert_trees_all_equal(grads, jax.tree.map(jnp.zeros_like, grads))

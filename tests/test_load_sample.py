@@ -42,8 +42,7 @@ def _saved_params(workdir, step):
   return jax.tree.map(np.asarray, restored['state']['params'])
 
 
-TOKENS = jnp.asarray(np.frombuffer(b'def load(workdir, step=None):\n  ', np.uint8)[None],
-                     jnp.int32)
+TOKENS = jnp.asarray(np.frombuffer(b'def load(workdir, step=None):\n  ', np.uint8)[None], jnp.int32)
 
 
 def test_load_restores_the_saved_params_and_gives_their_logits(workdir):
@@ -56,10 +55,13 @@ def test_load_restores_the_saved_params_and_gives_their_logits(workdir):
   chex.assert_trees_all_close(model.apply(variables, TOKENS), reference, atol=0, rtol=0)
   # An earlier step is another set of parameters.
   _, earlier, _ = load(workdir, step=2)
-  chex.assert_trees_all_equal(jax.tree.map(np.asarray, earlier['params']),
-                              _saved_params(workdir, 2))
-  assert not np.array_equal(earlier['params']['embedder']['embedding']['embedding'],
-                            variables['params']['embedder']['embedding']['embedding'])
+  chex.assert_trees_all_equal(
+      jax.tree.map(np.asarray, earlier['params']), _saved_params(workdir, 2)
+  )
+  assert not np.array_equal(
+      earlier['params']['embedder']['embedding']['embedding'],
+      variables['params']['embedder']['embedding']['embedding'],
+  )
 
 
 def test_export_params_loads_back(workdir, tmp_path):
@@ -78,8 +80,10 @@ def test_export_params_loads_back(workdir, tmp_path):
 
 def test_a_missing_or_wrong_workdir_is_one_clear_error(workdir, tmp_path):
   missing = tmp_path / 'missing'
-  with pytest.raises(WorkdirError, match=rf'{missing} is not a training workdir: no config.json '
-                     r'\(it does not exist\)'):
+  with pytest.raises(
+      WorkdirError,
+      match=rf'{missing} is not a training workdir: no config.json ' r'\(it does not exist\)',
+  ):
     load(missing)
   stray = tmp_path / 'stray'
   stray.mkdir()
@@ -87,10 +91,13 @@ def test_a_missing_or_wrong_workdir_is_one_clear_error(workdir, tmp_path):
   with pytest.raises(WorkdirError, match=r'no config.json \(it holds: notes.txt\)'):
     load(stray)
   (stray / 'config.json').write_text(json.dumps(json.loads((workdir / 'config.json').read_text())))
-  with pytest.raises(WorkdirError, match=r'has no checkpoints/ directory \(it holds: '
-                     r'config.json, notes.txt\)'):
+  with pytest.raises(
+      WorkdirError, match=r'has no checkpoints/ directory \(it holds: ' r'config.json, notes.txt\)'
+  ):
     load(stray)
-  with pytest.raises(WorkdirError, match=r'step=3 is not a checkpoint of .*; its steps are \[2, 4\]'):
+  with pytest.raises(
+      WorkdirError, match=r'step=3 is not a checkpoint of .*; its steps are \[2, 4\]'
+  ):
     load(workdir, step=3)
   assert issubclass(WorkdirError, FileNotFoundError)
 
@@ -102,8 +109,9 @@ def test_sample_has_the_requested_length_and_is_reproducible(workdir):
   b = sample.sample_text(model, variables, config, 'def ', seed=0, **kw)
   c = sample.sample_text(model, variables, config, 'def ', seed=1, **kw)
   assert a == b and a != c
-  ids = sample.sample_tokens(model, variables, jnp.asarray([[100, 101, 102]]), length=40,
-                             context=32, seed=0)
+  ids = sample.sample_tokens(
+      model, variables, jnp.asarray([[100, 101, 102]]), length=40, context=32, seed=0
+  )
   assert ids.shape == (1, 40) and ids.dtype == jnp.int32
   # top_k=1 is greedy whatever the seed.
   greedy = sample.sample_tokens(model, variables, TOKENS, length=5, context=32, temperature=0)
@@ -128,25 +136,35 @@ def test_sampling_rejects_bad_arguments(workdir):
     sample.sample_tokens(model, variables, TOKENS, length=0, context=32)
   with pytest.raises(ValueError, match='temperature=-1.0 is not allowed'):
     sample.sample_tokens(model, variables, TOKENS, length=2, context=32, temperature=-1.0)
-  with pytest.raises(ValueError, match='top_k=300 is not allowed; expected at most the '
-                     'vocabulary size 256'):
+  with pytest.raises(
+      ValueError, match='top_k=300 is not allowed; expected at most the ' 'vocabulary size 256'
+  ):
     sample.sample_tokens(model, variables, TOKENS, length=2, context=32, top_k=300)
   with pytest.raises(ValueError, match="prompt='' is not allowed"):
     sample.sample_text(model, variables, config, '')
 
 
 def _run(module, *args):
-  return subprocess.run([sys.executable, '-m', module, *args], capture_output=True, text=True,
-                        timeout=300, cwd=REPO)
+  return subprocess.run(
+      [sys.executable, '-m', module, *args], capture_output=True, text=True, timeout=300, cwd=REPO
+  )
 
 
 def test_sample_command_line(workdir, tmp_path):
-  out = _run('contextpool_jax.sample', '--workdir', str(workdir), '--prompt', 'def ',
-             '--length', '30', '--temperature', '0')
+  out = _run(
+      'contextpool_jax.sample',
+      '--workdir',
+      str(workdir),
+      '--prompt',
+      'def ',
+      '--length',
+      '30',
+      '--temperature',
+      '0',
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   model, variables, config = load(workdir)
-  expected = 'def ' + sample.sample_text(model, variables, config, 'def ', length=30,
-                                         temperature=0)
+  expected = 'def ' + sample.sample_text(model, variables, config, 'def ', length=30, temperature=0)
   assert out.stdout == expected + '\n'
   bad = _run('contextpool_jax.sample', '--workdir', str(tmp_path / 'nowhere'), '--prompt', 'x')
   assert bad.returncode == 1
@@ -154,8 +172,15 @@ def test_sample_command_line(workdir, tmp_path):
 
 
 def test_viz_command_line_writes_the_figures(workdir, tmp_path):
-  out = _run('contextpool_jax.viz', '--workdir', str(workdir), '--text', 'def f(x):\n  return x',
-             '--out', str(tmp_path / 'figs'))
+  out = _run(
+      'contextpool_jax.viz',
+      '--workdir',
+      str(workdir),
+      '--text',
+      'def f(x):\n  return x',
+      '--out',
+      str(tmp_path / 'figs'),
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   names = ['pool_text_0.png', 'gaussian_supports_0.png', 'sigma_distribution.png']
   assert out.stdout.split() == [str(tmp_path / 'figs' / n) for n in names]
@@ -170,8 +195,10 @@ def test_workdir_figures_show_the_models_pools(workdir):
   labels, pools = viz.lm_pools(model, variables, text)
   (pool,) = pools.values()
   image = figures['pool_text_0'].axes[1].images[0].get_array()
-  chex.assert_trees_all_close(np.asarray(image, np.float64).reshape(-1)[:len(labels)],
-                              np.asarray(pool['pool_sigma'][0], np.float64))
+  chex.assert_trees_all_close(
+      np.asarray(image, np.float64).reshape(-1)[: len(labels)],
+      np.asarray(pool['pool_sigma'][0], np.float64),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -187,14 +214,33 @@ def translation_workdir(tmp_path_factory):
   """A translation workdir as the trainer lays it out: config.json, the SentencePiece model
   and a checkpoint of an (untrained) tiny Transformer."""
   from contextpool_jax.data import translation_input as ti
+
   root = tmp_path_factory.mktemp('translation')
-  config = ml_collections.ConfigDict(dict(
-      task='translation', dtype='float32', remat=False,
-      model=dict(name='cp_transformer_tiny', vocab_size=48, num_layers=1, emb_dim=32,
-                 mlp_dim=64, num_heads=2),
-      dataset=dict(name='wmt14_translate/de-en', source_lang='en', target_lang='de',
-                   vocab_size=48, vocab_type='unigram', vocab_path='', max_source_len=16,
-                   max_target_len=12)))
+  config = ml_collections.ConfigDict(
+      dict(
+          task='translation',
+          dtype='float32',
+          remat=False,
+          model=dict(
+              name='cp_transformer_tiny',
+              vocab_size=48,
+              num_layers=1,
+              emb_dim=32,
+              mlp_dim=64,
+              num_heads=2,
+          ),
+          dataset=dict(
+              name='wmt14_translate/de-en',
+              source_lang='en',
+              target_lang='de',
+              vocab_size=48,
+              vocab_type='unigram',
+              vocab_path='',
+              max_source_len=16,
+              max_target_len=12,
+          ),
+      )
+  )
   (root / 'config.json').write_text(config.to_json_best_effort(indent=2))
   rng = np.random.default_rng(0)
   sentences = [' '.join(rng.choice(w, 6)) for _ in range(200) for w in (EN, DE)]
@@ -202,8 +248,9 @@ def translation_workdir(tmp_path_factory):
   model = tasks.build_model(config)
   ids = jnp.ones((1, 8), jnp.int32)
   params = model.init(jax.random.key(0), ids, ids)['params']
-  state = dict(step=jnp.int32(1), params=params, opt_state={}, model_state={},
-               bad_step=jnp.int32(-1))
+  state = dict(
+      step=jnp.int32(1), params=params, opt_state={}, model_state={}, bad_step=jnp.int32(-1)
+  )
   with ocp.CheckpointManager(root / 'checkpoints') as mgr:
     mgr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     mgr.wait_until_finished()
@@ -212,11 +259,19 @@ def translation_workdir(tmp_path_factory):
 
 def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
   from contextpool_jax.training import decoding
+
   model, variables, config = load(translation_workdir)
   vocab = sample.load_vocab(translation_workdir, config)
   sentences = ['the small cat sees a dog', 'old house']
-  flags = types.SimpleNamespace(workdir=str(translation_workdir), step=None, prompt=None,
-                                sentence=sentences, beam_size=1, alpha=0.6, max_len=8)
+  flags = types.SimpleNamespace(
+      workdir=str(translation_workdir),
+      step=None,
+      prompt=None,
+      sentence=sentences,
+      beam_size=1,
+      alpha=0.6,
+      max_len=8,
+  )
   greedy = sample.run(flags)
   inputs = sample.encode_sentences(vocab, sentences, 16)
   assert inputs.shape[0] == 2 and all(int(row[row > 0][-1]) == 1 for row in inputs)  # EOS

@@ -10,11 +10,28 @@ from contextpool_jax import models
 def test_available_lists_every_family():
   names = models.available()
   assert names == sorted(names)
-  for name in ('transformer_base', 'cp_transformer_base', 'area_transformer_base',
-               'local_transformer_base', 'transformer_tiny', 'transformer_big',
-               'transformer_lm', 'cp_transformer_lm', 'vit_b16', 'cp_vit_b16', 'vit_ti16',
-               'resnet44', 'cp_resnet44', 'resnet46', 'resnet50', 'cp_resnet50', 'resnet101',
-               'lambda_resnet50', 'aa_resnet34', 'aa_resnet50'):
+  for name in (
+      'transformer_base',
+      'cp_transformer_base',
+      'area_transformer_base',
+      'local_transformer_base',
+      'transformer_tiny',
+      'transformer_big',
+      'transformer_lm',
+      'cp_transformer_lm',
+      'vit_b16',
+      'cp_vit_b16',
+      'vit_ti16',
+      'resnet44',
+      'cp_resnet44',
+      'resnet46',
+      'resnet50',
+      'cp_resnet50',
+      'resnet101',
+      'lambda_resnet50',
+      'aa_resnet34',
+      'aa_resnet50',
+  ):
     assert name in names, name
 
 
@@ -34,14 +51,17 @@ def test_every_model_passes_its_fields_down_as_one_frozen_config():
     with pytest.raises(dataclasses.FrozenInstanceError):
       config.dtype = None
     names = [f.name for f in dataclasses.fields(config)]
-    assert names == [f.name for f in dataclasses.fields(model)
-                     if f.name not in ('parent', 'name')], name
+    assert names == [
+        f.name for f in dataclasses.fields(model) if f.name not in ('parent', 'name')
+    ], name
     assert all(getattr(config, n) is getattr(model, n) for n in names), name
 
 
 def test_unknown_name_suggests_close_matches():
-  with pytest.raises(ValueError, match=r"model='cp_transfomer_lm' is not registered\. "
-                                       r"Did you mean 'cp_transformer_lm'"):
+  with pytest.raises(
+      ValueError,
+      match=r"model='cp_transfomer_lm' is not registered\. " r"Did you mean 'cp_transformer_lm'",
+  ):
     models.create('cp_transfomer_lm')
 
 

@@ -26,18 +26,29 @@ CIFAR_NAMES = sorted(n for n in resnet.MODELS if resnet.MODELS[n].keywords['stem
 TINY = {
     'cifar_cp': ('cp_resnet20', dict(stage_sizes=(1, 1, 1), width=8), 16),
     'bottleneck_cp': ('cp_resnet50', dict(stage_sizes=(1, 1), width=8, num_classes=10), 32),
-    'lambda': ('lambda_resnet50', dict(stage_sizes=(1, 1), width=8, num_classes=10,
-                                       stage_pattern='C,L'), 32),
+    'lambda': (
+        'lambda_resnet50',
+        dict(stage_sizes=(1, 1), width=8, num_classes=10, stage_pattern='C,L'),
+        32,
+    ),
     # One AA block (compiling AA layers is the slowest part of this file).
-    'aa': ('aa_resnet50', dict(stage_sizes=(1,), width=8, num_classes=10,
-                               stage_pattern='A', aa_heads=2,
-                               aa_min_key_depth_per_head=2), 16),
+    'aa': (
+        'aa_resnet50',
+        dict(
+            stage_sizes=(1,),
+            width=8,
+            num_classes=10,
+            stage_pattern='A',
+            aa_heads=2,
+            aa_min_key_depth_per_head=2,
+        ),
+        16,
+    ),
 }
 
 
 def _images(batch, size, seed=0):
-  return jnp.asarray(np.random.default_rng(seed).normal(size=(batch, size, size, 3)),
-                     jnp.float32)
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(batch, size, size, 3)), jnp.float32)
 
 
 def _shapes(model, x):
@@ -130,8 +141,10 @@ def test_parameter_counts():
   for name in ('cp_resnet50', 'cp_resnet101'):
     counts[name] = _count(name)
     base = counts[name[3:]]
-    lines.append(f'{name:16s} {counts[name]:9.4f}   (+{counts[name] - base:.3f}M over '
-                 f'{name[3:]}; paper Table S2: +0.2M / +0.3M)')
+    lines.append(
+        f'{name:16s} {counts[name]:9.4f}   (+{counts[name] - base:.3f}M over '
+        f'{name[3:]}; paper Table S2: +0.2M / +0.3M)'
+    )
   print('\n' + '\n'.join(lines))
   for name, paper, _ in PAPER_COUNTS:
     assert abs(counts[name] / paper - 1) < 0.05, (name, counts[name], paper)
@@ -142,8 +155,10 @@ def test_parameter_counts():
 
 def test_stage_pattern_forms_agree():
   x = jnp.zeros((1, 64, 64, 3))
-  counts = [count_params(_shapes(resnet.MODELS['resnet50'](stage_pattern=p, width=8), x))
-            for p in ('C,C,L,L', 'CCLL', ('C', 'C', 'L', 'L'))]
+  counts = [
+      count_params(_shapes(resnet.MODELS['resnet50'](stage_pattern=p, width=8), x))
+      for p in ('C,C,L,L', 'CCLL', ('C', 'C', 'L', 'L'))
+  ]
   assert len(set(counts)) == 1
 
 
@@ -167,8 +182,9 @@ def test_batch_stats_modes():
   model, size = _tiny('cifar_cp', context_pool=None)
   x = _images(4, size)
   variables = _fill(_shapes(model, x))
-  logits, updates = jax.jit(functools.partial(model.apply, train=True,
-                                              mutable=['batch_stats']))(variables, x)
+  logits, updates = jax.jit(functools.partial(model.apply, train=True, mutable=['batch_stats']))(
+      variables, x
+  )
   chex.assert_shape(logits, (4, 10))
   old = jax.tree_util.tree_leaves(variables['batch_stats'])
   new = jax.tree_util.tree_leaves(updates['batch_stats'])
@@ -186,10 +202,12 @@ def _train(model, x, y, variables, steps, lr):
   @jax.jit
   def step(params, batch_stats, opt_state):
     def loss_fn(p):
-      logits, new = model.apply({'params': p, 'batch_stats': batch_stats}, x, train=True,
-                                mutable=['batch_stats'])
+      logits, new = model.apply(
+          {'params': p, 'batch_stats': batch_stats}, x, train=True, mutable=['batch_stats']
+      )
       loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
       return loss, new['batch_stats']
+
     (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), batch_stats, opt_state, loss
@@ -215,14 +233,18 @@ def test_overfits_one_batch(family):
 
 
 def test_bfloat16_compute():
-  model, size = _tiny('cifar_cp', dtype=jnp.bfloat16,
-                      cp_placement='downsample,global_pool')
+  model, size = _tiny('cifar_cp', dtype=jnp.bfloat16, cp_placement='downsample,global_pool')
   x = _images(2, size)
   shapes = _shapes(model, x)
   assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(shapes))
-  logits, state = jax.jit(functools.partial(model.apply, train=True,
-                                            mutable=['batch_stats', 'intermediates'],
-                                            capture_intermediates=True))(_fill(shapes), x)
+  logits, state = jax.jit(
+      functools.partial(
+          model.apply,
+          train=True,
+          mutable=['batch_stats', 'intermediates'],
+          capture_intermediates=True,
+      )
+  )(_fill(shapes), x)
   assert logits.dtype == jnp.float32
   chex.assert_tree_all_finite(logits)
   conv_out = state['intermediates']['stage_0_block_0']['spatial_0']['__call__'][0]
@@ -237,8 +259,9 @@ def test_remat_same_parameters_and_traces_gradients():
   chex.assert_trees_all_equal_shapes_and_dtypes(shapes, _shapes(remat_model, x))
 
   def loss(params, batch_stats):
-    logits, _ = remat_model.apply({'params': params, 'batch_stats': batch_stats}, x,
-                                  train=True, mutable=['batch_stats'])
+    logits, _ = remat_model.apply(
+        {'params': params, 'batch_stats': batch_stats}, x, train=True, mutable=['batch_stats']
+    )
     return logits.sum()
 
   grads = jax.eval_shape(jax.grad(loss), shapes['params'], shapes['batch_stats'])
@@ -252,6 +275,7 @@ def test_remat_same_parameters_and_traces_gradients():
 
 def test_context_pool_placements():
   """Where ContextPool modules appear for each placement, and None disables them."""
+
   def pools(name, **kw):
     params = _shapes(resnet.MODELS[name](**kw), jnp.zeros((1, 64, 64, 3)))['params']
     found = [k for k in params if 'context_pool' in k]
@@ -260,10 +284,15 @@ def test_context_pool_placements():
 
   assert pools('resnet50', stage_sizes=(1, 1, 1), width=8) == []
   assert pools('cp_resnet50', stage_sizes=(1, 1, 1), width=8) == [
-      'stage_1_block_0/context_pool', 'stage_2_block_0/context_pool', 'stem_context_pool']
+      'stage_1_block_0/context_pool',
+      'stage_2_block_0/context_pool',
+      'stem_context_pool',
+  ]
   assert pools('cp_resnet20') == ['head_context_pool']
   assert pools('cp_resnet20', cp_placement='downsample') == [
-      'stage_1_block_0/context_pool', 'stage_2_block_0/context_pool']
+      'stage_1_block_0/context_pool',
+      'stage_2_block_0/context_pool',
+  ]
   assert pools('cp_resnet20', context_pool=None) == []
 
 
@@ -272,26 +301,29 @@ def test_augmented_depths():
   assert resnet.augmented_depths(512, 0.2, 0.1, 8, 0) == (104, 48)
 
 
-@pytest.mark.parametrize('overrides, field', [
-    (dict(block='wide'), 'block'),
-    (dict(stem='tiny'), 'stem'),
-    (dict(shortcut='C'), 'shortcut'),
-    (dict(stage_pattern='C,X,C'), 'stage_pattern'),
-    (dict(stage_pattern='C,C'), 'stage_pattern'),
-    (dict(cp_placement='everywhere'), 'cp_placement'),
-    (dict(cp_placement=''), 'cp_placement'),
-    (dict(cp_placement='stem_pool'), 'cp_placement'),  # CIFAR stem has no pool
-    (dict(width=0), 'width'),
-    (dict(stage_sizes=(3, 0, 3)), 'stage_sizes'),
-    (dict(lambda_position='local', stage_pattern='C,L,L'), 'lambda_position'),
-    (dict(lambda_scope_size=4), 'lambda_scope_size'),
-    (dict(aa_position='absolute'), 'aa_position'),
-    (dict(aa_value_ratio=1.0, stage_pattern='C,C,A'), 'aa_value_ratio'),
-    (dict(conv_init_mode='uniform'), 'conv_init_mode'),
-    (dict(bn_momentum=1.5), 'bn_momentum'),
-    (dict(context_pool={'no_such_field': 1}), 'context_pool'),
-    (dict(context_pool={'strides': 3}), 'context_pool'),
-])
+@pytest.mark.parametrize(
+    'overrides, field',
+    [
+        (dict(block='wide'), 'block'),
+        (dict(stem='tiny'), 'stem'),
+        (dict(shortcut='C'), 'shortcut'),
+        (dict(stage_pattern='C,X,C'), 'stage_pattern'),
+        (dict(stage_pattern='C,C'), 'stage_pattern'),
+        (dict(cp_placement='everywhere'), 'cp_placement'),
+        (dict(cp_placement=''), 'cp_placement'),
+        (dict(cp_placement='stem_pool'), 'cp_placement'),  # CIFAR stem has no pool
+        (dict(width=0), 'width'),
+        (dict(stage_sizes=(3, 0, 3)), 'stage_sizes'),
+        (dict(lambda_position='local', stage_pattern='C,L,L'), 'lambda_position'),
+        (dict(lambda_scope_size=4), 'lambda_scope_size'),
+        (dict(aa_position='absolute'), 'aa_position'),
+        (dict(aa_value_ratio=1.0, stage_pattern='C,C,A'), 'aa_value_ratio'),
+        (dict(conv_init_mode='uniform'), 'conv_init_mode'),
+        (dict(bn_momentum=1.5), 'bn_momentum'),
+        (dict(context_pool={'no_such_field': 1}), 'context_pool'),
+        (dict(context_pool={'strides': 3}), 'context_pool'),
+    ],
+)
 def test_bad_options_raise(overrides, field):
   model = resnet.MODELS['cp_resnet20'](**overrides)
   with pytest.raises(ValueError, match=field):

@@ -40,8 +40,11 @@ def test_every_registered_transformer_builds_with_correct_shapes(name):
 
 def test_presets_match_the_area_attention_paper():
   for size, (layers, hidden, filt, heads) in {
-      'tiny': (2, 128, 512, 4), 'small': (2, 256, 1024, 4), 'base': (6, 512, 2048, 8),
-      'big': (6, 1024, 4096, 16)}.items():
+      'tiny': (2, 128, 512, 4),
+      'small': (2, 256, 1024, 4),
+      'base': (6, 512, 2048, 8),
+      'big': (6, 1024, 4096, 16),
+  }.items():
     m = T.MODELS[f'transformer_{size}']()
     assert (m.num_layers, m.emb_dim, m.mlp_dim, m.num_heads) == (layers, hidden, filt, heads)
   assert T.MODELS['area_transformer_base']().max_area_width == 5
@@ -49,36 +52,49 @@ def test_presets_match_the_area_attention_paper():
 
 
 def test_cp_transformer_lm_has_the_papers_39m_parameters():
-  shapes = jax.eval_shape(T.MODELS['cp_transformer_lm']().init, jax.random.key(0),
-                          jnp.ones((1, 8), jnp.int32))
+  shapes = jax.eval_shape(
+      T.MODELS['cp_transformer_lm']().init, jax.random.key(0), jnp.ones((1, 8), jnp.int32)
+  )
   n = count_params(shapes['params'])
-  base = count_params(jax.eval_shape(T.MODELS['transformer_lm']().init, jax.random.key(0),
-                                     jnp.ones((1, 8), jnp.int32))['params'])
-  print(f'cp_transformer_lm: {n / 1e6:.2f}M parameters (transformer_lm {base / 1e6:.2f}M; '
-        'paper: 39M)')
+  base = count_params(
+      jax.eval_shape(
+          T.MODELS['transformer_lm']().init, jax.random.key(0), jnp.ones((1, 8), jnp.int32)
+      )['params']
+  )
+  print(
+      f'cp_transformer_lm: {n / 1e6:.2f}M parameters (transformer_lm {base / 1e6:.2f}M; '
+      'paper: 39M)'
+  )
   assert abs(n - 39e6) / 39e6 < 0.05
   assert n > base
 
 
 def test_rich_area_keys_add_the_eq9_parameters_only_to_area_layers():
   args = (_tokens((1, 6)), _tokens((1, 5)))
-  count = lambda **kw: count_params(jax.eval_shape(
-      T.Transformer(**TINY, attention='area', num_area_layers=1, **kw).init,
-      jax.random.key(0), *args)['params'])
+  count = lambda **kw: count_params(
+      jax.eval_shape(
+          T.Transformer(**TINY, attention='area', num_area_layers=1, **kw).init,
+          jax.random.key(0),
+          *args,
+      )['params']
+  )
   basic, rich = count(), count(area_key_mode='concat')
   assert count(area_key_mode='mean') == basic < rich
   # Eq. 9 is per attention, so two (self + cross) in each of encoder layer 0 and
   # decoder layer 0; the other layers are standard attention and do not change.
-  plain = count_params(jax.eval_shape(T.Transformer(**TINY).init, jax.random.key(0),
-                                      *args)['params'])
+  plain = count_params(
+      jax.eval_shape(T.Transformer(**TINY).init, jax.random.key(0), *args)['params']
+  )
   assert basic == plain
 
 
 CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
-    dict(context_pool={}), dict(context_pool={'size_norm': 'softmax'}, attention='area'),
+    dict(context_pool={}),
+    dict(context_pool={'size_norm': 'softmax'}, attention='area'),
     dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'}),
     dict(context_pool={'size_norm': 'softmax'}, context_pool_position='output'),
-    dict(attention='area', area_key_mode='concat')]
+    dict(attention='area', area_key_mode='concat'),
+]
 
 
 def _case_id(case):
@@ -108,7 +124,7 @@ def test_decoder_changing_target_j_never_changes_earlier_outputs(case):
   for j in (2, 6):
     changed = apply(params, inputs, targets.at[:, j].set((targets[0, j] % 49) + 1))
     # logits[t] reads targets[< t] (teacher forcing): positions <= j are unchanged.
-    np.testing.assert_array_equal(np.asarray(changed[:, :j + 1]), np.asarray(base[:, :j + 1]))
+    np.testing.assert_array_equal(np.asarray(changed[:, : j + 1]), np.asarray(base[:, : j + 1]))
     assert not np.allclose(changed[:, j + 1], base[:, j + 1])
 
 
@@ -121,8 +137,9 @@ def test_encoder_padding_never_changes_real_outputs(case):
   enc = jax.jit(functools.partial(model.apply, method=model.encode))
   chex.assert_trees_all_close(enc(params, padded)[:, :6], enc(params, inputs), atol=1e-5)
   apply = jax.jit(model.apply)
-  chex.assert_trees_all_close(apply(params, padded, targets), apply(params, inputs, targets),
-                              atol=1e-5)
+  chex.assert_trees_all_close(
+      apply(params, padded, targets), apply(params, inputs, targets), atol=1e-5
+  )
 
 
 def test_encode_decode_equals_call():
@@ -145,8 +162,11 @@ def _restack(params, prefix_layers, num_layers):
   return out
 
 
-@pytest.mark.parametrize('case', [dict(), dict(context_pool={}, remat=True),
-                                  dict(attention='area', num_area_layers=1)], ids=_case_id)
+@pytest.mark.parametrize(
+    'case',
+    [dict(), dict(context_pool={}, remat=True), dict(attention='area', num_area_layers=1)],
+    ids=_case_id,
+)
 def test_scan_layers_matches_unrolled(case):
   cfg = dict(TINY, num_layers=3)
   tokens = _tokens((2, 10))
@@ -156,8 +176,9 @@ def test_scan_layers_matches_unrolled(case):
   prefix = 1 if case.get('attention') == 'area' else 0
   sparams = dict(params, decoder=_restack(params['decoder'], prefix, 3))
   chex.assert_trees_all_equal_shapes(sparams, _init(scanned, tokens)['params'])
-  chex.assert_trees_all_close(scanned.apply({'params': sparams}, tokens),
-                              plain.apply({'params': params}, tokens), atol=1e-5)
+  chex.assert_trees_all_close(
+      scanned.apply({'params': sparams}, tokens), plain.apply({'params': params}, tokens), atol=1e-5
+  )
 
 
 def test_dropout_only_in_training():
@@ -198,27 +219,37 @@ def _overfit(model, batch, loss_fn, steps=40, lr=3e-3):
   return losses
 
 
-@pytest.mark.parametrize('name', ['cp_transformer_lm', 'area_transformer_tiny',
-                                  'cp_transformer_tiny'])
+@pytest.mark.parametrize(
+    'name', ['cp_transformer_lm', 'area_transformer_tiny', 'cp_transformer_tiny']
+)
 def test_overfits_one_batch(name):
   model = T.MODELS[name](**TINY)
   if name.endswith('_lm'):
     tokens = _tokens((4, 16))
     batch = (tokens,)
     loss_fn = lambda logits, b: optax.softmax_cross_entropy_with_integer_labels(
-        logits[:, :-1], b[0][:, 1:]).mean()
+        logits[:, :-1], b[0][:, 1:]
+    ).mean()
   else:
     batch = (_tokens((4, 8)), _tokens((4, 8), seed=1))
-    loss_fn = lambda logits, b: optax.softmax_cross_entropy_with_integer_labels(
-        logits, b[1]).mean()
+    loss_fn = lambda logits, b: optax.softmax_cross_entropy_with_integer_labels(logits, b[1]).mean()
   losses = _overfit(model, batch, loss_fn)
   assert losses[-1] < 0.25 * losses[0], losses
 
 
-@pytest.mark.parametrize('field,value', [
-    ('attention', 'sparse'), ('num_layers', 0), ('num_heads', 3), ('dropout_rate', 1.5),
-    ('num_area_layers', -1), ('local_window', 0), ('context_pool_position', 'before'),
-    ('area_key_mode', 'rich')])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('attention', 'sparse'),
+        ('num_layers', 0),
+        ('num_heads', 3),
+        ('dropout_rate', 1.5),
+        ('num_area_layers', -1),
+        ('local_window', 0),
+        ('context_pool_position', 'before'),
+        ('area_key_mode', 'rich'),
+    ],
+)
 def test_bad_options_raise(field, value):
   with pytest.raises(ValueError, match=field):
     T.TransformerLM(**dict(TINY, **{field: value})).init(jax.random.key(0), _tokens((1, 4)))
@@ -226,8 +257,7 @@ def test_bad_options_raise(field, value):
 
 def test_bad_context_pool_override_raises():
   with pytest.raises(ValueError, match='context_pool.causal=False conflicts'):
-    T.TransformerLM(**TINY, context_pool={'causal': False}).init(
-        jax.random.key(0), _tokens((1, 4)))
+    T.TransformerLM(**TINY, context_pool={'causal': False}).init(jax.random.key(0), _tokens((1, 4)))
   with pytest.raises(ValueError, match='unknown field'):
     T.TransformerLM(**TINY, context_pool={'sigma': 1}).init(jax.random.key(0), _tokens((1, 4)))
 
@@ -242,6 +272,7 @@ def test_cp_lm_train_step_at_8192_compiles_within_24_gb():
   n = 8192, with ContextPool's default implementation ('auto' -> blockwise).
   Compiled only; XLA's planned peak = temp + arguments + outputs - donated."""
   from benchmarks.contextpool_memory import compile_lm_train_step
+
   assert T.MODELS['cp_transformer_lm']().num_layers == 12
   row = compile_lm_train_step(8192, batch=1, scan_layers=True)
-  assert row['total_mib'] < 24 * 2 ** 10, row['total_mib'] / 2 ** 10
+  assert row['total_mib'] < 24 * 2**10, row['total_mib'] / 2**10

@@ -16,8 +16,7 @@ from contextpool_jax.models.common import count_params
 
 NAMES = ('vit_ti16', 'vit_s16', 'vit_b16', 'cp_vit_ti16', 'cp_vit_s16', 'cp_vit_b16')
 # A reduced model: 32 x 32 images, 8 x 8 patches -> a 4 x 4 grid.
-SMALL = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2,
-             num_classes=5)
+SMALL = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, num_classes=5)
 
 # The tests compile many small programs that run once: XLA's CPU backend at
 # optimisation level 0 compiles them about 3x faster.
@@ -94,8 +93,10 @@ def test_forward_shapes_reduced(name):
 
 def test_forward_shapes_full_size():
   for name in NAMES:
-    y = jax.eval_shape(lambda x, m=vit.MODELS[name](): m.init_with_output(
-        jax.random.key(0), x)[0], jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32))
+    y = jax.eval_shape(
+        lambda x, m=vit.MODELS[name](): m.init_with_output(jax.random.key(0), x)[0],
+        jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32),
+    )
     assert y.shape == (2, 1000)
 
 
@@ -113,11 +114,12 @@ def test_parameter_counts():
     assert count(name) == n
     d = vit.MODELS[name]().hidden_size
     assert count('cp_' + name) == n + 11 * _cp_params_per_module(d)
-  assert abs(count('vit_b16') / 86e6 - 1) < 0.05           # Table 6: 86M
+  assert abs(count('vit_b16') / 86e6 - 1) < 0.05  # Table 6: 86M
   assert count('cp_vit_b16') / count('vit_b16') - 1 < 0.05  # Table 6: 88M (+2.8% here)
   assert abs(count('cp_vit_b16', num_layers=10) / 75e6 - 1) < 0.05  # Table 6: 75M
   assert count('cp_vit_b16', context_pool_last=True) == (
-      want['vit_b16'] + 12 * _cp_params_per_module(768))
+      want['vit_b16'] + 12 * _cp_params_per_module(768)
+  )
 
 
 def test_parameter_dtypes_and_layout():
@@ -156,11 +158,12 @@ def test_identity_context_pool_gives_the_plain_vit(position):
   cp = vit.ViT(**SMALL, context_pool={}, context_pool_position=position)
   params = _random_params(cp, x)
   params = jax.tree_util.tree_map_with_path(
-      lambda path, p: p * 0 if 'context_pool' in jax.tree_util.keystr(path) else p, params)
+      lambda path, p: p * 0 if 'context_pool' in jax.tree_util.keystr(path) else p, params
+  )
   plain = vit.ViT(**SMALL)
-  chex.assert_trees_all_close(_apply(cp, params, x),
-                              _apply(plain, _drop_context_pool(params), x),
-                              atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+      _apply(cp, params, x), _apply(plain, _drop_context_pool(params), x), atol=1e-5, rtol=1e-5
+  )
 
 
 def test_pooling_changes_the_output_and_position_matters():
@@ -198,8 +201,7 @@ def test_context_pool_intermediates_are_sown(scan):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('layers,cp,last,remat', [(3, {}, False, True),
-                                                   (2, {}, True, False)])
+@pytest.mark.parametrize('layers,cp,last,remat', [(3, {}, False, True), (2, {}, True, False)])
 def test_scan_matches_unscanned(layers, cp, last, remat):
   x = _images()
   cfg = dict(SMALL, num_layers=layers, context_pool=cp, context_pool_last=last)
@@ -210,8 +212,9 @@ def test_scan_matches_unscanned(layers, cp, last, remat):
   params = _random_params(plain, x)
   stacked = {'params': vit.stack_block_params(params['params'], layers, n_scan)}
   chex.assert_trees_all_equal_shapes_and_dtypes(stacked, _shapes(scanned, x))
-  chex.assert_trees_all_close(_apply(scanned, stacked, x), _apply(plain, params, x),
-                              atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+      _apply(scanned, stacked, x), _apply(plain, params, x), atol=1e-5, rtol=1e-5
+  )
   back = vit.unstack_block_params(stacked['params'], layers, n_scan)
   chex.assert_trees_all_equal(back, params['params'])
 
@@ -219,13 +222,19 @@ def test_scan_matches_unscanned(layers, cp, last, remat):
 @pytest.mark.parametrize('scan', [False, True])
 def test_dropout_train_vs_eval(scan):
   x = _images()
-  model = vit.ViT(**SMALL, context_pool={'dropout_rate': 0.1}, dropout_rate=0.1,
-                  attention_dropout_rate=0.1, scan_layers=scan, remat=scan,
-                  context_pool_last=scan)
+  model = vit.ViT(
+      **SMALL,
+      context_pool={'dropout_rate': 0.1},
+      dropout_rate=0.1,
+      attention_dropout_rate=0.1,
+      scan_layers=scan,
+      remat=scan,
+      context_pool_last=scan,
+  )
   params = _random_params(model, x)
-  run = _jit(lambda p, x, r, train: model.apply(p, x, train=train,
-                                                   rngs={'dropout': r}),
-                static_argnums=3)
+  run = _jit(
+      lambda p, x, r, train: model.apply(p, x, train=train, rngs={'dropout': r}), static_argnums=3
+  )
   eval1 = run(params, x, _key(1), False)
   chex.assert_trees_all_close(eval1, run(params, x, _key(2), False))
   train1 = run(params, x, _key(1), True)
@@ -246,11 +255,10 @@ def test_bfloat16_forward_is_finite_and_close():
 
 def test_other_image_sizes():
   model = vit.ViT(**SMALL, context_pool={})  # position embeddings for a 4 x 4 grid
-  x = _images((1, 48, 40, 3))                # a 6 x 5 grid
+  x = _images((1, 48, 40, 3))  # a 6 x 5 grid
   params = _random_params(model, _images())
   _, state = _apply(model, params, x, mutable=['intermediates'])
-  assert state['intermediates']['block_0']['context_pool']['pool_weights'][0].shape == (
-      1, 6, 5)
+  assert state['intermediates']['block_0']['context_pool']['pool_weights'][0].shape == (1, 6, 5)
   with pytest.raises(ValueError, match='posemb_resize'):
     _shapes(vit.ViT(**SMALL, posemb_resize=None), x)
   with pytest.raises(ValueError, match='multiples of patch_size=8'):
@@ -264,20 +272,23 @@ def test_other_image_sizes():
   assert vit.resize_posemb(pe, (4, 4), (4, 4), 1, 'bilinear') is pe
 
 
-@pytest.mark.parametrize('override,match', [
-    (dict(classifier='mean'), "classifier='mean'"),
-    (dict(context_pool_position='mlp'), "context_pool_position='mlp'"),
-    (dict(num_heads=3), 'num_heads=3'),
-    (dict(image_size=36), 'image_size=36'),
-    (dict(dropout_rate=1.5), 'dropout_rate=1.5'),
-    (dict(attention_dropout_rate=-0.1), 'attention_dropout_rate=-0.1'),
-    (dict(posemb_resize='spline'), "posemb_resize='spline'"),
-    (dict(context_pool={'bogus': 1}), 'bogus'),
-    (dict(context_pool={}, num_layers=1), 'num_layers=1'),
-    (dict(context_pool=3), 'context_pool=3'),
-    (dict(remat=1), 'remat=1'),
-    (dict(num_layers=0), 'num_layers=0'),
-])
+@pytest.mark.parametrize(
+    'override,match',
+    [
+        (dict(classifier='mean'), "classifier='mean'"),
+        (dict(context_pool_position='mlp'), "context_pool_position='mlp'"),
+        (dict(num_heads=3), 'num_heads=3'),
+        (dict(image_size=36), 'image_size=36'),
+        (dict(dropout_rate=1.5), 'dropout_rate=1.5'),
+        (dict(attention_dropout_rate=-0.1), 'attention_dropout_rate=-0.1'),
+        (dict(posemb_resize='spline'), "posemb_resize='spline'"),
+        (dict(context_pool={'bogus': 1}), 'bogus'),
+        (dict(context_pool={}, num_layers=1), 'num_layers=1'),
+        (dict(context_pool=3), 'context_pool=3'),
+        (dict(remat=1), 'remat=1'),
+        (dict(num_layers=0), 'num_layers=0'),
+    ],
+)
 def test_bad_options_raise(override, match):
   with pytest.raises(ValueError, match=match):
     _shapes(vit.ViT(**{**SMALL, **override}), _images())
@@ -292,8 +303,15 @@ def test_bad_input_rank_raises():
 # Initialisation and a tiny training run.
 # ----------------------------------------------------------------------------
 
-TINY = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
-            num_classes=4, context_pool={})
+TINY = dict(
+    image_size=16,
+    patch_size=4,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_classes=4,
+    context_pool={},
+)
 
 
 @pytest.fixture(scope='module')
@@ -332,6 +350,7 @@ def test_tiny_cp_vit_overfits_one_batch(tiny_init):
       loss, grads = jax.value_and_grad(loss_fn)(params)
       updates, opt = tx.update(grads, opt, params)
       return (optax.apply_updates(params, updates), opt), loss
+
     _, losses = jax.lax.scan(step, (params, tx.init(params)), length=40)
     return losses
 

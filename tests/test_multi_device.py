@@ -13,8 +13,22 @@ def test_multi_device_suite():
   flags = env.get('XLA_FLAGS', '')
   env['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count=4'.strip()
   out = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
-       str(TESTS / 'multi_device')],
-      cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=1800)
+      [
+          sys.executable,
+          '-m',
+          'pytest',
+          '-q',
+          '-p',
+          'no:cacheprovider',
+          '-p',
+          'no:xdist',
+          str(TESTS / 'multi_device'),
+      ],
+      cwd=TESTS.parent,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+  )
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
   assert ' passed' in out.stdout and 'skipped' not in out.stdout, out.stdout[-2000:]

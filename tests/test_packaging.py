@@ -11,10 +11,23 @@ PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
 PROJECT = PYPROJECT['project']
 
 # Distributions only the extras may need (import names of training, data, notebooks, tests).
-EXTRA_ONLY_MODULES = ('optax', 'orbax', 'tensorflow_datasets', 'tensorflow', 'grain',
-                      'ml_collections', 'tensorboardX', 'tqdm', 'PIL', 'sacrebleu',
-                      'sentencepiece', 'matplotlib', 'chex', 'contextpool_jax.training',
-                      'contextpool_jax.data')
+EXTRA_ONLY_MODULES = (
+    'optax',
+    'orbax',
+    'tensorflow_datasets',
+    'tensorflow',
+    'grain',
+    'ml_collections',
+    'tensorboardX',
+    'tqdm',
+    'PIL',
+    'sacrebleu',
+    'sentencepiece',
+    'matplotlib',
+    'chex',
+    'contextpool_jax.training',
+    'contextpool_jax.data',
+)
 
 
 def _name(requirement: str) -> str:
@@ -22,16 +35,22 @@ def _name(requirement: str) -> str:
 
 
 def test_layers_and_models_import_no_training_or_data_dependency():
-  script = ('import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.viz, '
-            'contextpool_jax.sample\n'
-            "m.create('cp_transformer_lm'); m.create('cp_vit_ti16'); m.create('cp_resnet20')\n"
-            'print(sorted(sys.modules))')
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+  script = (
+      'import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.viz, '
+      'contextpool_jax.sample\n'
+      "m.create('cp_transformer_lm'); m.create('cp_vit_ti16'); m.create('cp_resnet20')\n"
+      'print(sorted(sys.modules))'
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, timeout=300, cwd=REPO
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   loaded = set(eval(out.stdout))  # pylint: disable=eval-used
-  bad = sorted(m for m in loaded if m in EXTRA_ONLY_MODULES or
-               any(m.startswith(x + '.') for x in EXTRA_ONLY_MODULES))
+  bad = sorted(
+      m
+      for m in loaded
+      if m in EXTRA_ONLY_MODULES or any(m.startswith(x + '.') for x in EXTRA_ONLY_MODULES)
+  )
   assert not bad, f'import contextpool_jax pulled in {bad}'
   assert {_name(r) for r in PROJECT['dependencies']} == {'jax', 'flax', 'numpy'}
 
@@ -46,7 +65,8 @@ def test_extras_and_the_pinned_requirements_agree():
       assert '==' in line, f'requirements.txt: {line!r} is not pinned'
       pinned[_name(line)] = line
   wanted = {_name(r) for group in extras.values() for r in group} | {
-      _name(r) for r in PROJECT['dependencies']}
+      _name(r) for r in PROJECT['dependencies']
+  }
   missing = sorted(wanted - set(pinned) - {'contextpool-jax'})
   assert not missing, f'requirements.txt does not pin {missing}'
 

@@ -31,18 +31,33 @@ from conftest import REPO
 def flags(corpus, data_dir, workdir, steps=8, **overrides):
   """``train.py`` flags: configs/default.py shrunk, everything on inside the run."""
   config = {
-      'num_train_steps': steps, 'batch_size': 8, 'log_every_steps': 2,
-      'eval_every_steps': 4, 'checkpoint_every_steps': 4, 'progress_bar': False,
-      'model.num_layers': 1, 'model.emb_dim': 32, 'model.mlp_dim': 64, 'model.num_heads': 2,
+      'num_train_steps': steps,
+      'batch_size': 8,
+      'log_every_steps': 2,
+      'eval_every_steps': 4,
+      'checkpoint_every_steps': 4,
+      'progress_bar': False,
+      'model.num_layers': 1,
+      'model.emb_dim': 32,
+      'model.mlp_dim': 64,
+      'model.num_heads': 2,
       # A schedule that does not depend on num_train_steps, so a run stopped at
       # step 4 and resumed to 8 follows the uninterrupted run's rates.
-      'optimizer.schedule': 'warmup_constant', 'optimizer.warmup_steps': 2,
-      'dataset.files': f"('{corpus}/*.txt',)", 'dataset.data_dir': str(data_dir),
-      'dataset.max_bytes': 0, 'dataset.seq_len': 32, 'dataset.eval_context': 32,
-      'dataset.eval_step': 16, 'dataset.eval_batch_size': 4, 'dataset.eval_max_bytes': 4096,
-      **overrides}
-  return (['--config', str(REPO / 'configs/default.py'), '--workdir', str(workdir)]
-          + [f'--config.{k}={v}' for k, v in config.items()])
+      'optimizer.schedule': 'warmup_constant',
+      'optimizer.warmup_steps': 2,
+      'dataset.files': f"('{corpus}/*.txt',)",
+      'dataset.data_dir': str(data_dir),
+      'dataset.max_bytes': 0,
+      'dataset.seq_len': 32,
+      'dataset.eval_context': 32,
+      'dataset.eval_step': 16,
+      'dataset.eval_batch_size': 4,
+      'dataset.eval_max_bytes': 4096,
+      **overrides,
+  }
+  return ['--config', str(REPO / 'configs/default.py'), '--workdir', str(workdir)] + [
+      f'--config.{k}={v}' for k, v in config.items()
+  ]
 
 
 def _env(devices):
@@ -53,17 +68,34 @@ def _env(devices):
 
 
 def run_train(args, devices):
-  out = subprocess.run([sys.executable, str(REPO / 'train.py'), *args], env=_env(devices),
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+  out = subprocess.run(
+      [sys.executable, str(REPO / 'train.py'), *args],
+      env=_env(devices),
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
 
 
 def run_launcher(args, processes, devices):
   out = subprocess.run(
-      [sys.executable, '-m', 'contextpool_jax.training.launch',
-       f'--num_processes={processes}', f'--devices_per_process={devices}', '--', *args],
-      env=dict(os.environ, JAX_PLATFORMS='cpu'), cwd=REPO, capture_output=True, text=True,
-      timeout=900)
+      [
+          sys.executable,
+          '-m',
+          'contextpool_jax.training.launch',
+          f'--num_processes={processes}',
+          f'--devices_per_process={devices}',
+          '--',
+          *args,
+      ],
+      env=dict(os.environ, JAX_PLATFORMS='cpu'),
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
   assert out.returncode == 0, out.stdout[-8000:] + out.stderr[-3000:]
   return out.stdout
 
@@ -96,7 +128,8 @@ def params(workdir):
 
 @pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
 def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
-    corpus, tmp_path, param_sharding):
+    corpus, tmp_path, param_sharding
+):
   extra = {'param_sharding': param_sharding}
   run_train(flags(corpus, tmp_path / 'data', tmp_path / 'one', **extra), devices=1)
   run_train(flags(corpus, tmp_path / 'data', tmp_path / 'four', **extra), devices=4)
@@ -104,26 +137,29 @@ def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
   assert_same_run(one, four)
   assert [r['step'] for r in four['eval_validation']] == [4, 8]
   assert [r['step'] for r in four['train']] == [2, 4, 6, 8]
-  assert sorted(p.name for p in (tmp_path / 'four' / 'checkpoints').iterdir()
-                if p.name.isdigit()) == ['4', '8']
+  assert sorted(
+      p.name for p in (tmp_path / 'four' / 'checkpoints').iterdir() if p.name.isdigit()
+  ) == ['4', '8']
   # The 4-device checkpoint restores on one device (params are not compared:
   # Adam's first steps are ~sign(g), which float rounding flips for g ~ 0).
   step, restored = params(tmp_path / 'four')
   assert step == 8
-  jax.tree.map(lambda a, b: np.testing.assert_equal(a.shape, b.shape),
-               restored, params(tmp_path / 'one')[1])
+  jax.tree.map(
+      lambda a, b: np.testing.assert_equal(a.shape, b.shape), restored, params(tmp_path / 'one')[1]
+  )
 
 
 @pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
 def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, param_sharding):
   data = tmp_path / 'data'
   extra = {'param_sharding': param_sharding}
-  run_train(flags(corpus, data, tmp_path / 'ref', **extra), devices=4)   # prepares data
+  run_train(flags(corpus, data, tmp_path / 'ref', **extra), devices=4)  # prepares data
   run_launcher(flags(corpus, data, tmp_path / 'full', **extra), processes=2, devices=2)
   assert_same_run(metrics(tmp_path / 'ref'), metrics(tmp_path / 'full'))
   # One checkpoint directory, shared by both processes.
-  assert sorted(p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir()
-                if p.name.isdigit()) == ['4', '8']
+  assert sorted(
+      p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir() if p.name.isdigit()
+  ) == ['4', '8']
 
   # Stop at step 4, resume to 8 in two processes: the uninterrupted run's params.
   run_launcher(flags(corpus, data, tmp_path / 'resumed', steps=4, **extra), 2, 2)

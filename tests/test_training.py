@@ -25,9 +25,16 @@ def tiny_config(corpus, data_dir, **overrides):
   c.async_checkpointing = False
   c.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2, dropout_rate=0.1)
   c.optimizer.update(schedule='warmup_constant', warmup_steps=2, learning_rate=1e-3)
-  c.dataset.update(files=(str(corpus / '*.txt'),), data_dir=str(data_dir), max_bytes=0,
-                   seq_len=32, eval_context=32, eval_step=16, eval_batch_size=4,
-                   eval_max_bytes=2048)
+  c.dataset.update(
+      files=(str(corpus / '*.txt'),),
+      data_dir=str(data_dir),
+      max_bytes=0,
+      seq_len=32,
+      eval_context=32,
+      eval_step=16,
+      eval_batch_size=4,
+      eval_max_bytes=2048,
+  )
   for key, value in overrides.items():
     target = c
     *parents, leaf = key.split('.')
@@ -40,6 +47,7 @@ def tiny_config(corpus, data_dir, **overrides):
 def _params(workdir):
   """The latest checkpoint's params as numpy arrays."""
   import orbax.checkpoint as ocp
+
   with ocp.CheckpointManager(pathlib.Path(workdir) / 'checkpoints') as mgr:
     step = mgr.latest_step()
     restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
@@ -67,8 +75,9 @@ def test_resume_gives_the_same_params_as_an_uninterrupted_run(corpus, tmp_path):
   data_dir = tmp_path / 'data'
   full = tiny_config(corpus, data_dir, num_train_steps=6, eval_every_steps=100)
   trainer.train_and_evaluate(full, str(tmp_path / 'full'))
-  half = tiny_config(corpus, data_dir, num_train_steps=3, eval_every_steps=100,
-                     checkpoint_every_steps=3)
+  half = tiny_config(
+      corpus, data_dir, num_train_steps=3, eval_every_steps=100, checkpoint_every_steps=3
+  )
   trainer.train_and_evaluate(half, str(tmp_path / 'resumed'))
   resumed = trainer.train_and_evaluate(full, str(tmp_path / 'resumed'))
   assert resumed['step'] == 6
@@ -82,23 +91,35 @@ def test_gradient_accumulation_matches_the_full_batch(corpus, tmp_path):
   data_dir = tmp_path / 'data'
   # SGD: the update is linear in the gradient (Adam's first steps are ~sign(g), which
   # float rounding can flip for near-zero gradients).
-  kw = dict(num_train_steps=2, eval_every_steps=100,
-            **{'model.dropout_rate': 0.0, 'optimizer.name': 'sgd', 'optimizer.momentum': 0.0,
-               'optimizer.learning_rate': 0.5})
+  kw = dict(
+      num_train_steps=2,
+      eval_every_steps=100,
+      **{
+          'model.dropout_rate': 0.0,
+          'optimizer.name': 'sgd',
+          'optimizer.momentum': 0.0,
+          'optimizer.learning_rate': 0.5,
+      },
+  )
   trainer.train_and_evaluate(tiny_config(corpus, data_dir, **kw), str(tmp_path / 'a'))
-  trainer.train_and_evaluate(tiny_config(corpus, data_dir, grad_accum_steps=2, **kw),
-                             str(tmp_path / 'b'))
+  trainer.train_and_evaluate(
+      tiny_config(corpus, data_dir, grad_accum_steps=2, **kw), str(tmp_path / 'b')
+  )
   _, a = _params(tmp_path / 'a')
   _, b = _params(tmp_path / 'b')
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5), a, b)
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
-    corpus, tmp_path):
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
   # A learning rate this large makes the parameters overflow within a few steps.
-  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=40, checkpoint_every_steps=1,
-                       eval_every_steps=1000,
-                       **{'optimizer.learning_rate': 1e30, 'optimizer.schedule': 'constant'})
+  config = tiny_config(
+      corpus,
+      tmp_path / 'data',
+      num_train_steps=40,
+      checkpoint_every_steps=1,
+      eval_every_steps=1000,
+      **{'optimizer.learning_rate': 1e30, 'optimizer.schedule': 'constant'},
+  )
   with pytest.raises(trainer.NonFiniteLossError, match=r'at step (\d+)') as err:
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   bad = int(err.value.args[0].split('at step ')[1].split(';')[0])
@@ -107,11 +128,16 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
   assert all(np.isfinite(p).all() for p in jax.tree.leaves(params))
 
 
-def test_non_finite_loss_is_caught_at_the_next_log_step_without_per_step_reads(
-    corpus, tmp_path):
-  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=40, log_every_steps=5,
-                       checkpoint_every_steps=1000, eval_every_steps=1000,
-                       **{'optimizer.learning_rate': 1e30, 'optimizer.schedule': 'constant'})
+def test_non_finite_loss_is_caught_at_the_next_log_step_without_per_step_reads(corpus, tmp_path):
+  config = tiny_config(
+      corpus,
+      tmp_path / 'data',
+      num_train_steps=40,
+      log_every_steps=5,
+      checkpoint_every_steps=1000,
+      eval_every_steps=1000,
+      **{'optimizer.learning_rate': 1e30, 'optimizer.schedule': 'constant'},
+  )
   assert config.nan_check_every_steps == 0  # the default: no per-step host sync
   with pytest.raises(trainer.NonFiniteLossError, match=r'at step (\d+)') as err:
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
@@ -120,18 +146,25 @@ def test_non_finite_loss_is_caught_at_the_next_log_step_without_per_step_reads(
   lines = (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()
   logged = [json.loads(l)['step'] for l in lines if json.loads(l)['split'] == 'train']
   assert logged == list(range(5, caught, 5))
-  assert all(np.isfinite(json.loads(l)['loss']) for l in lines
-             if json.loads(l)['split'] == 'train')
+  assert all(np.isfinite(json.loads(l)['loss']) for l in lines if json.loads(l)['split'] == 'train')
 
 
 def test_the_loop_reads_devices_only_through_fetch_and_not_every_step(
-    corpus, tmp_path, monkeypatch):
+    corpus, tmp_path, monkeypatch
+):
   from contextpool_jax.training import sharding
+
   calls = []
   fetch = sharding.fetch
   monkeypatch.setattr(sharding, 'fetch', lambda tree: calls.append(1) or fetch(tree))
-  config = tiny_config(corpus, tmp_path / 'data', num_train_steps=30, log_every_steps=10,
-                       eval_every_steps=30, checkpoint_every_steps=30)
+  config = tiny_config(
+      corpus,
+      tmp_path / 'data',
+      num_train_steps=30,
+      log_every_steps=10,
+      eval_every_steps=30,
+      checkpoint_every_steps=30,
+  )
   result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result['step'] == 30
   # Per log step: NaN check, train sums, pool sizes; per evaluation: its sums;
@@ -141,26 +174,39 @@ def test_the_loop_reads_devices_only_through_fetch_and_not_every_step(
 
 def test_bad_config_fails_before_compiling(corpus, tmp_path):
   with pytest.raises(ValueError, match='config.batch_size=6 with config.grad_accum_steps=4'):
-    trainer.train_and_evaluate(tiny_config(corpus, tmp_path, batch_size=6, grad_accum_steps=4),
-                               str(tmp_path / 'run'))
+    trainer.train_and_evaluate(
+        tiny_config(corpus, tmp_path, batch_size=6, grad_accum_steps=4), str(tmp_path / 'run')
+    )
   with pytest.raises(ValueError, match="config.task='vision'"):
     trainer.train_and_evaluate(tiny_config(corpus, tmp_path, task='vision'), str(tmp_path / 'r'))
   with pytest.raises(ValueError, match="model='cp_transformer_lmx' is not registered"):
-    trainer.train_and_evaluate(tiny_config(corpus, tmp_path, **{'model.name': 'cp_transformer_lmx'}),
-                               str(tmp_path / 'r'))
+    trainer.train_and_evaluate(
+        tiny_config(corpus, tmp_path, **{'model.name': 'cp_transformer_lmx'}), str(tmp_path / 'r')
+    )
 
 
 def test_command_line_rejects_unknown_keys(tmp_path):
   out = subprocess.run(
-      [sys.executable, str(REPO / 'train.py'), '--config', str(REPO / 'configs/default.py'),
-       '--workdir', str(tmp_path), '--config.num_train_stepz=3'],
-      capture_output=True, text=True, timeout=300, cwd=REPO)
+      [
+          sys.executable,
+          str(REPO / 'train.py'),
+          '--config',
+          str(REPO / 'configs/default.py'),
+          '--workdir',
+          str(tmp_path),
+          '--config.num_train_stepz=3',
+      ],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      cwd=REPO,
+  )
   assert out.returncode != 0
   assert 'num_train_stepz' in out.stderr
 
 
 # train.py with the model's forward pass replaced by one that has a shape bug.
-_BROKEN_MODEL_DRIVER = r'''
+_BROKEN_MODEL_DRIVER = r"""
 import runpy, sys
 import flax.linen as nn
 from contextpool_jax.training import tasks
@@ -173,22 +219,33 @@ class Broken(nn.Module):
 tasks.build_model = lambda config: Broken()
 script = sys.argv.pop(1)
 runpy.run_path(script, run_name='__main__')
-'''
+"""
 
 
 def _cli(args, driver=None):
   script = [str(REPO / 'train.py')] if driver is None else ['-c', driver, str(REPO / 'train.py')]
-  return subprocess.run([sys.executable, *script, '--config', str(REPO / 'configs/default.py'),
-                         *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+  return subprocess.run(
+      [sys.executable, *script, '--config', str(REPO / 'configs/default.py'), *args],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      cwd=REPO,
+  )
 
 
 def test_command_line_errors_config_one_line_other_errors_traceback(corpus, tmp_path):
-  data = ['--config.dataset.data_dir=' + str(tmp_path / 'data'),
-          f"--config.dataset.files=('{corpus}/*.txt',)", '--config.dataset.max_bytes=0']
-  config_error = _cli(['--workdir', str(tmp_path / 'a'), "--config.optimizer.name=adamx"])
+  data = [
+      '--config.dataset.data_dir=' + str(tmp_path / 'data'),
+      f"--config.dataset.files=('{corpus}/*.txt',)",
+      '--config.dataset.max_bytes=0',
+  ]
+  config_error = _cli(['--workdir', str(tmp_path / 'a'), '--config.optimizer.name=adamx'])
   assert config_error.returncode == 1
-  assert config_error.stderr.strip().splitlines()[-1].startswith(
-      "error: config.optimizer.name='adamx' is not supported")
+  assert (
+      config_error.stderr.strip()
+      .splitlines()[-1]
+      .startswith("error: config.optimizer.name='adamx' is not supported")
+  )
   assert 'Traceback' not in config_error.stderr
   bug = _cli(['--workdir', str(tmp_path / 'b'), *data], driver=_BROKEN_MODEL_DRIVER)
   assert bug.returncode == 1
@@ -199,6 +256,7 @@ def test_bpc_of_a_uniform_model_is_eight_bits(corpus, tmp_path):
   """Known input: a model that puts 1/256 on every byte costs exactly log2(256) = 8 bits."""
   import jax.numpy as jnp
   from contextpool_jax.training import objectives
+
   task = objectives.LanguageModelling()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (3, 17)), jnp.int32)
   weights = jnp.ones((3, 16)).at[2, :8].set(0.0)  # unscored positions do not count

@@ -40,28 +40,39 @@ def _corpus(n=64, seed=0, max_words=14):
   for i in range(n):
     k = int(rng.integers(1, max_words + 1))
     w = rng.integers(0, len(EN), k)
-    records.append({'en': ' '.join(EN[j] for j in w) + f' {i}',
-                    'de': ' '.join(DE[j] for j in w) + f' {i}'})
+    records.append(
+        {'en': ' '.join(EN[j] for j in w) + f' {i}', 'de': ' '.join(DE[j] for j in w) + f' {i}'}
+    )
   return records
 
 
 @contextlib.contextmanager
 def _wmt(records_by_split):
   """``tfds.data_source('wmt14_translate/de-en', split=s)`` returns ``records_by_split[s]``."""
+
   def as_data_source(self, split, decoders=None, deserialize_method=None, **kwargs):
     del self, decoders, deserialize_method, kwargs
     return records_by_split[split]
-  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
-                              as_data_source_fn=as_data_source):
+
+  with tfds.testing.mock_data(
+      policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=as_data_source
+  ):
     yield
 
 
 def _config(workdir, batch_size=4, **dataset):
-  ds = dict(name='wmt14_translate/de-en', source_lang='en', target_lang='de', vocab_size=48,
-            max_source_len=96, max_target_len=96)
+  ds = dict(
+      name='wmt14_translate/de-en',
+      source_lang='en',
+      target_lang='de',
+      vocab_size=48,
+      max_source_len=96,
+      max_target_len=96,
+  )
   ds.update(dataset)
   return ml_collections.ConfigDict(
-      {'seed': 0, 'batch_size': batch_size, 'workdir': str(workdir), 'dataset': ds})
+      {'seed': 0, 'batch_size': batch_size, 'workdir': str(workdir), 'dataset': ds}
+  )
 
 
 CORPUS = _corpus()
@@ -112,6 +123,7 @@ def test_sentencepiece_is_trained_stored_and_reused(tmp_path, monkeypatch):
     ti.get_vocab(other, process_index=1, poll_seconds=0.01)
   # Pickles (grain workers) as its model.
   import pickle
+
   assert pickle.loads(pickle.dumps(vocab)).encode(text) == ids
 
 
@@ -159,12 +171,12 @@ def test_pipeline_on_mock_wmt14_shapes_buckets_and_padding(tmp_path):
     shapes.add(inputs.shape)
     for x in (inputs, targets):
       lengths = (x != 0).sum(1)
-      assert np.all(x[np.arange(4), lengths - 1] == 1)           # ends with EOS ...
-      assert np.all((x == 1).sum(1) == 1)                        # ... exactly once
-      assert np.all(np.cumsum(x == 0, 1)[x != 0] == 0)           # padding only at the end
+      assert np.all(x[np.arange(4), lengths - 1] == 1)  # ends with EOS ...
+      assert np.all((x == 1).sum(1) == 1)  # ... exactly once
+      assert np.all(np.cumsum(x == 0, 1)[x != 0] == 0)  # padding only at the end
     longest = np.maximum((inputs != 0).sum(1), (targets != 0).sum(1))
     assert np.all(longest <= bounds[b])
-    assert np.all(longest > (bounds[b - 1] if b else 0))         # smallest bucket that fits
+    assert np.all(longest > (bounds[b - 1] if b else 0))  # smallest bucket that fits
   assert len(shapes) >= 2
 
 
@@ -174,8 +186,9 @@ def test_every_example_once_per_epoch_disjoint_process_shards_and_seeded(tmp_pat
     seen = []
     for p in range(2):
       it = iter(ti.make_train_dataset(config, process_index=p, process_count=2, vocab=vocab))
-      assert next(iter(ti.make_train_dataset(config, process_index=p, process_count=2,
-                                             vocab=vocab)))['inputs'].shape == (2, 96)
+      assert next(
+          iter(ti.make_train_dataset(config, process_index=p, process_count=2, vocab=vocab))
+      )['inputs'].shape == (2, 96)
       first = [i for b in _take(it, 16) for i in _sentence_ids(vocab, b)]  # 32 = one epoch
       second = [i for b in _take(it, 16) for i in _sentence_ids(vocab, b)]
       assert sorted(first) == sorted(second) == list(range(p, 64, 2))
@@ -211,8 +224,7 @@ def test_too_long_pairs_are_dropped_or_truncated(tmp_path, vocab):
 
 
 def test_iterator_state_round_trips_with_examples_held_in_buckets(tmp_path, vocab):
-  config = _config(tmp_path, bucket_boundaries=[12, 20, 32], max_source_len=32,
-                   max_target_len=32)
+  config = _config(tmp_path, bucket_boundaries=[12, 20, 32], max_source_len=32, max_target_len=32)
   with _wmt({'train': CORPUS}):
     ds = ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab)
     it = iter(ds)
@@ -220,10 +232,9 @@ def test_iterator_state_round_trips_with_examples_held_in_buckets(tmp_path, voca
     state = it.get_state()
     held = np.array(state['buckets'])
     assert held.shape == (3, 4) and (held >= 0).any()  # fixed shape, some pairs held
-    state = json.loads(json.dumps(state))               # checkpointable as JSON
+    state = json.loads(json.dumps(state))  # checkpointable as JSON
     want = _take(it, 25)
-    restored = iter(ti.make_train_dataset(config, process_index=0, process_count=1,
-                                          vocab=vocab))
+    restored = iter(ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab))
     restored.set_state(state)
     got = _take(restored, 25)
   for w, g in zip(want, got):
@@ -233,11 +244,14 @@ def test_iterator_state_round_trips_with_examples_held_in_buckets(tmp_path, voca
 
 def test_eval_batches_fixed_shape_mask_index_and_process_split(tmp_path, vocab):
   records = CORPUS[:23]
-  config = _config(tmp_path, batch_size=8, max_eval_source_len=20, max_eval_target_len=24,
-                   eval_batch_size=6)
+  config = _config(
+      tmp_path, batch_size=8, max_eval_source_len=20, max_eval_target_len=24, eval_batch_size=6
+  )
   with _wmt({'test': records}):
-    shards = [ti.make_eval_batches(config, 'test', process_index=p, process_count=2,
-                                   vocab=vocab) for p in range(2)]
+    shards = [
+        ti.make_eval_batches(config, 'test', process_index=p, process_count=2, vocab=vocab)
+        for p in range(2)
+    ]
     batches = [list(s) for s in shards]
     assert list(shards[0]) and len(shards[0]) == len(shards[1]) == len(batches[0]) == 4
   indices = []
@@ -252,7 +266,7 @@ def test_eval_batches_fixed_shape_mask_index_and_process_split(tmp_path, vocab):
       for row, i, m in zip(b['inputs'], b['index'], b['mask']):
         if m:
           expect = vocab.encode(records[i]['en'])[:19] + [1]
-          np.testing.assert_array_equal(row[:len(expect)], expect)
+          np.testing.assert_array_equal(row[: len(expect)], expect)
       indices += [int(i) for i in b['index'][b['mask']]]
   assert sorted(indices) == list(range(23))  # every example once, none dropped
   assert shards[0].references == [r['de'] for r in records]
@@ -287,37 +301,42 @@ def _bigram(rows):
 
 
 # ids: 0 BOS/pad, 1 EOS, 2 A, 3 B, 4 C
-TRAP = {0: {2: .5, 3: .4, 4: .1}, 2: {4: .3, 3: .25, 2: .2, 1: .25}, 3: {1: .9, 4: .1},
-        4: {1: 1.0}}
+TRAP = {
+    0: {2: 0.5, 3: 0.4, 4: 0.1},
+    2: {4: 0.3, 3: 0.25, 2: 0.2, 1: 0.25},
+    3: {1: 0.9, 4: 0.1},
+    4: {1: 1.0},
+}
 
 
 def test_beam_search_finds_a_better_sequence_than_greedy():
   model, params = _bigram([TRAP])
   inputs = jnp.zeros((1, 3), jnp.int32)
   greedy = decoding.greedy_decode(model, params, inputs, max_len=6)
-  np.testing.assert_array_equal(greedy, [[2, 4, 1, 0, 0, 0]])        # A C EOS, p = 0.15
+  np.testing.assert_array_equal(greedy, [[2, 4, 1, 0, 0, 0]])  # A C EOS, p = 0.15
   beam = decoding.beam_search(model, params, inputs, beam_size=2, alpha=0.0, max_len=6)
-  np.testing.assert_array_equal(beam, [[3, 1, 0, 0, 0, 0]])          # B EOS, p = 0.36
-  seqs, scores = decoding.beam_search_all(model, params, inputs, beam_size=2, alpha=0.0,
-                                          max_len=6)
+  np.testing.assert_array_equal(beam, [[3, 1, 0, 0, 0, 0]])  # B EOS, p = 0.36
+  seqs, scores = decoding.beam_search_all(model, params, inputs, beam_size=2, alpha=0.0, max_len=6)
   # A EOS (.125) ranks 3rd of the 2k candidates at step 1, so it never finishes;
   # A C EOS (.15, greedy's answer) is the second hypothesis.
-  np.testing.assert_allclose(scores[0], [math.log(.36), math.log(.5 * .3)], rtol=1e-5)
+  np.testing.assert_allclose(scores[0], [math.log(0.36), math.log(0.5 * 0.3)], rtol=1e-5)
   np.testing.assert_array_equal(seqs[0, 1], [2, 4, 1, 0, 0, 0])
 
 
 def test_length_penalty_prefers_longer_hypotheses_as_alpha_grows():
   # [EOS] has p = .55 (length 1); [A, B, EOS] has p = .45 (length 3).
-  model, params = _bigram([{0: {1: .55, 2: .45}, 2: {3: 1.0}, 3: {1: 1.0}}])
+  model, params = _bigram([{0: {1: 0.55, 2: 0.45}, 2: {3: 1.0}, 3: {1: 1.0}}])
   inputs = jnp.zeros((1, 2), jnp.int32)
-  run = functools.partial(decoding.beam_search_all, model, params, inputs, beam_size=2,
-                          max_len=5)
+  run = functools.partial(decoding.beam_search_all, model, params, inputs, beam_size=2, max_len=5)
   for alpha, want in [(0.0, [1, 0, 0, 0, 0]), (0.6, [1, 0, 0, 0, 0]), (2.0, [2, 3, 1, 0, 0])]:
     seqs, scores = run(alpha=alpha)
     np.testing.assert_array_equal(seqs[0, 0], want)
-    best = {(1,): math.log(.55) / 1.0, (2, 3, 1): math.log(.45) / ((5 + 3) / 6) ** alpha}
-    np.testing.assert_allclose(sorted(np.asarray(scores[0]).tolist(), reverse=True),
-                               sorted(best.values(), reverse=True), rtol=1e-5)
+    best = {(1,): math.log(0.55) / 1.0, (2, 3, 1): math.log(0.45) / ((5 + 3) / 6) ** alpha}
+    np.testing.assert_allclose(
+        sorted(np.asarray(scores[0]).tolist(), reverse=True),
+        sorted(best.values(), reverse=True),
+        rtol=1e-5,
+    )
   assert float(decoding.length_penalty(1, 0.6)) == 1.0
 
 
@@ -336,8 +355,9 @@ def test_a_beam_as_wide_as_the_search_space_finds_the_best_scored_sequence(alpha
       score /= ((5 + length) / 6) ** alpha
       if score > best:
         best, best_seq = score, seq
-  seqs, scores = decoding.beam_search_all(model, params, jnp.zeros((1, 1), jnp.int32),
-                                          beam_size=64, alpha=alpha, max_len=3)
+  seqs, scores = decoding.beam_search_all(
+      model, params, jnp.zeros((1, 1), jnp.int32), beam_size=64, alpha=alpha, max_len=3
+  )
   np.testing.assert_array_equal(seqs[0, 0], list(best_seq) + [0] * (3 - len(best_seq)))
   assert float(scores[0, 0]) == pytest.approx(best, rel=1e-5)
 
@@ -356,17 +376,21 @@ def test_beam_size_one_is_greedy_and_output_is_zero_padded(alpha):
   model, params = _bigram(_random_tables(6, 7, seed=3))
   inputs = jnp.arange(6, dtype=jnp.int32)[:, None]
   greedy = jax.jit(functools.partial(decoding.greedy_decode, model, max_len=9, min_segment=2))
-  beam1 = jax.jit(functools.partial(decoding.beam_search, model, beam_size=1, alpha=alpha,
-                                    max_len=9, min_segment=4))
+  beam1 = jax.jit(
+      functools.partial(
+          decoding.beam_search, model, beam_size=1, alpha=alpha, max_len=9, min_segment=4
+      )
+  )
   g = np.asarray(greedy(params, inputs))
   np.testing.assert_array_equal(g, beam1(params, inputs))
-  np.testing.assert_array_equal(g, decoding.greedy_decode(model, params, inputs, max_len=9,
-                                                          min_segment=None))
+  np.testing.assert_array_equal(
+      g, decoding.greedy_decode(model, params, inputs, max_len=9, min_segment=None)
+  )
   assert g.shape == (6, 9) and g.dtype == np.int32
   for row in g:
     if 1 in row.tolist():
       e = row.tolist().index(1)
-      assert np.all(row[e + 1:] == 0) and np.all(row[:e] > 1)
+      assert np.all(row[e + 1 :] == 0) and np.all(row[:e] > 1)
   assert (g == 1).any()
   beam4 = decoding.beam_search(model, params, inputs, beam_size=4, alpha=alpha, max_len=9)
   assert beam4.shape == (6, 9)
@@ -383,24 +407,33 @@ def _python_greedy(model, params, inputs, max_len):
   out = prefix[:, 1:]
   for row in out:  # 0 after the first EOS
     if 1 in row.tolist():
-      row[row.tolist().index(1) + 1:] = 0
+      row[row.tolist().index(1) + 1 :] = 0
   return out
 
 
 def test_transformer_greedy_matches_step_by_step_reference():
   """The static-width buffer and segments give what exact prefixes give (causal decoder,
   including ContextPool after each layer)."""
-  model = T.Transformer(vocab_size=12, num_layers=1, emb_dim=16, mlp_dim=32, num_heads=2,
-                        dropout_rate=0.0, context_pool={})
+  model = T.Transformer(
+      vocab_size=12,
+      num_layers=1,
+      emb_dim=16,
+      mlp_dim=32,
+      num_heads=2,
+      dropout_rate=0.0,
+      context_pool={},
+  )
   inputs = jnp.array([[3, 4, 5, 1, 0], [6, 1, 0, 0, 0]], jnp.int32)
   params = jax.jit(model.init)(jax.random.key(1), inputs, jnp.ones((2, 4), jnp.int32))
   # Larger kernels, so the untrained model does not just repeat its BOS (id 0).
   params = jax.tree_util.tree_map_with_path(
-      lambda path, x: 5 * x if 'kernel' in jax.tree_util.keystr(path) else x, params)
+      lambda path, x: 5 * x if 'kernel' in jax.tree_util.keystr(path) else x, params
+  )
   want = _python_greedy(model, params, inputs, max_len=7)
   assert len(set(want.ravel().tolist()) - {0, 1}) >= 3
   got = jax.jit(functools.partial(decoding.greedy_decode, model, max_len=7, min_segment=2))(
-      params, inputs)
+      params, inputs
+  )
   np.testing.assert_array_equal(got, want)
   beam1 = decoding.beam_search(model, params, inputs, beam_size=1, max_len=7, min_segment=2)
   np.testing.assert_array_equal(beam1, want)
@@ -419,8 +452,8 @@ def _independent_bleu(hyps, refs):
     h, ref = h.split(), ref.split()
     c, r = c + len(h), r + len(ref)
     for n in range(1, 5):
-      hn = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
-      rn = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+      hn = Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+      rn = Counter(tuple(ref[i : i + n]) for i in range(len(ref) - n + 1))
       match[n - 1] += sum(min(k, rn[g]) for g, k in hn.items())
       total[n - 1] += max(len(h) - n + 1, 0)
   bp = 1.0 if c > r else math.exp(1 - r / c)
@@ -461,15 +494,18 @@ def test_decode_and_score_on_eval_batches(tmp_path, vocab, beam_size):
   copy = [{'en': r['en'], 'de': r['en']} for r in CORPUS[:11]]  # "translation" = copy
   config = _config(tmp_path, batch_size=4)
   with _wmt({'validation': copy}):
-    batches = ti.make_eval_batches(config, 'validation', process_index=0, process_count=1,
-                                   vocab=vocab)
-    scored = bleu.decode_and_score(CopyToy(vocab.vocab_size), {}, batches, vocab,
-                                   beam_size=beam_size)
+    batches = ti.make_eval_batches(
+        config, 'validation', process_index=0, process_count=1, vocab=vocab
+    )
+    scored = bleu.decode_and_score(
+        CopyToy(vocab.vocab_size), {}, batches, vocab, beam_size=beam_size
+    )
   assert scored.bleu == pytest.approx(100.0) and dict(scored) == {'bleu': scored.bleu}
   assert scored.hypotheses == scored.references == [r['en'] for r in copy]
   # max_batches; a bare parameter tree is accepted too (wrapped as {'params': ...}).
-  part = bleu.decode_and_score(CopyToy(vocab.vocab_size), {}, batches, vocab, beam_size=None,
-                               max_batches=2)
+  part = bleu.decode_and_score(
+      CopyToy(vocab.vocab_size), {}, batches, vocab, beam_size=None, max_batches=2
+  )
   assert len(part.hypotheses) == 8 and part.bleu == pytest.approx(100.0)
   # References from the detokenised targets, and a partly wrong system.
   wrong = list(batches)

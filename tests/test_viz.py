@@ -20,7 +20,7 @@ def _pool(x, **fields):
   variables = layer.init(jax.random.key(1), x)
   y, state = layer.apply(variables, x, mutable=['intermediates'])
   pools = viz.pool_intermediates(state, spatial_ndim=x.ndim - 2)
-  (name, pool), = pools.items()
+  ((name, pool),) = pools.items()
   assert name == ''  # the layer itself is the root module
   return y, pool['pool_weights'], pool['pool_sigma']
 
@@ -34,8 +34,9 @@ def test_pooling_distribution_reproduces_the_layer_on_a_sequence(causal):
   x = jax.random.normal(jax.random.key(0), (1, 20, 6))
   y, w, sigma = _pool(x, causal=causal)
   p = viz.pooling_distribution(w[0], sigma[0], range(20), causal=causal)
-  chex.assert_trees_all_close(p @ np.asarray(x[0], np.float64), np.asarray(y[0]),
-                              atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+      p @ np.asarray(x[0], np.float64), np.asarray(y[0]), atol=1e-5, rtol=1e-5
+  )
   if causal:
     assert np.all(np.triu(p, 1) == 0)
 
@@ -45,15 +46,19 @@ def test_pooling_distribution_reproduces_the_layer_on_a_grid():
   y, w, sigma = _pool(x)
   cells = [(r, c) for r in range(6) for c in range(5)]
   p = viz.pooling_distribution(w[0], sigma[0], cells)
-  chex.assert_trees_all_close(p @ np.asarray(x[0], np.float64).reshape(30, 4),
-                              np.asarray(y[0]).reshape(30, 4), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+      p @ np.asarray(x[0], np.float64).reshape(30, 4),
+      np.asarray(y[0]).reshape(30, 4),
+      atol=1e-5,
+      rtol=1e-5,
+  )
 
 
 def test_gaussian_support_is_the_formula():
   sigma = np.array([0.5, 1.0, 2.0, 3.0, 0.7])
   g = viz.gaussian_support(sigma, [3], causal=True)
   j = np.arange(5)
-  expected = np.where(j <= 3, np.exp(-(3 - j) ** 2 / (2 * 3.0 ** 2)), 0.0)
+  expected = np.where(j <= 3, np.exp(-((3 - j) ** 2) / (2 * 3.0**2)), 0.0)
   chex.assert_trees_all_close(g[0], expected)
 
 
@@ -79,7 +84,9 @@ def test_gaussian_supports_figure_lines_are_the_supports_and_distributions():
   top, bottom = fig.axes[:2]
   g = viz.gaussian_support(sigma[0], centres, causal=True)
   p = viz.pooling_distribution(w[0], sigma[0], centres, causal=True)
-  chex.assert_trees_all_close(np.stack([l.get_ydata() for l in top.lines if len(l.get_ydata()) == 16]), g)
+  chex.assert_trees_all_close(
+      np.stack([l.get_ydata() for l in top.lines if len(l.get_ydata()) == 16]), g
+  )
   chex.assert_trees_all_close(np.stack([l.get_ydata() for l in bottom.lines]), p)
   chex.assert_trees_all_close(p.sum(-1), np.ones(3))
 
@@ -93,8 +100,9 @@ def test_sigma_distribution_bars_are_the_histograms_per_layer():
   hi = max(v.max() for v in sigmas.values())
   for ax, values in zip(fig.axes, sigmas.values()):
     counts, _ = np.histogram(values, bins=np.linspace(lo, hi, 11))
-    chex.assert_trees_all_equal(np.array([p.get_height() for p in ax.patches]),
-                                counts.astype(np.float64))
+    chex.assert_trees_all_equal(
+        np.array([p.get_height() for p in ax.patches]), counts.astype(np.float64)
+    )
 
 
 def test_model_pools_splits_scanned_layers_and_matches_unscanned():
@@ -102,8 +110,10 @@ def test_model_pools_splits_scanned_layers_and_matches_unscanned():
   kw = dict(num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
   scanned = create('cp_transformer_lm', scan_layers=True, **kw)
   pools = viz.model_pools(scanned, scanned.init(jax.random.key(0), tokens), tokens)
-  assert sorted(pools) == ['decoder/scanned_layers/layer/context_pool[0]',
-                          'decoder/scanned_layers/layer/context_pool[1]']
+  assert sorted(pools) == [
+      'decoder/scanned_layers/layer/context_pool[0]',
+      'decoder/scanned_layers/layer/context_pool[1]',
+  ]
   for pool in pools.values():
     assert pool['pool_weights'].shape == pool['pool_sigma'].shape == (1, 12)
   plain = create('cp_transformer_lm', **kw)
@@ -133,19 +143,22 @@ def test_area_attention_figure_places_each_area_weight():
   assert grid.shape == (3, 6) and np.isnan(grid).sum() == 3 * 6 - layout.num_areas
   for p, s, w in zip(probs, layout.col, layout.width):
     assert grid[w - 1, s] == p
-  per_item = [sum(p for p, s, w in zip(probs, layout.col, layout.width) if s <= j < s + w)
-              for j in range(6)]
+  per_item = [
+      sum(p for p, s, w in zip(probs, layout.col, layout.width) if s <= j < s + w) for j in range(6)
+  ]
   bars = [p.get_height() for p in fig.axes[1].patches]
   chex.assert_trees_all_close(np.array(bars), np.array(per_item))
 
 
 def test_costs_figure_bars():
-  costs = {'a': {'flops': 2e9, 'temp_bytes': 3 * 2 ** 20}, 'b': {'flops': 5e8, 'temp_bytes': 0}}
+  costs = {'a': {'flops': 2e9, 'temp_bytes': 3 * 2**20}, 'b': {'flops': 5e8, 'temp_bytes': 0}}
   fig = viz.plot_costs(costs)
-  chex.assert_trees_all_close(np.array([p.get_width() for p in fig.axes[0].patches]),
-                              np.array([2.0, 0.5]))
-  chex.assert_trees_all_close(np.array([p.get_width() for p in fig.axes[1].patches]),
-                              np.array([3.0, 0.0]))
+  chex.assert_trees_all_close(
+      np.array([p.get_width() for p in fig.axes[0].patches]), np.array([2.0, 0.5])
+  )
+  chex.assert_trees_all_close(
+      np.array([p.get_width() for p in fig.axes[1].patches]), np.array([3.0, 0.0])
+  )
 
 
 def test_bad_inputs_name_the_argument():

@@ -104,10 +104,14 @@ DATASETS = ('cifar10', 'imagenet2012')
 
 # Per-channel (mean, std), 0..255 scale.
 NORMALIZATION = {
-    'cifar10': (tuple(255 * v for v in (0.4914, 0.4822, 0.4465)),
-                tuple(255 * v for v in (0.2470, 0.2435, 0.2616))),
-    'imagenet2012': (tuple(255 * v for v in (0.485, 0.456, 0.406)),
-                     tuple(255 * v for v in (0.229, 0.224, 0.225))),
+    'cifar10': (
+        tuple(255 * v for v in (0.4914, 0.4822, 0.4465)),
+        tuple(255 * v for v in (0.2470, 0.2435, 0.2616)),
+    ),
+    'imagenet2012': (
+        tuple(255 * v for v in (0.485, 0.456, 0.406)),
+        tuple(255 * v for v in (0.229, 0.224, 0.225)),
+    ),
 }
 
 _DATASET_DEFAULTS = {
@@ -120,7 +124,6 @@ _INTERPOLATION = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resamp
 CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 
 
-
 # --------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------
@@ -129,6 +132,7 @@ CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 @dataclasses.dataclass(frozen=True)
 class ImageInputSpec:
   """The validated ``config.dataset`` fields (see the module docstring)."""
+
   name: str
   data_dir: Optional[str]
   image_size: int
@@ -161,8 +165,9 @@ def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -
   except (TypeError, ValueError):
     t = ()
   if len(t) != 3 or (positive and min(t) <= 0):
-    raise _bad(field, v, f'three {"positive " if positive else ""}numbers (per channel, '
-               '0..255 scale)')
+    raise _bad(
+        field, v, f'three {"positive " if positive else ""}numbers (per channel, ' '0..255 scale)'
+    )
   return t
 
 
@@ -172,9 +177,11 @@ def resolve_spec(config: Any) -> ImageInputSpec:
   name = checks.read_choice(config, 'dataset.name', DATASETS)
   dd = _DATASET_DEFAULTS[name]
   integer = lambda field, default, minimum: checks.read_int(
-      config, f'dataset.{field}', minimum=minimum, default=default)
+      config, f'dataset.{field}', minimum=minimum, default=default
+  )
   number = lambda field, default, lo, hi, lo_open=False: checks.read_float(
-      config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default)
+      config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default
+  )
   data_dir = checks.lookup(config, 'dataset.data_dir', None)
   mean, std = NORMALIZATION[name]
   return ImageInputSpec(
@@ -187,8 +194,9 @@ def resolve_spec(config: Any) -> ImageInputSpec:
       crop_padding=integer('crop_padding', 4, 0),
       crop_area_min=number('crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
       eval_crop_fraction=number('eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
-      interpolation=checks.read_choice(config, 'dataset.interpolation', _INTERPOLATION,
-                                       default='bilinear'),
+      interpolation=checks.read_choice(
+          config, 'dataset.interpolation', _INTERPOLATION, default='bilinear'
+      ),
       randaugment_num_ops=integer('randaugment_num_ops', 0, 0),
       randaugment_magnitude=number('randaugment_magnitude', 9.0, 0.0, randaugment.MAX_MAGNITUDE),
       randaugment_magnitude_std=number('randaugment_magnitude_std', 0.0, 0.0, math.inf),
@@ -202,7 +210,7 @@ def resolve_spec(config: Any) -> ImageInputSpec:
 
 
 def _seed(config: Any, process_index: int, salt: int) -> int:
-  seed = checks.read_int(config, 'seed', minimum=-2**63, default=0)
+  seed = checks.read_int(config, 'seed', minimum=-(2**63), default=0)
   state = np.random.SeedSequence([seed % 2**63, process_index, salt]).generate_state(1)
   return int(state[0])
 
@@ -215,21 +223,27 @@ def _seed(config: Any, process_index: int, salt: int) -> int:
 def _how_to_prepare(name: str, data_dir: Optional[str]) -> str:
   if data_dir is None:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
     data_dir = tfds.core.constants.get_default_data_dir()
-  build = (f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
-           f"(or in Python: tfds.builder('{name}', data_dir='{data_dir}')"
-           ".download_and_prepare(file_format='array_record'))")
+  build = (
+      f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
+      f"(or in Python: tfds.builder('{name}', data_dir='{data_dir}')"
+      ".download_and_prepare(file_format='array_record'))"
+  )
   if name == 'imagenet2012':
-    return (f'imagenet2012 is not prepared as array_record in {data_dir}. ImageNet needs a '
-            'manual download: get ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar '
-            f'(https://image-net.org/), put them in {data_dir}/downloads/manual/, then run '
-            f'{build}. Building (not reading) needs TensorFlow installed.')
-  return (f'{name} is not prepared as array_record in {data_dir}. Build it with {build}; '
-          'building (not reading) needs TensorFlow installed.')
+    return (
+        f'imagenet2012 is not prepared as array_record in {data_dir}. ImageNet needs a '
+        'manual download: get ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar '
+        f'(https://image-net.org/), put them in {data_dir}/downloads/manual/, then run '
+        f'{build}. Building (not reading) needs TensorFlow installed.'
+    )
+  return (
+      f'{name} is not prepared as array_record in {data_dir}. Build it with {build}; '
+      'building (not reading) needs TensorFlow installed.'
+  )
 
 
-def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None
-                ) -> Sequence[dict]:
+def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None) -> Sequence[dict]:
   """``tfds.data_source(name, split)``: random access to ``{'image', 'label', ...}``.
 
   ``setting`` names where ``split`` came from in messages (default ``split=...``).
@@ -241,8 +255,12 @@ def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None
       or selects no example; the message names ``setting`` and the splits.
   """
   return tfds_splits.open_split(
-      spec.name, split, spec.data_dir, setting=setting or f'split={split!r}',
-      how_to_prepare=lambda: _how_to_prepare(spec.name, spec.data_dir))
+      spec.name,
+      split,
+      spec.data_dir,
+      setting=setting or f'split={split!r}',
+      how_to_prepare=lambda: _how_to_prepare(spec.name, spec.data_dir),
+  )
 
 
 def _eval_setting(spec: ImageInputSpec, split: Optional[str]) -> tuple[str, str]:
@@ -266,22 +284,25 @@ def _rgb(image: np.ndarray) -> np.ndarray:
   return image.astype(np.uint8, copy=False)
 
 
-def pad_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4
-                  ) -> np.ndarray:
+def pad_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
   """CIFAR augmentation (He et al. 2016): zero-pad, random crop of the input size, flip."""
   h, w = image.shape[:2]
   padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
   y, x = rng.integers(0, 2 * padding + 1, size=2)
-  out = padded[y:y + h, x:x + w]
+  out = padded[y : y + h, x : x + w]
   if rng.random() < 0.5:
     out = out[:, ::-1]
   return np.ascontiguousarray(out)
 
 
-def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
-                            area_range: tuple[float, float] = (0.08, 1.0),
-                            ratio_range: tuple[float, float] = CROP_ASPECT_RATIO,
-                            attempts: int = 10) -> tuple[int, int, int, int]:
+def random_resized_crop_box(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    area_range: tuple[float, float] = (0.08, 1.0),
+    ratio_range: tuple[float, float] = CROP_ASPECT_RATIO,
+    attempts: int = 10,
+) -> tuple[int, int, int, int]:
   """Inception-style crop ``(top, left, crop_height, crop_width)``.
 
   Draws area fraction ~ U(area_range) and log aspect ratio (w/h) ~
@@ -309,15 +330,17 @@ def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
   return (height - ch) // 2, (width - cw) // 2, ch, cw
 
 
-def _resize_box(image: np.ndarray, box: tuple[float, float, float, float], size: int,
-                interpolation: str) -> np.ndarray:
+def _resize_box(
+    image: np.ndarray, box: tuple[float, float, float, float], size: int, interpolation: str
+) -> np.ndarray:
   """Resamples the ``(left, top, right, bottom)`` box of ``image`` to ``size`` x ``size``."""
   out = Image.fromarray(image).resize((size, size), _INTERPOLATION[interpolation], box=box)
   return np.array(out)
 
 
-def central_crop_box(height: int, width: int, image_size: int, crop_fraction: float
-                     ) -> tuple[float, float, float, float]:
+def central_crop_box(
+    height: int, width: int, image_size: int, crop_fraction: float
+) -> tuple[float, float, float, float]:
   """The box that "resize shorter side to image_size / crop_fraction, centre crop
   image_size" takes from a ``height`` x ``width`` image, in input pixels."""
   side = crop_fraction * min(height, width)  # = image_size / scale
@@ -338,16 +361,21 @@ def train_example(example: dict, rng: np.random.Generator, spec: ImageInputSpec)
   if spec.name == 'cifar10':
     image = pad_crop_flip(image, rng, spec.crop_padding)
   else:
-    top, left, ch, cw = random_resized_crop_box(rng, image.shape[0], image.shape[1],
-                                                (spec.crop_area_min, 1.0))
+    top, left, ch, cw = random_resized_crop_box(
+        rng, image.shape[0], image.shape[1], (spec.crop_area_min, 1.0)
+    )
     image = _resize_box(image, (left, top, left + cw, top + ch), s, spec.interpolation)
     if rng.random() < 0.5:
       image = np.ascontiguousarray(image[:, ::-1])
   if spec.randaugment_num_ops:
-    image = randaugment.randaugment(image, rng, num_ops=spec.randaugment_num_ops,
-                        magnitude=spec.randaugment_magnitude,
-                        magnitude_std=spec.randaugment_magnitude_std,
-                        prob=spec.randaugment_prob)
+    image = randaugment.randaugment(
+        image,
+        rng,
+        num_ops=spec.randaugment_num_ops,
+        magnitude=spec.randaugment_magnitude,
+        magnitude_std=spec.randaugment_magnitude_std,
+        prob=spec.randaugment_prob,
+    )
   if image.shape[:2] != (s, s):
     image = _resize_box(image, (0, 0, image.shape[1], image.shape[0]), s, spec.interpolation)
   return {'image': _finish(image, spec), 'label': np.int32(example['label'])}
@@ -359,12 +387,16 @@ def eval_example(example: dict, spec: ImageInputSpec) -> dict:
   s = spec.image_size
   h, w = image.shape[:2]
   if spec.name == 'imagenet2012':
-    image = _resize_box(image, central_crop_box(h, w, s, spec.eval_crop_fraction), s,
-                        spec.interpolation)
+    image = _resize_box(
+        image, central_crop_box(h, w, s, spec.eval_crop_fraction), s, spec.interpolation
+    )
   elif (h, w) != (s, s):
     image = _resize_box(image, (0, 0, w, h), s, spec.interpolation)
-  return {'image': _finish(image, spec), 'label': np.int32(example['label']),
-          'mask': np.bool_(True)}
+  return {
+      'image': _finish(image, spec),
+      'label': np.int32(example['label']),
+      'mask': np.bool_(True),
+  }
 
 
 class _TrainTransform(grain.transforms.RandomMap):
@@ -389,8 +421,7 @@ class _PaddedEvalExample(grain.transforms.Map):
     if i < len(self.shard):
       return eval_example(self.shard[i], self.spec)
     s = self.spec.image_size
-    return {'image': np.zeros((s, s, 3), np.float32), 'label': np.int32(0),
-            'mask': np.bool_(False)}
+    return {'image': np.zeros((s, s, 3), np.float32), 'label': np.int32(0), 'mask': np.bool_(False)}
 
 
 # --------------------------------------------------------------------------
@@ -399,8 +430,9 @@ class _PaddedEvalExample(grain.transforms.Map):
 
 
 def _read_options(spec: ImageInputSpec) -> grain.ReadOptions:
-  return grain.ReadOptions(num_threads=spec.num_threads,
-                           prefetch_buffer_size=spec.prefetch_buffer_size)
+  return grain.ReadOptions(
+      num_threads=spec.num_threads, prefetch_buffer_size=spec.prefetch_buffer_size
+  )
 
 
 def _maybe_workers(ds: grain.IterDataset, spec: ImageInputSpec) -> grain.IterDataset:
@@ -408,14 +440,16 @@ def _maybe_workers(ds: grain.IterDataset, spec: ImageInputSpec) -> grain.IterDat
     # grain 0.2.18 reads an absl flag in mp_prefetch and fails in scripts that
     # never parsed flags (google/grain#1355, fixed upstream): use the defaults.
     from absl import flags  # pylint: disable=g-import-not-at-top
+
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.num_workers))
   return ds
 
 
-def make_train_dataset(config: Any, *, process_index: int, process_count: int,
-                       source: Optional[Sequence[dict]] = None) -> grain.IterDataset:
+def make_train_dataset(
+    config: Any, *, process_index: int, process_count: int, source: Optional[Sequence[dict]] = None
+) -> grain.IterDataset:
   """Infinite per-process training batches (see the module docstring).
 
   Args:
@@ -429,17 +463,20 @@ def make_train_dataset(config: Any, *, process_index: int, process_count: int,
   process_index, process_count = checks.check_process(process_index, process_count)
   batch = checks.per_process(config, 'batch_size', process_count)
   if source is None:
-    source = open_source(spec, spec.train_split,
-                         f'config.dataset.train_split={spec.train_split!r}')
+    source = open_source(spec, spec.train_split, f'config.dataset.train_split={spec.train_split!r}')
   shard = grain.MapDataset.source(source)[process_index::process_count]
   if len(shard) == 0:
-    raise ConfigError(f'config.dataset.train_split={spec.train_split!r} has no examples for '
-                     f'process {process_index} of {process_count}.')
-  ds = (shard.shuffle(seed=_seed(config, process_index, 0))
-        .repeat(None)
-        .random_map(_TrainTransform(spec), seed=_seed(config, process_index, 1))
-        .to_iter_dataset(_read_options(spec))
-        .batch(batch, drop_remainder=True))
+    raise ConfigError(
+        f'config.dataset.train_split={spec.train_split!r} has no examples for '
+        f'process {process_index} of {process_count}.'
+    )
+  ds = (
+      shard.shuffle(seed=_seed(config, process_index, 0))
+      .repeat(None)
+      .random_map(_TrainTransform(spec), seed=_seed(config, process_index, 1))
+      .to_iter_dataset(_read_options(spec))
+      .batch(batch, drop_remainder=True)
+  )
   return _maybe_workers(ds, spec)
 
 
@@ -448,9 +485,14 @@ def num_eval_batches(num_examples: int, local_batch: int, process_count: int) ->
   return -(-(-(-num_examples // process_count)) // local_batch)
 
 
-def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index: int,
-                      process_count: int, source: Optional[Sequence[dict]] = None
-                      ) -> grain.IterDataset:
+def make_eval_batches(
+    config: Any,
+    split: Optional[str] = None,
+    *,
+    process_index: int,
+    process_count: int,
+    source: Optional[Sequence[dict]] = None,
+) -> grain.IterDataset:
   """Finite per-process eval batches with ``'mask'``; the same count on every process.
 
   Args:
@@ -474,8 +516,10 @@ def make_eval_batches(config: Any, split: Optional[str] = None, *, process_index
   tfds_splits.require_examples(source, setting, spec.name, spec.data_dir)
   shard = grain.MapDataset.source(source)[process_index::process_count]
   total = num_eval_batches(len(source), batch, process_count) * batch
-  ds = (grain.MapDataset.range(total)
-        .map(_PaddedEvalExample(shard, spec))
-        .to_iter_dataset(_read_options(spec))
-        .batch(batch, drop_remainder=True))
+  ds = (
+      grain.MapDataset.range(total)
+      .map(_PaddedEvalExample(shard, spec))
+      .to_iter_dataset(_read_options(spec))
+      .batch(batch, drop_remainder=True)
+  )
   return _maybe_workers(ds, spec)

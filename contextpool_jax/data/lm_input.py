@@ -116,9 +116,16 @@ OPTIONAL_DEFAULTS = {
 def default_dataset_config() -> ml_collections.ConfigDict:
   """A complete ``config.dataset`` (see the module docstring): enwik8 at the
   paper's evaluation protocol, and every optional entry at its default."""
-  return ml_collections.ConfigDict({
-      'name': 'enwik8', 'seq_len': 1024, 'eval_context': 32768, 'eval_step': 512,
-      'eval_batch_size': 8, **OPTIONAL_DEFAULTS})
+  return ml_collections.ConfigDict(
+      {
+          'name': 'enwik8',
+          'seq_len': 1024,
+          'eval_context': 32768,
+          'eval_step': 512,
+          'eval_batch_size': 8,
+          **OPTIONAL_DEFAULTS,
+      }
+  )
 
 
 def bits_per_byte(nll_sum_nats, count):
@@ -134,6 +141,7 @@ def bits_per_byte(nll_sum_nats, count):
 @dataclasses.dataclass(frozen=True)
 class LMDataSpec:
   """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated."""
+
   name: str
   data_dir: Optional[str]
   manual_dir: Optional[str]
@@ -161,16 +169,16 @@ class LMDataSpec:
   def setting(self) -> str:
     """The settings that chose the data, for messages."""
     if self.name == 'local_text':
-      return (f'{text_builders.files_setting(self.files)}'
-              f' (config.dataset.max_bytes={self.max_bytes})')
-    sizes = (f' with config.dataset.split_bytes={self.split_bytes}'
-             if self.split_bytes else '')
+      return (
+          f'{text_builders.files_setting(self.files)}'
+          f' (config.dataset.max_bytes={self.max_bytes})'
+      )
+    sizes = f' with config.dataset.split_bytes={self.split_bytes}' if self.split_bytes else ''
     return f'config.dataset.name={self.name!r}{sizes}'
 
   @property
   def read_options(self) -> grain.ReadOptions:
-    return grain.ReadOptions(num_threads=self.read_threads,
-                             prefetch_buffer_size=self.prefetch)
+    return grain.ReadOptions(num_threads=self.read_threads, prefetch_buffer_size=self.prefetch)
 
 
 def _files(config) -> tuple[str, ...]:
@@ -178,8 +186,10 @@ def _files(config) -> tuple[str, ...]:
   if isinstance(files, str):
     files = (files,)  # '' stays an (invalid) empty pattern, not the default.
   if not isinstance(files, (tuple, list)) or not all(isinstance(f, str) for f in files):
-    raise ConfigError('config.dataset.files must be a str or a tuple of str'
-                      f' (files, directories, glob patterns), got {files!r}.')
+    raise ConfigError(
+        'config.dataset.files must be a str or a tuple of str'
+        f' (files, directories, glob patterns), got {files!r}.'
+    )
   return tuple(files)
 
 
@@ -190,8 +200,10 @@ def _split_bytes(config) -> tuple[int, ...]:
     return ()
   split_bytes = tuple(split_bytes)
   if len(split_bytes) != 3 or not all(isinstance(b, int) and b > 0 for b in split_bytes):
-    raise ConfigError('config.dataset.split_bytes must be 3 positive ints (train, '
-                      f'validation, test bytes), got {split_bytes!r}.')
+    raise ConfigError(
+        'config.dataset.split_bytes must be 3 positive ints (train, '
+        f'validation, test bytes), got {split_bytes!r}.'
+    )
   return split_bytes
 
 
@@ -211,12 +223,15 @@ def resolve_spec(config) -> LMDataSpec:
   context = checks.read_int(config, 'dataset.eval_context', minimum=1)
   step = checks.read_int(config, 'dataset.eval_step', minimum=1)
   if step > context:
-    raise ConfigError(f'config.dataset.eval_step={step} must be <='
-                      f' config.dataset.eval_context={context}.')
+    raise ConfigError(
+        f'config.dataset.eval_step={step} must be <=' f' config.dataset.eval_context={context}.'
+    )
   eval_max_bytes = checks.read_int(config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes'))
   if eval_max_bytes == 1:
-    raise ConfigError('config.dataset.eval_max_bytes=1 must be 0 (the whole'
-                      ' split) or >= 2 (a single byte is only context).')
+    raise ConfigError(
+        'config.dataset.eval_max_bytes=1 must be 0 (the whole'
+        ' split) or >= 2 (a single byte is only context).'
+    )
   return LMDataSpec(
       name=checks.read_choice(config, 'dataset.name', DATASET_NAMES),
       data_dir=_optional_dir(config, 'data_dir'),
@@ -227,18 +242,24 @@ def resolve_spec(config) -> LMDataSpec:
       split_bytes=_split_bytes(config),
       download=checks.read_bool(config, 'dataset.download', default=_opt('download')),
       seq_len=checks.read_int(config, 'dataset.seq_len', minimum=1),
-      eval_context=context, eval_step=step,
+      eval_context=context,
+      eval_step=step,
       eval_batch_size=checks.read_int(config, 'dataset.eval_batch_size', minimum=1),
       eval_max_bytes=eval_max_bytes,
       read_threads=checks.read_int(config, 'dataset.read_threads', default=_opt('read_threads')),
       prefetch=checks.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
-      seed=checks.read_int(config, 'seed', minimum=-2**63) % 2**64)
+      seed=checks.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
+  )
 
 
 def _prepare(spec: LMDataSpec) -> Mapping[str, Any]:
   return text_builders.prepare_text_dataset(
-      spec.name, spec.data_dir, manual_dir=spec.manual_dir, download=spec.download,
-      **spec.builder_kwargs)
+      spec.name,
+      spec.data_dir,
+      manual_dir=spec.manual_dir,
+      download=spec.download,
+      **spec.builder_kwargs,
+  )
 
 
 def _check_train_bytes(spec: LMDataSpec, num_bytes: int) -> None:
@@ -247,7 +268,8 @@ def _check_train_bytes(spec: LMDataSpec, num_bytes: int) -> None:
         f'config.dataset.seq_len={spec.seq_len} is too large for the train split'
         f' of {spec.setting}: it has {num_bytes} bytes, and windows'
         f' of seq_len + 1 bytes at a random phase need at least 2 * seq_len ='
-        f' {2 * spec.seq_len}. Lower seq_len or use more data.')
+        f' {2 * spec.seq_len}. Lower seq_len or use more data.'
+    )
 
 
 def _check_splits(spec: LMDataSpec, sizes: Mapping[str, int]) -> None:
@@ -258,7 +280,8 @@ def _check_splits(spec: LMDataSpec, sizes: Mapping[str, int]) -> None:
       raise DataError(
           f'The {split} split of {spec.setting} has {sizes[split]}'
           ' byte(s); evaluation needs at least 2 (the first byte is only'
-          ' context). Use more data.')
+          ' context). Use more data.'
+      )
 
 
 def load_split(config, split: str) -> text_builders.ByteSplit:
@@ -309,8 +332,7 @@ class _TrainWindow:
   def start_of(self, index_and_window: tuple[int, int]) -> int:
     return self.start(*index_and_window)
 
-  def __call__(self, index_and_window: tuple[int, int]
-               ) -> dict[str, np.ndarray]:
+  def __call__(self, index_and_window: tuple[int, int]) -> dict[str, np.ndarray]:
     start = self.start(*index_and_window)
     tokens = self.corpus.read(start, start + self.seq_len + 1)
     return {
@@ -319,27 +341,25 @@ class _TrainWindow:
     }
 
 
-def train_window_starts(config, num_bytes: int, *, process_index: int = 0,
-                        process_count: int = 1) -> grain.MapDataset:
+def train_window_starts(
+    config, num_bytes: int, *, process_index: int = 0, process_count: int = 1
+) -> grain.MapDataset:
   """The start offsets of this process's training windows, in order.
 
   A (lazy, infinite) view of the exact order :func:`make_train_dataset` reads,
   for inspection and tests.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  ds, fn = _train_index_dataset(resolve_spec(config), num_bytes, None, process_index,
-                                process_count)
+  ds, fn = _train_index_dataset(resolve_spec(config), num_bytes, None, process_index, process_count)
   return ds.map(fn.start_of)
 
 
-def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index,
-                         process_count):
+def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index, process_count):
   _check_train_bytes(spec, num_bytes)
   seq_len = spec.seq_len
   num_windows = num_bytes // seq_len - 1
   seed = spec.seed
-  shuffle_seed = int(np.random.SeedSequence([seed, 0]).generate_state(
-      1, np.uint32)[0])
+  shuffle_seed = int(np.random.SeedSequence([seed, 0]).generate_state(1, np.uint32)[0])
   window = _TrainWindow(corpus, seq_len, num_windows, seed)
   ds = grain.MapDataset.range(num_windows).shuffle(seed=shuffle_seed)
   ds = ds.repeat()  # Passes the raw position on: a new shuffle each epoch.
@@ -348,8 +368,7 @@ def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index,
   return ds, window
 
 
-def make_train_dataset(config, *, process_index: int,
-                       process_count: int) -> grain.IterDataset:
+def make_train_dataset(config, *, process_index: int, process_count: int) -> grain.IterDataset:
   """Infinite per-process training batches (see the module docstring).
 
   Returns:
@@ -362,8 +381,7 @@ def make_train_dataset(config, *, process_index: int,
   rows = checks.per_process(config, 'batch_size', process_count)
   spec = resolve_spec(config)
   corpus = _load_split(spec, 'train')
-  ds, window = _train_index_dataset(spec, len(corpus), corpus,
-                                    process_index, process_count)
+  ds, window = _train_index_dataset(spec, len(corpus), corpus, process_index, process_count)
   ds = ds.map(window)
   ds = ds.batch(rows, drop_remainder=True)
   return ds.to_iter_dataset(spec.read_options)
@@ -374,8 +392,9 @@ def make_train_dataset(config, *, process_index: int,
 # ---------------------------------------------------------------------------
 
 
-def eval_windows(num_bytes: int, context: int,
-                 step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def eval_windows(
+    num_bytes: int, context: int, step: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """The BPC windows of a ``num_bytes`` split (see the module docstring).
 
   Returns:
@@ -390,8 +409,7 @@ def eval_windows(num_bytes: int, context: int,
     raise ValueError(f'Need 1 <= step <= context, got {step} and {context}.')
   last = num_bytes - 1  # Last target position (byte index).
   if last <= context:
-    return (np.zeros(1, np.int64), np.zeros(1, np.int64),
-            np.full(1, last, np.int64))
+    return (np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, last, np.int64))
   # Window k >= 1 would end at context + k * step; the last one ends at `last`.
   num_later = -(-(last - context) // step)
   ends = np.minimum(context + step * np.arange(1, num_later + 1), last)
@@ -406,8 +424,9 @@ def eval_windows(num_bytes: int, context: int,
 class _EvalBatch:
   """batch index -> this process's rows of that global batch (picklable)."""
 
-  def __init__(self, corpus, num_bytes, context, windows, global_batch,
-               process_index, process_rows):
+  def __init__(
+      self, corpus, num_bytes, context, windows, global_batch, process_index, process_rows
+  ):
     self.corpus = corpus
     self.num_bytes = num_bytes
     self.context = context
@@ -418,7 +437,7 @@ class _EvalBatch:
 
   def __call__(self, t: int) -> dict[str, np.ndarray]:
     b, c = self.process_rows, self.context
-    rows = (t * self.global_batch + self.process_index * b + np.arange(b))
+    rows = t * self.global_batch + self.process_index * b + np.arange(b)
     rows = rows[rows < len(self.starts)]
     tokens = np.zeros((b, c + 1), np.int32)
     weights = np.zeros((b, c), np.float32)
@@ -428,9 +447,9 @@ class _EvalBatch:
       span = self.corpus.read(lo, hi)
       for i, r in enumerate(rows):
         s = int(self.starts[r]) - lo
-        piece = span[s: s + c + 1]
-        tokens[i, :len(piece)] = piece
-        weights[i, self.score_from[r]: self.score_to[r]] = 1.0
+        piece = span[s : s + c + 1]
+        tokens[i, : len(piece)] = piece
+        weights[i, self.score_from[r] : self.score_to[r]] = 1.0
     return {'tokens': tokens, 'weights': weights}
 
 
@@ -442,8 +461,7 @@ class EvalBatches:
     num_predicted_bytes: bytes scored over all processes (split length - 1).
   """
 
-  def __init__(self, batches: grain.MapDataset, read_options, num_windows,
-               num_bytes):
+  def __init__(self, batches: grain.MapDataset, read_options, num_windows, num_bytes):
     self._batches = batches
     self._read_options = read_options
     self.num_windows = num_windows
@@ -459,8 +477,7 @@ class EvalBatches:
     return iter(self._batches.to_iter_dataset(self._read_options))
 
 
-def make_eval_batches(config, split: str, *, process_index: int,
-                      process_count: int) -> EvalBatches:
+def make_eval_batches(config, split: str, *, process_index: int, process_count: int) -> EvalBatches:
   """Per-process BPC evaluation batches of ``split`` (module docstring).
 
   Every process yields the same number of batches, each
@@ -475,7 +492,8 @@ def make_eval_batches(config, split: str, *, process_index: int,
   num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
   windows = eval_windows(num_bytes, spec.eval_context, spec.eval_step)
   num_batches = -(-len(windows[0]) // spec.eval_batch_size)
-  fn = _EvalBatch(corpus, num_bytes, spec.eval_context, windows, spec.eval_batch_size,
-                  process_index, rows)
+  fn = _EvalBatch(
+      corpus, num_bytes, spec.eval_context, windows, spec.eval_batch_size, process_index, rows
+  )
   batches = grain.MapDataset.range(num_batches).map(fn)
   return EvalBatches(batches, spec.read_options, len(windows[0]), num_bytes)

@@ -12,8 +12,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-def cutmix_box(rng: jax.Array, height: int, width: int, lam: jax.Array
-               ) -> tuple[jax.Array, jax.Array]:
+
+def cutmix_box(
+    rng: jax.Array, height: int, width: int, lam: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """CutMix box (Yun et al. 2019): sides ``sqrt(1 - lam)`` of the image's, uniform
   centre, clipped at the border. Returns ``(mask [h, w] bool, lam_adjusted)``
   where ``lam_adjusted = 1 - box area / image area`` (after clipping)."""
@@ -33,9 +35,15 @@ def cutmix_box(rng: jax.Array, height: int, width: int, lam: jax.Array
   return mask, lam_adjusted
 
 
-def mixup_cutmix(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
-                 mixup_alpha: float, cutmix_alpha: float, switch_prob: float = 0.5
-                 ) -> tuple[jax.Array, jax.Array]:
+def mixup_cutmix(
+    rng: jax.Array,
+    images: jax.Array,
+    labels_onehot: jax.Array,
+    *,
+    mixup_alpha: float,
+    cutmix_alpha: float,
+    switch_prob: float = 0.5,
+) -> tuple[jax.Array, jax.Array]:
   """Batch-level Mixup or CutMix, as in DeiT (mixup 0.8, cutmix 1.0, switch 0.5).
 
   Example ``i`` is mixed with example ``b - 1 - i`` (the batch reversed), with
@@ -54,12 +62,15 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
   Returns:
     ``(images, soft_labels)``.
   """
-  for field, v, hi in (('mixup_alpha', mixup_alpha, math.inf),
-                       ('cutmix_alpha', cutmix_alpha, math.inf),
-                       ('switch_prob', switch_prob, 1.0)):
+  for field, v, hi in (
+      ('mixup_alpha', mixup_alpha, math.inf),
+      ('cutmix_alpha', cutmix_alpha, math.inf),
+      ('switch_prob', switch_prob, 1.0),
+  ):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-      raise ValueError(f'mixup_cutmix: {field}={v!r} is invalid; expected a number in '
-                       f'[0, {hi}].')
+      raise ValueError(
+          f'mixup_cutmix: {field}={v!r} is invalid; expected a number in ' f'[0, {hi}].'
+      )
   labels = labels_onehot.astype(jnp.float32)
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels

@@ -25,8 +25,9 @@ def _signed(rng: np.random.Generator, value: float) -> float:
 
 
 def _affine(img: Image.Image, coeffs: tuple) -> Image.Image:
-  return img.transform(img.size, Image.Transform.AFFINE, coeffs, resample=_BILINEAR,
-                       fillcolor=_FILL)
+  return img.transform(
+      img.size, Image.Transform.AFFINE, coeffs, resample=_BILINEAR, fillcolor=_FILL
+  )
 
 
 def ra_identity(img, m, rng):
@@ -46,8 +47,7 @@ def ra_equalize(img, m, rng):
 
 def ra_rotate(img, m, rng):
   """Rotate about the centre by +-30 m/10 degrees."""
-  return img.rotate(_signed(rng, 30.0 * m / MAX_MAGNITUDE), resample=_BILINEAR,
-                    fillcolor=_FILL)
+  return img.rotate(_signed(rng, 30.0 * m / MAX_MAGNITUDE), resample=_BILINEAR, fillcolor=_FILL)
 
 
 def ra_solarize(img, m, rng):
@@ -63,6 +63,7 @@ def ra_posterize(img, m, rng):
 def _enhance(enhancer: Callable) -> Callable:
   def op(img, m, rng):
     return enhancer(img).enhance(1.0 + _signed(rng, 0.9 * m / MAX_MAGNITUDE))
+
   op.__doc__ = f'PIL ImageEnhance.{enhancer.__name__} with factor 1 +- 0.9 m/10.'
   return op
 
@@ -95,18 +96,33 @@ def ra_translate_y(img, m, rng):
 
 # The 14 ops of the RandAugment paper (Sec. 3).
 RANDAUGMENT_OPS: dict[str, Callable] = {
-    'identity': ra_identity, 'autocontrast': ra_autocontrast, 'equalize': ra_equalize,
-    'rotate': ra_rotate, 'solarize': ra_solarize, 'color': ra_color,
-    'posterize': ra_posterize, 'contrast': ra_contrast, 'brightness': ra_brightness,
-    'sharpness': ra_sharpness, 'shear_x': ra_shear_x, 'shear_y': ra_shear_y,
-    'translate_x': ra_translate_x, 'translate_y': ra_translate_y,
+    'identity': ra_identity,
+    'autocontrast': ra_autocontrast,
+    'equalize': ra_equalize,
+    'rotate': ra_rotate,
+    'solarize': ra_solarize,
+    'color': ra_color,
+    'posterize': ra_posterize,
+    'contrast': ra_contrast,
+    'brightness': ra_brightness,
+    'sharpness': ra_sharpness,
+    'shear_x': ra_shear_x,
+    'shear_y': ra_shear_y,
+    'translate_x': ra_translate_x,
+    'translate_y': ra_translate_y,
 }
 _OP_NAMES = tuple(RANDAUGMENT_OPS)
 
 
-def randaugment(image: np.ndarray, rng: np.random.Generator, *, num_ops: int,
-                magnitude: float, magnitude_std: float = 0.0, prob: float = 1.0
-                ) -> np.ndarray:
+def randaugment(
+    image: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    num_ops: int,
+    magnitude: float,
+    magnitude_std: float = 0.0,
+    prob: float = 1.0,
+) -> np.ndarray:
   """Applies ``num_ops`` ops drawn uniformly (with replacement) from RANDAUGMENT_OPS.
 
   Each drawn op is applied with probability ``prob`` at magnitude ``magnitude``

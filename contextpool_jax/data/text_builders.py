@@ -81,10 +81,12 @@ _GLOB_CHARS = frozenset('*?[')
 
 
 def _features() -> tfds.features.FeaturesDict:
-  return tfds.features.FeaturesDict({
-      'offset': tfds.features.Scalar(np.int64),
-      'bytes': tfds.features.Tensor(shape=(None,), dtype=np.uint8),
-  })
+  return tfds.features.FeaturesDict(
+      {
+          'offset': tfds.features.Scalar(np.int64),
+          'bytes': tfds.features.Tensor(shape=(None,), dtype=np.uint8),
+      }
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -169,9 +171,7 @@ class _ConcatSource:
 # ---------------------------------------------------------------------------
 
 
-class _ByteCorpusBuilder(
-    tfds.core.GeneratorBasedBuilder, skip_registration=True
-):
+class _ByteCorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Shared logic: split ranges -> chunk records."""
 
   VERSION = tfds.core.Version('1.0.0')
@@ -250,12 +250,11 @@ def _byte_split_config(
 ) -> ByteSplitConfig:
   """A config named after its values ('standard' for the standard split)."""
   values = dict(
-      train_bytes=STANDARD_SPLIT_BYTES['train']
-      if train_bytes is None else train_bytes,
+      train_bytes=STANDARD_SPLIT_BYTES['train'] if train_bytes is None else train_bytes,
       validation_bytes=STANDARD_SPLIT_BYTES['validation']
-      if validation_bytes is None else validation_bytes,
-      test_bytes=STANDARD_SPLIT_BYTES['test']
-      if test_bytes is None else test_bytes,
+      if validation_bytes is None
+      else validation_bytes,
+      test_bytes=STANDARD_SPLIT_BYTES['test'] if test_bytes is None else test_bytes,
       chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
   )
   for key, value in values.items():
@@ -265,9 +264,13 @@ def _byte_split_config(
   is_standard = values['chunk_bytes'] == CHUNK_BYTES and all(
       values[f'{s}_bytes'] == standard[s] for s in SPLITS
   )
-  name = _STANDARD_CONFIG_NAME if is_standard else (
-      'split_{train_bytes}_{validation_bytes}_{test_bytes}'
-      '_chunk_{chunk_bytes}'.format(**values)
+  name = (
+      _STANDARD_CONFIG_NAME
+      if is_standard
+      else (
+          'split_{train_bytes}_{validation_bytes}_{test_bytes}'
+          '_chunk_{chunk_bytes}'.format(**values)
+      )
   )
   return ByteSplitConfig(
       name=name,
@@ -327,8 +330,9 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
   @property
   def final_data_dir(self) -> str:
     # (`self.data_dir` points to a temporary directory during preparation.)
-    return os.path.join(os.fspath(self.data_dir_root), self.name,
-                        self.builder_config.name, str(self.version))
+    return os.path.join(
+        os.fspath(self.data_dir_root), self.name, self.builder_config.name, str(self.version)
+    )
 
   def _split_ranges(self, size):
     cfg = self.builder_config
@@ -362,20 +366,24 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
     if source is not None:
       return source
     manual_dir = getattr(dl_manager, '_manual_dir', None)
-    where = os.path.join(
-        os.fspath(manual_dir or self.default_manual_dir), self.FILE_NAME
-    )
+    where = os.path.join(os.fspath(manual_dir or self.default_manual_dir), self.FILE_NAME)
     if not self.allow_download:
       raise DatasetNotFoundError(
-          _missing_message(self.name, self.final_data_dir, self.URL, where,
-                           'downloading is disabled')
+          _missing_message(
+              self.name, self.final_data_dir, self.URL, where, 'downloading is disabled'
+          )
       )
     try:
       archive = dl_manager.download(self.URL)
     except Exception as e:  # pylint: disable=broad-except
       raise DatasetNotFoundError(
-          _missing_message(self.name, self.final_data_dir, self.URL, where,
-                           f'the download failed ({type(e).__name__}: {e})')
+          _missing_message(
+              self.name,
+              self.final_data_dir,
+              self.URL,
+              where,
+              f'the download failed ({type(e).__name__}: {e})',
+          )
       ) from e
     return _ZipMemberSource(os.fspath(archive), self.FILE_NAME)
 
@@ -439,8 +447,7 @@ def _walk_files(root: str, suffix: str = '') -> list[str]:
   found = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = [
-        d for d in dirnames
-        if not d.startswith('.') and d not in ('site-packages', 'dist-packages')
+        d for d in dirnames if not d.startswith('.') and d not in ('site-packages', 'dist-packages')
     ]
     for f in filenames:
       if f.startswith('.') or not f.endswith(suffix):
@@ -472,10 +479,8 @@ def _match(pattern: str) -> tuple[list[str], str]:
     return _walk_files(expanded), 'a directory without non-hidden files'
   if _GLOB_CHARS & set(expanded):
     matched = glob.glob(expanded, recursive=True)
-    return ([p for p in matched if os.path.isfile(p)],
-            'a glob pattern that matches no file')
-  return ([expanded] if os.path.isfile(expanded) else [],
-          'no such file or directory')
+    return ([p for p in matched if os.path.isfile(p)], 'a glob pattern that matches no file')
+  return ([expanded] if os.path.isfile(expanded) else [], 'no such file or directory')
 
 
 def resolve_files(patterns: Sequence[str]) -> list[str]:
@@ -502,13 +507,11 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
   paths = set()
   for pattern in patterns:
     if not pattern.strip():
-      raise DataError(f'local_text: {setting} has an empty pattern;'
-                       f' {_EXPECTED_FILES}.')
+      raise DataError(f'local_text: {setting} has an empty pattern;' f' {_EXPECTED_FILES}.')
     matched, why = _match(pattern)
     if not matched:
       raise DatasetNotFoundError(
-          f'local_text: {setting}: {pattern!r} names no file ({why});'
-          f' {_EXPECTED_FILES}.'
+          f'local_text: {setting}: {pattern!r} names no file ({why});' f' {_EXPECTED_FILES}.'
       )
     paths.update(os.path.abspath(p) for p in matched)
   return sorted(paths)
@@ -529,8 +532,7 @@ class LocalTextConfig(tfds.core.BuilderConfig):
   patterns: tuple[str, ...] = ()
   max_bytes: int = DEFAULT_MAX_BYTES
   chunk_bytes: int = CHUNK_BYTES
-  inputs: tuple[tuple[str, int, str], ...] = dataclasses.field(
-      default=(), repr=False)
+  inputs: tuple[tuple[str, int, str], ...] = dataclasses.field(default=(), repr=False)
   total_bytes: int = 0
 
 
@@ -575,8 +577,7 @@ def _local_inputs(paths: Sequence[str], max_bytes: int):
       empty.append(path)
       continue
     used = min(st.st_size, max_bytes - total) if max_bytes else st.st_size
-    digest, nul = _scan(path, used, (st.st_size, st.st_mtime_ns,
-                                     st.st_ctime_ns, st.st_ino))
+    digest, nul = _scan(path, used, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     inputs.append((path, used, digest))
     if nul >= 0:
       binary.append((path, nul))
@@ -608,11 +609,11 @@ def _binary_error(setting: str, binary) -> DataError:
       ' binary files (compiled code, images, archives, UTF-16 text) are'
       ' almost always a mistake: narrow config.dataset.files (e.g.'
       " 'dir/**/*.txt'), or set config.dataset.allow_binary=True to train"
-      ' on their raw bytes.')
+      ' on their raw bytes.'
+  )
 
 
-def _check_local_corpus(files, max_bytes, inputs, binary, empty,
-                        allow_binary) -> None:
+def _check_local_corpus(files, max_bytes, inputs, binary, empty, allow_binary) -> None:
   """Raises for a corpus LocalText cannot store; warns about empty files.
 
   Choices: empty files add no bytes, so they are skipped (with a warning
@@ -625,10 +626,13 @@ def _check_local_corpus(files, max_bytes, inputs, binary, empty,
   if not inputs:
     raise DatasetNotFoundError(
         f'local_text: {setting} names only empty files ({_some(empty)});'
-        ' name files that hold text.')
+        ' name files that hold text.'
+    )
   if empty and files:
-    warnings.warn(f'local_text: {setting}: skipping {len(empty)} empty'
-                  f' file(s): {_some(empty)}.', stacklevel=3)
+    warnings.warn(
+        f'local_text: {setting}: skipping {len(empty)} empty' f' file(s): {_some(empty)}.',
+        stacklevel=3,
+    )
   if binary and not allow_binary:
     raise _binary_error(setting, binary)
   total = sum(used for _, used, _ in inputs)
@@ -638,7 +642,8 @@ def _check_local_corpus(files, max_bytes, inputs, binary, empty,
           f'local_text: {setting} gives a corpus of {total} bytes'
           f' (config.dataset.max_bytes={max_bytes}, 0 = no cap), too few for'
           f' a non-empty {split} split ({LOCAL_SPLIT_PERCENT[split]}% of the'
-          ' corpus); name more text.')
+          ' corpus); name more text.'
+      )
 
 
 def make_local_text_config(
@@ -658,20 +663,16 @@ def make_local_text_config(
   elif isinstance(files, (str, os.PathLike)):
     files = (os.fspath(files),)
   files = tuple(os.fspath(f) for f in files)
-  if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or (
-      max_bytes < 0):
-    raise ValueError(f'max_bytes must be an int >= 0 (0 = no cap), got'
-                     f' {max_bytes!r}.')
-  if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or (
-      chunk_bytes < 1):
-    raise ValueError(f'chunk_bytes must be a positive int, got'
-                     f' {chunk_bytes!r}.')
+  if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or (max_bytes < 0):
+    raise ValueError(f'max_bytes must be an int >= 0 (0 = no cap), got' f' {max_bytes!r}.')
+  if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or (chunk_bytes < 1):
+    raise ValueError(f'chunk_bytes must be a positive int, got' f' {chunk_bytes!r}.')
   inputs, binary, empty = _local_inputs(resolve_files(files), max_bytes)
   _check_local_corpus(files, max_bytes, inputs, binary, empty, allow_binary)
   total = sum(used for _, used, _ in inputs)
-  fingerprint = hashlib.sha256(json.dumps(
-      {'inputs': inputs, 'chunk_bytes': chunk_bytes},
-      sort_keys=True).encode()).hexdigest()[:16]
+  fingerprint = hashlib.sha256(
+      json.dumps({'inputs': inputs, 'chunk_bytes': chunk_bytes}, sort_keys=True).encode()
+  ).hexdigest()[:16]
   kind = 'files' if files else 'stdlib'
   return LocalTextConfig(
       name=f'{kind}_{fingerprint}',
@@ -733,8 +734,7 @@ class LocalText(_ByteCorpusBuilder):
       **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).
     """
     if config is None:
-      config = make_local_text_config(files, max_bytes, chunk_bytes,
-                                      allow_binary)
+      config = make_local_text_config(files, max_bytes, chunk_bytes, allow_binary)
     elif not isinstance(config, LocalTextConfig):
       raise ValueError('LocalText needs a LocalTextConfig (or files=...).')
     super().__init__(config=config, **kwargs)
@@ -755,8 +755,7 @@ class LocalText(_ByteCorpusBuilder):
           'local_text: input files changed since the builder was made;'
           ' make a new builder (its config name will change).'
       )
-    return _ConcatSource(paths, [used for _, used, _ in cfg.inputs],
-                         cfg.total_bytes)
+    return _ConcatSource(paths, [used for _, used, _ in cfg.inputs], cfg.total_bytes)
 
 
 # ---------------------------------------------------------------------------
@@ -800,10 +799,12 @@ class ByteSplit:
     records = [self.source[i] for i in indices]
     for i, record in zip(indices, records):
       if int(record['offset']) != i * c:
-        raise ValueError(f'Record {i} has offset {record["offset"]}, expected'
-                         f' {i * c}: the split is not stored in order.')
+        raise ValueError(
+            f'Record {i} has offset {record["offset"]}, expected'
+            f' {i * c}: the split is not stored in order.'
+        )
     data = np.concatenate([np.asarray(r['bytes'], np.uint8) for r in records])
-    return data[start - first * c: stop - first * c]
+    return data[start - first * c : stop - first * c]
 
 
 _BUILDERS = {'enwik8': Enwik8, 'text8': Text8, 'local_text': LocalText}
@@ -814,9 +815,7 @@ def get_builder(
 ) -> tfds.core.DatasetBuilder:
   """The builder ``name`` ('enwik8' | 'text8' | 'local_text')."""
   if name not in _BUILDERS:
-    raise ValueError(
-        f'Unknown text dataset {name!r}; expected one of {sorted(_BUILDERS)}.'
-    )
+    raise ValueError(f'Unknown text dataset {name!r}; expected one of {sorted(_BUILDERS)}.')
   return _BUILDERS[name](data_dir=data_dir, **builder_kwargs)
 
 
@@ -858,7 +857,5 @@ def prepare_text_dataset(
   builder = get_builder(name, data_dir, **builder_kwargs)
   if not builder.is_prepared():
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-    builder.download_and_prepare(
-        file_format='array_record', download_config=download_config
-    )
+    builder.download_and_prepare(file_format='array_record', download_config=download_config)
   return builder.as_data_source()

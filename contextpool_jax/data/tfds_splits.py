@@ -22,12 +22,15 @@ from typing import Any, Callable, Optional, Sequence
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.errors import ConfigError
 
-_EXPECTED_SPLIT = ("expected one of them, or a TFDS slice of one that selects at least one "
-                   "example (e.g. 'train[:90%]')")
+_EXPECTED_SPLIT = (
+    'expected one of them, or a TFDS slice of one that selects at least one '
+    "example (e.g. 'train[:90%]')"
+)
 
 
 def _prepared_splits(name: str, data_dir: Optional[str]) -> str:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
     splits = tfds.builder(name, data_dir=data_dir).info.splits
   except (ValueError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as e:
@@ -35,16 +38,25 @@ def _prepared_splits(name: str, data_dir: Optional[str]) -> str:
   return ', '.join(f'{s} ({info.num_examples} examples)' for s, info in splits.items())
 
 
-def require_examples(source: Sequence[Any], setting: str, name: str,
-                     data_dir: Optional[str] = None) -> None:
+def require_examples(
+    source: Sequence[Any], setting: str, name: str, data_dir: Optional[str] = None
+) -> None:
   """Raises ValueError naming ``setting`` if ``source`` has no examples."""
   if len(source) == 0:
-    raise ConfigError(f"{setting} selects no example of '{name}'. Prepared splits: "
-                     f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.')
+    raise ConfigError(
+        f"{setting} selects no example of '{name}'. Prepared splits: "
+        f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.'
+    )
 
 
-def open_split(name: str, split: str, data_dir: Optional[str], *, setting: str,
-               how_to_prepare: Callable[[], str]) -> Sequence[Any]:
+def open_split(
+    name: str,
+    split: str,
+    data_dir: Optional[str],
+    *,
+    setting: str,
+    how_to_prepare: Callable[[], str],
+) -> Sequence[Any]:
   """``tfds.data_source`` of one split with the errors of the module docstring.
 
   Args:
@@ -56,14 +68,22 @@ def open_split(name: str, split: str, data_dir: Optional[str], *, setting: str,
     how_to_prepare: returns the DatasetNotFoundError message.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except (NotImplementedError, AssertionError, FileNotFoundError,
-          tfds.core.registered.DatasetNotFoundError) as e:
+  except (
+      NotImplementedError,
+      AssertionError,
+      FileNotFoundError,
+      tfds.core.registered.DatasetNotFoundError,
+  ) as e:
     raise DatasetNotFoundError(
-        f'{how_to_prepare()} ({type(e).__name__}: {str(e).splitlines()[0][:200]})') from e
+        f'{how_to_prepare()} ({type(e).__name__}: {str(e).splitlines()[0][:200]})'
+    ) from e
   except ValueError as e:  # The dataset is prepared: the split is wrong.
-    raise ConfigError(f"{setting} cannot be read from '{name}' ({e}). Prepared splits: "
-                     f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.') from e
+    raise ConfigError(
+        f"{setting} cannot be read from '{name}' ({e}). Prepared splits: "
+        f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.'
+    ) from e
   require_examples(source, setting, name, data_dir)
   return source

@@ -104,6 +104,7 @@ _DEFAULTS = dict(
 class TranslationDataSpec:
   """``config.dataset`` of a translation config, read and checked once (defaults:
   ``_DEFAULTS``); plus ``config.seed`` and ``config.workdir`` when present."""
+
   name: str
   data_dir: Optional[str]
   source_lang: str
@@ -129,8 +130,11 @@ class TranslationDataSpec:
 def resolve_spec(config) -> TranslationDataSpec:
   """Reads and checks ``config.dataset``; ConfigError names a bad entry."""
   d = lambda entry: f'dataset.{entry}'
-  opt_int = lambda entry: (None if checks.lookup(config, d(entry), None) is None
-                           else checks.read_int(config, d(entry), minimum=1))
+  opt_int = lambda entry: (
+      None
+      if checks.lookup(config, d(entry), None) is None
+      else checks.read_int(config, d(entry), minimum=1)
+  )
   boundaries = checks.lookup(config, d('bucket_boundaries'), None)
   return TranslationDataSpec(
       name=checks.read_str(config, d('name'), default=_DEFAULTS['name']),
@@ -138,28 +142,36 @@ def resolve_spec(config) -> TranslationDataSpec:
       source_lang=checks.read_str(config, d('source_lang'), default=_DEFAULTS['source_lang']),
       target_lang=checks.read_str(config, d('target_lang'), default=_DEFAULTS['target_lang']),
       train_split=checks.read_str(config, d('train_split'), default=_DEFAULTS['train_split']),
-      vocab_size=checks.read_int(config, d('vocab_size'), minimum=4,
-                                 default=_DEFAULTS['vocab_size']),
-      vocab_type=checks.read_choice(config, d('vocab_type'), ('unigram', 'bpe'),
-                                    default=_DEFAULTS['vocab_type']),
-      vocab_max_chars=checks.read_int(config, d('vocab_max_chars'), minimum=1,
-                                      default=_DEFAULTS['vocab_max_chars']),
+      vocab_size=checks.read_int(
+          config, d('vocab_size'), minimum=4, default=_DEFAULTS['vocab_size']
+      ),
+      vocab_type=checks.read_choice(
+          config, d('vocab_type'), ('unigram', 'bpe'), default=_DEFAULTS['vocab_type']
+      ),
+      vocab_max_chars=checks.read_int(
+          config, d('vocab_max_chars'), minimum=1, default=_DEFAULTS['vocab_max_chars']
+      ),
       vocab_path=checks.lookup(config, d('vocab_path'), None) or None,
-      vocab_wait_seconds=checks.read_float(config, d('vocab_wait_seconds'), lo=0,
-                                           default=_DEFAULTS['vocab_wait_seconds']),
-      max_source_len=checks.read_int(config, d('max_source_len'), minimum=2,
-                                     default=_DEFAULTS['max_source_len']),
-      max_target_len=checks.read_int(config, d('max_target_len'), minimum=2,
-                                     default=_DEFAULTS['max_target_len']),
+      vocab_wait_seconds=checks.read_float(
+          config, d('vocab_wait_seconds'), lo=0, default=_DEFAULTS['vocab_wait_seconds']
+      ),
+      max_source_len=checks.read_int(
+          config, d('max_source_len'), minimum=2, default=_DEFAULTS['max_source_len']
+      ),
+      max_target_len=checks.read_int(
+          config, d('max_target_len'), minimum=2, default=_DEFAULTS['max_target_len']
+      ),
       truncate=checks.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
       bucket_boundaries=None if boundaries is None else tuple(boundaries),
       max_eval_source_len=opt_int('max_eval_source_len'),
       max_eval_target_len=opt_int('max_eval_target_len'),
-      eval_sort_by_length=checks.read_bool(config, d('eval_sort_by_length'),
-                                           default=_DEFAULTS['eval_sort_by_length']),
+      eval_sort_by_length=checks.read_bool(
+          config, d('eval_sort_by_length'), default=_DEFAULTS['eval_sort_by_length']
+      ),
       eval_batch_size=opt_int('eval_batch_size'),
-      seed=checks.read_int(config, 'seed', minimum=-2**63, default=0),
-      workdir=checks.lookup(config, 'workdir', None))
+      seed=checks.read_int(config, 'seed', minimum=-(2**63), default=0),
+      workdir=checks.lookup(config, 'workdir', None),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -185,8 +197,10 @@ class SentencePieceVocab:
     self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
     got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if got != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise ValueError(f'SentencePiece model {path or ""} has (pad, eos, unk, bos) ids {got}; '
-                       f'expected ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1).')
+      raise ValueError(
+          f'SentencePiece model {path or ""} has (pad, eos, unk, bos) ids {got}; '
+          f'expected ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1).'
+      )
 
   @classmethod
   def load(cls, path) -> 'SentencePieceVocab':
@@ -207,7 +221,7 @@ class SentencePieceVocab:
   def decode(self, ids) -> str:
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]
     if EOS_ID in ids:
-      ids = ids[:ids.index(EOS_ID)]
+      ids = ids[: ids.index(EOS_ID)]
     return self._sp.decode([i for i in ids if i != PAD_ID])
 
   def __getstate__(self):
@@ -221,8 +235,10 @@ def vocab_filename(config) -> str:
   """The file name ``get_vocab`` uses inside the workdir (when ``vocab_path`` is unset)."""
   spec = resolve_spec(config)
   name = str(spec.name).replace('/', '-')
-  return (f"spm_{name}_{spec.source_lang}-{spec.target_lang}_"
-          f"{spec.vocab_type}{int(spec.vocab_size)}.model")
+  return (
+      f'spm_{name}_{spec.source_lang}-{spec.target_lang}_'
+      f'{spec.vocab_type}{int(spec.vocab_size)}.model'
+  )
 
 
 def _vocab_path(config, workdir) -> epath.Path:
@@ -232,13 +248,16 @@ def _vocab_path(config, workdir) -> epath.Path:
     return epath.Path(explicit)
   workdir = workdir or spec.workdir
   if not workdir:
-    raise ConfigError('translation_input: no place for the SentencePiece model; set '
-                     'config.dataset.vocab_path or config.workdir, or pass workdir=/vocab=.')
+    raise ConfigError(
+        'translation_input: no place for the SentencePiece model; set '
+        'config.dataset.vocab_path or config.workdir, or pass workdir=/vocab=.'
+    )
   return epath.Path(workdir) / vocab_filename(config)
 
 
-def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
-              poll_seconds: float = 5.0) -> SentencePieceVocab:
+def get_vocab(
+    config, workdir=None, *, process_index: Optional[int] = None, poll_seconds: float = 5.0
+) -> SentencePieceVocab:
   """Loads the SentencePiece model from the workdir, training it first if absent.
 
   The model (``config.dataset.vocab_type`` 'unigram' or 'bpe',
@@ -261,11 +280,14 @@ def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
   if not path.exists():
     if process_index is None:
       import jax  # pylint: disable=g-import-not-at-top
+
       process_index = jax.process_index()
     if process_index == 0:
       proto = train_sentencepiece(
-          _sample_training_text(config), vocab_size=int(spec.vocab_size),
-          model_type=str(spec.vocab_type))
+          _sample_training_text(config),
+          vocab_size=int(spec.vocab_size),
+          model_type=str(spec.vocab_type),
+      )
       path.parent.mkdir(parents=True, exist_ok=True)
       tmp = path.parent / f'{path.name}.tmp-{uuid.uuid4().hex}'
       tmp.write_bytes(proto)
@@ -274,27 +296,41 @@ def get_vocab(config, workdir=None, *, process_index: Optional[int] = None,
       deadline = time.monotonic() + float(spec.vocab_wait_seconds)
       while not path.exists():
         if time.monotonic() > deadline:
-          raise TimeoutError(f'process {process_index}: {path} did not appear; process 0 trains '
-                             'it (is the workdir shared by all hosts?).')
+          raise TimeoutError(
+              f'process {process_index}: {path} did not appear; process 0 trains '
+              'it (is the workdir shared by all hosts?).'
+          )
         time.sleep(poll_seconds)
   vocab = SentencePieceVocab.load(path)
   if vocab.vocab_size > int(spec.vocab_size):
-    raise ConfigError(f'{path} has {vocab.vocab_size} pieces, more than '
-                     f"config.dataset.vocab_size={spec.vocab_size}.")
+    raise ConfigError(
+        f'{path} has {vocab.vocab_size} pieces, more than '
+        f'config.dataset.vocab_size={spec.vocab_size}.'
+    )
   return vocab
 
 
-def train_sentencepiece(sentences, *, vocab_size: int, model_type: str = 'unigram',
-                        num_threads: Optional[int] = None) -> bytes:
+def train_sentencepiece(
+    sentences, *, vocab_size: int, model_type: str = 'unigram', num_threads: Optional[int] = None
+) -> bytes:
   """Trains SentencePiece on an iterable of sentences; returns the serialised model."""
   if model_type not in ('unigram', 'bpe'):
     raise ConfigError(f"vocab_type={model_type!r}; expected 'unigram' or 'bpe'.")
   out = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size,
-      model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-      character_coverage=1.0, normalization_rule_name='nmt_nfkc',
-      num_threads=num_threads or os.cpu_count() or 1, minloglevel=2)
+      sentence_iterator=iter(sentences),
+      model_writer=out,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=PAD_ID,
+      eos_id=EOS_ID,
+      unk_id=UNK_ID,
+      bos_id=-1,
+      character_coverage=1.0,
+      normalization_rule_name='nmt_nfkc',
+      num_threads=num_threads or os.cpu_count() or 1,
+      minloglevel=2,
+  )
   return out.getvalue()
 
 
@@ -325,13 +361,15 @@ def _sample_training_text(config) -> list[str]:
 
 def _how_to_prepare(name: str, data_dir: Optional[str], split: str) -> str:
   where = data_dir or '~/tensorflow_datasets (the TFDS default; or $TFDS_DATA_DIR)'
-  return (f"TFDS dataset '{name}' (split '{split}') is not prepared in array_record format "
-          f'under data_dir={where}. Prepare it once on a machine with internet access: '
-          f'`tfds build {name} --file_format=array_record --data_dir=DIR` (or in Python '
-          f"`tfds.builder('{name}', data_dir=DIR, file_format='array_record')"
-          '.download_and_prepare()`; an existing tfrecord copy converts with '
-          '`tfds convert_format --out_file_format=array_record`), then set '
-          'config.dataset.data_dir=DIR.')
+  return (
+      f"TFDS dataset '{name}' (split '{split}') is not prepared in array_record format "
+      f'under data_dir={where}. Prepare it once on a machine with internet access: '
+      f'`tfds build {name} --file_format=array_record --data_dir=DIR` (or in Python '
+      f"`tfds.builder('{name}', data_dir=DIR, file_format='array_record')"
+      '.download_and_prepare()`; an existing tfrecord copy converts with '
+      '`tfds convert_format --out_file_format=array_record`), then set '
+      'config.dataset.data_dir=DIR.'
+  )
 
 
 def _open_split(config, split: str, setting: Optional[str] = None):
@@ -353,13 +391,19 @@ def _open_split(config, split: str, setting: Optional[str] = None):
     except ImportError:
       pass
   source = tfds_splits.open_split(
-      name, split, data_dir, setting=setting or f'split={split!r}',
-      how_to_prepare=lambda: _how_to_prepare(name, data_dir, split))
+      name,
+      split,
+      data_dir,
+      setting=setting or f'split={split!r}',
+      how_to_prepare=lambda: _how_to_prepare(name, data_dir, split),
+  )
   keys = set(source[0])
   for lang in (spec.source_lang, spec.target_lang):
     if lang not in keys:
-      raise DataError(f"'{name}' has features {sorted(keys)}; config.dataset "
-                       f'source_lang/target_lang {lang!r} is not one of them.')
+      raise DataError(
+          f"'{name}' has features {sorted(keys)}; config.dataset "
+          f'source_lang/target_lang {lang!r} is not one of them.'
+      )
   return source
 
 
@@ -379,7 +423,7 @@ def _text(record, lang: str) -> str:
 def _encode(vocab, text: str, max_len: Optional[int]) -> np.ndarray:
   ids = vocab.encode(text)
   if max_len is not None:
-    ids = ids[:max_len - 1]
+    ids = ids[: max_len - 1]
   return np.asarray(ids + [EOS_ID], np.int32)
 
 
@@ -400,10 +444,12 @@ class _TokenizePair:
 
   def __call__(self, index: int, record) -> dict[str, Any]:
     cut = self.truncate
-    inputs = _encode(self.vocab, _text(record, self.source_lang),
-                     self.max_source_len if cut else None)
-    targets = _encode(self.vocab, _text(record, self.target_lang),
-                      self.max_target_len if cut else None)
+    inputs = _encode(
+        self.vocab, _text(record, self.source_lang), self.max_source_len if cut else None
+    )
+    targets = _encode(
+        self.vocab, _text(record, self.target_lang), self.max_target_len if cut else None
+    )
     if len(inputs) > self.max_source_len or len(targets) > self.max_target_len:
       return {'index': index}
     return {'inputs': inputs, 'targets': targets, 'index': index}
@@ -431,20 +477,26 @@ def bucket_boundaries(config) -> list[int]:
   return sorted({min(int(b), longest) for b in given} | {longest})
 
 
-def _pad_stack(arrays: Sequence[np.ndarray], length: int, rows: Optional[int] = None
-               ) -> np.ndarray:
+def _pad_stack(arrays: Sequence[np.ndarray], length: int, rows: Optional[int] = None) -> np.ndarray:
   out = np.zeros((rows or len(arrays), length), np.int32)
   for i, a in enumerate(arrays):
-    out[i, :len(a)] = a
+    out[i, : len(a)] = a
   return out
 
 
 class _BucketIterator(grain.DatasetIterator):
   """Groups examples by length into per-bucket buffers; emits a batch when one is full."""
 
-  def __init__(self, parent, examples: grain.MapDataset, boundaries: list[int],
-               batch_size: int, max_source_len: int, max_target_len: int,
-               max_dropped: Optional[int] = None):
+  def __init__(
+      self,
+      parent,
+      examples: grain.MapDataset,
+      boundaries: list[int],
+      batch_size: int,
+      max_source_len: int,
+      max_target_len: int,
+      max_dropped: Optional[int] = None,
+  ):
     super().__init__(parent)
     self._max_dropped = max_dropped
     self._dropped = 0  # consecutive
@@ -473,7 +525,8 @@ class _BucketIterator(grain.DatasetIterator):
           f'{self._dropped} training pairs in a row are longer than config.dataset.'
           f'max_source_len={self._max_source_len} or max_target_len={self._max_target_len}'
           ' tokens (with EOS) and were dropped: none fits. Raise them, or set'
-          ' config.dataset.truncate=True.')
+          ' config.dataset.truncate=True.'
+      )
     return True
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -492,17 +545,22 @@ class _BucketIterator(grain.DatasetIterator):
         }
 
   def get_state(self) -> dict[str, Any]:
-    held = [[int(e['index']) for e in buf] + [-1] * (self._batch_size - len(buf))
-            for buf in self._buffers]
+    held = [
+        [int(e['index']) for e in buf] + [-1] * (self._batch_size - len(buf))
+        for buf in self._buffers
+    ]
     return {'parent': self._parent.get_state(), 'buckets': held}
 
   def set_state(self, state: dict[str, Any]) -> None:
     if len(state['buckets']) != len(self._boundaries):
-      raise ValueError(f"iterator state has {len(state['buckets'])} buckets; this pipeline has "
-                       f'{len(self._boundaries)} (bucket_boundaries changed?).')
+      raise ValueError(
+          f"iterator state has {len(state['buckets'])} buckets; this pipeline has "
+          f'{len(self._boundaries)} (bucket_boundaries changed?).'
+      )
     self._parent.set_state(state['parent'])
-    self._buffers = [[self._examples[int(j)] for j in row if int(j) >= 0]
-                     for row in state['buckets']]
+    self._buffers = [
+        [self._examples[int(j)] for j in row if int(j) >= 0] for row in state['buckets']
+    ]
 
 
 class BucketBatchDataset(grain.IterDataset):
@@ -515,10 +573,17 @@ class BucketBatchDataset(grain.IterDataset):
   always hold a whole epoch, so the error means that no pair fits.
   """
 
-  def __init__(self, examples: grain.MapDataset, *, boundaries: Sequence[int], batch_size: int,
-               max_source_len: int, max_target_len: int,
-               read_options: Optional[grain.ReadOptions] = None,
-               max_dropped: Optional[int] = None):
+  def __init__(
+      self,
+      examples: grain.MapDataset,
+      *,
+      boundaries: Sequence[int],
+      batch_size: int,
+      max_source_len: int,
+      max_target_len: int,
+      read_options: Optional[grain.ReadOptions] = None,
+      max_dropped: Optional[int] = None,
+  ):
     super().__init__(examples.to_iter_dataset(read_options))
     self._examples = examples
     self._boundaries = list(boundaries)
@@ -528,17 +593,29 @@ class BucketBatchDataset(grain.IterDataset):
     self._max_dropped = max_dropped
 
   def __iter__(self) -> _BucketIterator:
-    return _BucketIterator(self._parent.__iter__(), self._examples, self._boundaries,
-                           self._batch_size, self._max_source_len, self._max_target_len,
-                           self._max_dropped)
+    return _BucketIterator(
+        self._parent.__iter__(),
+        self._examples,
+        self._boundaries,
+        self._batch_size,
+        self._max_source_len,
+        self._max_target_len,
+        self._max_dropped,
+    )
 
   def __str__(self) -> str:
     return f'BucketBatchDataset(boundaries={self._boundaries}, batch_size={self._batch_size})'
 
 
-def make_train_dataset(config, *, process_index: int, process_count: int,
-                       vocab: Optional[SentencePieceVocab] = None, workdir=None,
-                       read_options: Optional[grain.ReadOptions] = None) -> grain.IterDataset:
+def make_train_dataset(
+    config,
+    *,
+    process_index: int,
+    process_count: int,
+    vocab: Optional[SentencePieceVocab] = None,
+    workdir=None,
+    read_options: Optional[grain.ReadOptions] = None,
+) -> grain.IterDataset:
   """Infinite per-process batches ``{'inputs': int32 [B, Ls], 'targets': int32 [B, Lt]}``.
 
   ``B = config.batch_size // process_count``; ``Ls, Lt`` are the bucket length
@@ -552,17 +629,28 @@ def make_train_dataset(config, *, process_index: int, process_count: int,
   max_src, max_tgt = int(spec.max_source_len), int(spec.max_target_len)
   shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
   if not len(shard):
-    raise ConfigError(f"config.dataset.train_split={spec.train_split!r} has no "
-                     f'examples for process {process_index} of {process_count}.')
-  examples = (shard
-              .shuffle(seed=int(spec.seed))
-              .repeat()
-              .map_with_index(_TokenizePair(vocab, spec.source_lang,
-                                            spec.target_lang, max_src, max_tgt,
-                                            bool(spec.truncate))))
-  return BucketBatchDataset(examples, boundaries=bucket_boundaries(config), batch_size=batch,
-                            max_source_len=max_src, max_target_len=max_tgt,
-                            read_options=read_options, max_dropped=2 * len(shard))
+    raise ConfigError(
+        f'config.dataset.train_split={spec.train_split!r} has no '
+        f'examples for process {process_index} of {process_count}.'
+    )
+  examples = (
+      shard.shuffle(seed=int(spec.seed))
+      .repeat()
+      .map_with_index(
+          _TokenizePair(
+              vocab, spec.source_lang, spec.target_lang, max_src, max_tgt, bool(spec.truncate)
+          )
+      )
+  )
+  return BucketBatchDataset(
+      examples,
+      boundaries=bucket_boundaries(config),
+      batch_size=batch,
+      max_source_len=max_src,
+      max_target_len=max_tgt,
+      read_options=read_options,
+      max_dropped=2 * len(shard),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -589,9 +677,20 @@ class EvalBatches:
   source length (longest first), so a decoding batch finishes together.
   """
 
-  def __init__(self, source, vocab: SentencePieceVocab, *, source_lang: str, target_lang: str,
-               batch_size: int, max_source_len: int, max_target_len: int,
-               process_index: int, process_count: int, sort_by_length: bool = True):
+  def __init__(
+      self,
+      source,
+      vocab: SentencePieceVocab,
+      *,
+      source_lang: str,
+      target_lang: str,
+      batch_size: int,
+      max_source_len: int,
+      max_target_len: int,
+      process_index: int,
+      process_count: int,
+      sort_by_length: bool = True,
+  ):
     self._source = source
     self._vocab = vocab
     self._source_lang, self._target_lang = source_lang, target_lang
@@ -613,10 +712,13 @@ class EvalBatches:
       examples = []
       for i in self._indices:
         record = self._source[i]
-        examples.append((i, _encode(self._vocab, _text(record, self._source_lang),
-                                    self.max_source_len),
-                         _encode(self._vocab, _text(record, self._target_lang),
-                                 self.max_target_len)))
+        examples.append(
+            (
+                i,
+                _encode(self._vocab, _text(record, self._source_lang), self.max_source_len),
+                _encode(self._vocab, _text(record, self._target_lang), self.max_target_len),
+            )
+        )
       if self._sort:
         examples.sort(key=lambda e: (-len(e[1]), e[0]))
       self._examples = examples
@@ -625,10 +727,9 @@ class EvalBatches:
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     examples, b = self._tokenized(), self.batch_size
     for start in range(0, self._num_batches * b, b):
-      chunk = examples[start:start + b]
+      chunk = examples[start : start + b]
       pad = b - len(chunk)
-      inputs = _pad_stack([e[1] for e in chunk] + [np.array([EOS_ID])] * pad,
-                          self.max_source_len)
+      inputs = _pad_stack([e[1] for e in chunk] + [np.array([EOS_ID])] * pad, self.max_source_len)
       yield {
           'inputs': inputs,
           'targets': _pad_stack([e[2] for e in chunk], self.max_target_len, rows=b),
@@ -639,27 +740,45 @@ class EvalBatches:
   @property
   def references(self) -> list[str]:
     if self._references is None:
-      self._references = [_text(self._source[i], self._target_lang)
-                          for i in range(len(self._source))]
+      self._references = [
+          _text(self._source[i], self._target_lang) for i in range(len(self._source))
+      ]
     return self._references
 
 
-def make_eval_batches(config, split: str, *, process_index: int, process_count: int,
-                      vocab: Optional[SentencePieceVocab] = None, workdir=None) -> EvalBatches:
+def make_eval_batches(
+    config,
+    split: str,
+    *,
+    process_index: int,
+    process_count: int,
+    vocab: Optional[SentencePieceVocab] = None,
+    workdir=None,
+) -> EvalBatches:
   """Per-process eval batches of split ``split`` (e.g. 'validation' = newstest2013,
   'test' = newstest2014 for wmt14); see :class:`EvalBatches`.
 
   ``B = config.dataset.eval_batch_size (default config.batch_size) // process_count``.
   """
   spec = resolve_spec(config)
-  batch = (checks.per_process(config, 'dataset.eval_batch_size', process_count)
-           if spec.eval_batch_size else checks.per_process(config, 'batch_size', process_count))
+  batch = (
+      checks.per_process(config, 'dataset.eval_batch_size', process_count)
+      if spec.eval_batch_size
+      else checks.per_process(config, 'batch_size', process_count)
+  )
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
   max_src = int(spec.max_eval_source_len or spec.max_source_len)
   max_tgt = int(spec.max_eval_target_len or spec.max_target_len)
   source = _open_split(config, split, f'the evaluation split {split!r} (config.eval_splits)')
   return EvalBatches(
-      source, vocab, source_lang=spec.source_lang,
-      target_lang=spec.target_lang, batch_size=batch, max_source_len=max_src,
-      max_target_len=max_tgt, process_index=process_index, process_count=process_count,
-      sort_by_length=bool(spec.eval_sort_by_length))
+      source,
+      vocab,
+      source_lang=spec.source_lang,
+      target_lang=spec.target_lang,
+      batch_size=batch,
+      max_source_len=max_src,
+      max_target_len=max_tgt,
+      process_index=process_index,
+      process_count=process_count,
+      sort_by_length=bool(spec.eval_sort_by_length),
+  )

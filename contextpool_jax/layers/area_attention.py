@@ -71,11 +71,22 @@ from contextpool_jax.layers.areas import compute_area_features
 from contextpool_jax.layers.areas import num_areas
 
 __all__ = [
-    'KEY_MODES', 'LEARNED_KEY_MODES', 'PARAMETER_FREE_KEY_MODES', 'VALUE_MODES',
-    'AreaAttention', 'AreaKeyEncoder', 'area_attention_mask', 'attend_to_areas',
+    'KEY_MODES',
+    'LEARNED_KEY_MODES',
+    'PARAMETER_FREE_KEY_MODES',
+    'VALUE_MODES',
+    'AreaAttention',
+    'AreaKeyEncoder',
+    'area_attention_mask',
+    'attend_to_areas',
     'dot_product_area_attention',
     # From areas, importable here as before the split.
-    'FEATURE_NAMES', 'AreaFeatures', 'AreaLayout', 'area_features', 'area_layout', 'num_areas',
+    'FEATURE_NAMES',
+    'AreaFeatures',
+    'AreaLayout',
+    'area_features',
+    'area_layout',
+    'num_areas',
 ]
 
 Array = jax.Array
@@ -87,6 +98,7 @@ PARAMETER_FREE_KEY_MODES = ('mean', 'max', 'sample')
 
 class _LearnedKey(NamedTuple):
   """A learned key mode: base feature f, whether sigma enters, how features combine."""
+
   base: str  # 'mean' | 'max' | 'sample'
   std: bool
   combine: str  # 'concat' | 'sum' (AreaKeyEncoder.mode)
@@ -127,9 +139,18 @@ def _key_features(key_mode: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------
 
 
-def _check_config(owner: str, *, key_mode: Any, value_mode: Any, max_area_width: Any,
-                  max_area_height: Any, memory_height: Any, dropout_rate: Any, causal: Any,
-                  std_epsilon: Any) -> None:
+def _check_config(
+    owner: str,
+    *,
+    key_mode: Any,
+    value_mode: Any,
+    max_area_width: Any,
+    max_area_height: Any,
+    memory_height: Any,
+    dropout_rate: Any,
+    causal: Any,
+    std_epsilon: Any,
+) -> None:
   """Raises ConfigError for an invalid area attention setting."""
   v.check_choice(owner, 'key_mode', key_mode, KEY_MODES)
   v.check_choice(owner, 'value_mode', value_mode, VALUE_MODES)
@@ -139,8 +160,15 @@ def _check_config(owner: str, *, key_mode: Any, value_mode: Any, max_area_width:
   v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
 
 
-def _check_memory(owner: str, *, kv_len: int, memory_height: int, what: str,
-                  mask: Any, attention_shape: tuple[int, ...]) -> None:
+def _check_memory(
+    owner: str,
+    *,
+    kv_len: int,
+    memory_height: int,
+    what: str,
+    mask: Any,
+    attention_shape: tuple[int, ...],
+) -> None:
   """Raises ConfigError unless ``memory_height`` divides the memory's ``kv_len``
   items (``what`` names the memory), and ValueError unless ``mask`` is None or
   broadcastable to ``attention_shape = (batch, heads, q_len, kv_len)``."""
@@ -160,7 +188,8 @@ def _check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
   if not ok:
     raise ValueError(
         f'{owner}: mask has shape {shape}; expected an item-level mask '
-        f'broadcastable to [batch, heads, q_len, kv_len] = {list(target)}.')
+        f'broadcastable to [batch, heads, q_len, kv_len] = {list(target)}.'
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -168,9 +197,16 @@ def _check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
 # ----------------------------------------------------------------------------
 
 
-def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
-                        max_area_width: int = 1, max_area_height: int = 1,
-                        memory_height: int = 1, causal: bool = False) -> Array | None:
+def area_attention_mask(
+    mask: Array | None,
+    *,
+    q_len: int,
+    kv_len: int,
+    max_area_width: int = 1,
+    max_area_height: int = 1,
+    memory_height: int = 1,
+    causal: bool = False,
+) -> Array | None:
   """Turns an item-level mask into an area-level mask.
 
   An area may be attended by a query iff every item in it may be (the paper
@@ -200,15 +236,24 @@ def area_attention_mask(mask: Array | None, *, q_len: int, kv_len: int,
   check_area_options(owner, max_area_width, max_area_height, memory_height)
   mask = None if mask is None else jnp.asarray(mask)
   lead = ((1,) * 4 + mask.shape)[-4:-2] if mask is not None and mask.ndim <= 4 else (1, 1)
-  _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='key/value',
-                mask=mask, attention_shape=lead + (q_len, kv_len))
-  layout = area_layout(kv_len, max_area_width=max_area_width,
-                       max_area_height=max_area_height, memory_height=memory_height)
+  _check_memory(
+      owner,
+      kv_len=kv_len,
+      memory_height=memory_height,
+      what='key/value',
+      mask=mask,
+      attention_shape=lead + (q_len, kv_len),
+  )
+  layout = area_layout(
+      kv_len,
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+  )
   return _area_mask(mask, layout, q_len, causal)
 
 
-def _area_mask(mask: Array | None, layout: AreaLayout, q_len: int,
-               causal: bool) -> Array | None:
+def _area_mask(mask: Array | None, layout: AreaLayout, q_len: int, causal: bool) -> Array | None:
   """:func:`area_attention_mask` of a checked mask over the memory's layout."""
   out = None
   if mask is not None:
@@ -219,16 +264,25 @@ def _area_mask(mask: Array | None, layout: AreaLayout, q_len: int,
     forbidden = forbidden.reshape(mask.shape[:3] + (layout.grid_height, layout.grid_width))
     out = area_sums(forbidden, layout, axis=3) == 0
   if causal:
-    visible = (jnp.arange(q_len, dtype=jnp.int32)[:, None]
-               >= jnp.asarray(layout.last_index, jnp.int32)[None, :])
+    visible = (
+        jnp.arange(q_len, dtype=jnp.int32)[:, None]
+        >= jnp.asarray(layout.last_index, jnp.int32)[None, :]
+    )
     out = visible[None, None] if out is None else jnp.logical_and(out, visible)
   return out
 
 
-def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
-                    area_mask: Array | None = None, *, scale: float | None = None,
-                    dropout_rate: float = 0.0, dropout_rng: Array | None = None,
-                    deterministic: bool = True) -> Array:
+def attend_to_areas(
+    query: Array,
+    area_keys: Array,
+    area_values: Array,
+    area_mask: Array | None = None,
+    *,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+) -> Array:
   """Dot-product attention of queries over areas (Eq. 1-2 with area keys/values).
 
   ``p = softmax(scale * q . k_area)`` over the allowed areas, computed in
@@ -257,18 +311,34 @@ def attend_to_areas(query: Array, area_keys: Array, area_values: Array,
   v.check_rank(owner, 'area_values', area_values, (4,), '[batch, num_areas, heads, depth_v]')
   v.check_probability(owner, 'dropout_rate', dropout_rate)
   if not deterministic and dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError(f'{owner}: dropout_rng=None but dropout_rate={dropout_rate!r} and '
-                     'deterministic=False; pass dropout_rng= or deterministic=True.')
-  return _attend(query, area_keys, area_values, area_mask, scale=scale,
-                 dropout_rate=dropout_rate, dropout_rng=None if deterministic else dropout_rng)
+    raise ValueError(
+        f'{owner}: dropout_rng=None but dropout_rate={dropout_rate!r} and '
+        'deterministic=False; pass dropout_rng= or deterministic=True.'
+    )
+  return _attend(
+      query,
+      area_keys,
+      area_values,
+      area_mask,
+      scale=scale,
+      dropout_rate=dropout_rate,
+      dropout_rng=None if deterministic else dropout_rng,
+  )
 
 
-def _attend(query: Array, area_keys: Array, area_values: Array, area_mask: Array | None, *,
-            scale: float | None, dropout_rate: float, dropout_rng: Array | None) -> Array:
+def _attend(
+    query: Array,
+    area_keys: Array,
+    area_values: Array,
+    area_mask: Array | None,
+    *,
+    scale: float | None,
+    dropout_rate: float,
+    dropout_rng: Array | None,
+) -> Array:
   """:func:`attend_to_areas` on checked inputs; dropout iff ``dropout_rng`` is given."""
   scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
-  logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys,
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys, preferred_element_type=jnp.float32)
   logits = logits * jnp.float32(scale)
   probs = masked_softmax(logits, area_mask)
   if dropout_rng is not None and dropout_rate > 0.0:
@@ -294,12 +364,23 @@ def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None)
   return feats.mean
 
 
-def _area_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
-                    layout: AreaLayout, causal: bool, key_mode: str, value_mode: str,
-                    std_epsilon: float, sample_rng: Array | None, dropout_rate: float,
-                    dropout_rng: Array | None, scale: float | None = None,
-                    learned_key: Callable[[Array, AreaFeatures], Array] | None = None
-                    ) -> Array:
+def _area_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None,
+    *,
+    layout: AreaLayout,
+    causal: bool,
+    key_mode: str,
+    value_mode: str,
+    std_epsilon: float,
+    sample_rng: Array | None,
+    dropout_rate: float,
+    dropout_rng: Array | None,
+    scale: float | None = None,
+    learned_key: Callable[[Array, AreaFeatures], Array] | None = None,
+) -> Array:
   """The core both entry points run, on checked inputs (Eq. 1-4, and Eq. 5-9
   through ``learned_key``); returns ``[batch, q_len, heads, depth_v]``.
 
@@ -312,27 +393,46 @@ def _area_attention(query: Array, key: Array, value: Array, mask: Array | None, 
   ``[batch, q_len, heads, depth]``, ``key`` / ``value`` ``[batch, kv_len,
   heads, depth(_v)]``.
   """
-  key_feats = compute_area_features(key, layout, features=_key_features(key_mode),
-                                    std_epsilon=std_epsilon)
-  value_feats = compute_area_features(value, layout, features=(value_mode,),
-                                      std_epsilon=std_epsilon)
+  key_feats = compute_area_features(
+      key, layout, features=_key_features(key_mode), std_epsilon=std_epsilon
+  )
+  value_feats = compute_area_features(
+      value, layout, features=(value_mode,), std_epsilon=std_epsilon
+  )
   area_keys = _base_area_key(key_feats, key_mode, sample_rng)
   if learned_key is not None:
     area_keys = learned_key(area_keys, key_feats)
   area_values = getattr(value_feats, value_mode)  # 'sum', 'mean' or 'max'
   area_mask = _area_mask(mask, layout, query.shape[1], causal)
-  return _attend(query, area_keys, area_values, area_mask, scale=scale,
-                 dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  return _attend(
+      query,
+      area_keys,
+      area_values,
+      area_mask,
+      scale=scale,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+  )
 
 
-def dot_product_area_attention(query: Array, key: Array, value: Array, *,
-                               max_area_width: int = 1, max_area_height: int = 1,
-                               memory_height: int = 1, mask: Array | None = None,
-                               causal: bool = False, key_mode: str = 'mean',
-                               value_mode: str = 'sum', scale: float | None = None,
-                               dropout_rate: float = 0.0, rng: Array | None = None,
-                               deterministic: bool = True,
-                               std_epsilon: float = 1e-6) -> Array:
+def dot_product_area_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    *,
+    max_area_width: int = 1,
+    max_area_height: int = 1,
+    memory_height: int = 1,
+    mask: Array | None = None,
+    causal: bool = False,
+    key_mode: str = 'mean',
+    value_mode: str = 'sum',
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    rng: Array | None = None,
+    deterministic: bool = True,
+    std_epsilon: float = 1e-6,
+) -> Array:
   """Parameter-free area attention (basic form: Eq. 3-4; Eq. 1-2 over areas).
 
   Every area of the key/value memory (see :func:`area_layout`) gets a key and
@@ -378,15 +478,24 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
     ValueError: bad rank, shapes, option, mask shape, or a learned key mode.
   """
   owner = 'dot_product_area_attention'
-  _check_config(owner, key_mode=key_mode, value_mode=value_mode, max_area_width=max_area_width,
-                max_area_height=max_area_height, memory_height=memory_height,
-                dropout_rate=dropout_rate, causal=causal, std_epsilon=std_epsilon)
+  _check_config(
+      owner,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+      dropout_rate=dropout_rate,
+      causal=causal,
+      std_epsilon=std_epsilon,
+  )
   if key_mode in LEARNED_KEY_MODES:
     raise ConfigError(
         f'{owner}.key_mode={key_mode!r} has learned parameters (Eq. 9); use '
         'contextpool_jax.AreaAttention, or compute keys with AreaKeyEncoder on '
         f'area_features(...) and call attend_to_areas. Parameter-free key modes: '
-        f'{", ".join(repr(m) for m in PARAMETER_FREE_KEY_MODES)}.')
+        f'{", ".join(repr(m) for m in PARAMETER_FREE_KEY_MODES)}.'
+    )
   if scale is not None:
     v.check_positive(owner, 'scale', scale)
   v.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
@@ -394,31 +503,58 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
   v.check_rank(owner, 'value', value, (4,), '[batch, kv_len, heads, depth_v]')
   b, q_len, heads, depth = query.shape
   if (key.shape[0], key.shape[2], key.shape[3]) != (b, heads, depth):
-    raise ValueError(f'{owner}: key shape {key.shape} does not match query shape '
-                     f'{query.shape}; expected [batch={b}, kv_len, heads={heads}, '
-                     f'depth={depth}].')
+    raise ValueError(
+        f'{owner}: key shape {key.shape} does not match query shape '
+        f'{query.shape}; expected [batch={b}, kv_len, heads={heads}, '
+        f'depth={depth}].'
+    )
   if value.shape[:3] != key.shape[:3]:
-    raise ValueError(f'{owner}: value shape {value.shape} does not match key shape '
-                     f'{key.shape} in [batch, kv_len, heads].')
+    raise ValueError(
+        f'{owner}: value shape {value.shape} does not match key shape '
+        f'{key.shape} in [batch, kv_len, heads].'
+    )
   kv_len = key.shape[1]
-  _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='key/value',
-                mask=mask, attention_shape=(b, heads, q_len, kv_len))
+  _check_memory(
+      owner,
+      kv_len=kv_len,
+      memory_height=memory_height,
+      what='key/value',
+      mask=mask,
+      attention_shape=(b, heads, q_len, kv_len),
+  )
   needs_rng = not deterministic and (dropout_rate > 0.0 or key_mode == 'sample')
   if needs_rng and rng is None:
-    raise ValueError(f'{owner}: rng=None but deterministic=False with '
-                     f'dropout_rate={dropout_rate!r}, key_mode={key_mode!r} needs '
-                     'randomness; pass rng= or deterministic=True.')
+    raise ValueError(
+        f'{owner}: rng=None but deterministic=False with '
+        f'dropout_rate={dropout_rate!r}, key_mode={key_mode!r} needs '
+        'randomness; pass rng= or deterministic=True.'
+    )
   sample_rng = dropout_rng = None
   if needs_rng:
     sample_rng, dropout_rng = jax.random.split(rng)
     if key_mode != 'sample':
       sample_rng = None
-  layout = area_layout(kv_len, max_area_width=max_area_width, max_area_height=max_area_height,
-                       memory_height=memory_height)
-  return _area_attention(query, key, value, mask, layout=layout, causal=causal,
-                         key_mode=key_mode, value_mode=value_mode, std_epsilon=std_epsilon,
-                         sample_rng=sample_rng, dropout_rate=dropout_rate,
-                         dropout_rng=dropout_rng, scale=scale)
+  layout = area_layout(
+      kv_len,
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+  )
+  return _area_attention(
+      query,
+      key,
+      value,
+      mask,
+      layout=layout,
+      causal=causal,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      std_epsilon=std_epsilon,
+      sample_rng=sample_rng,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+      scale=scale,
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -426,8 +562,15 @@ def dot_product_area_attention(query: Array, key: Array, value: Array, *,
 # ----------------------------------------------------------------------------
 
 
-def _check_embedding_dim(owner: str, field: str, embedding_dim: int | None,
-                         mode_field: str, mode: str, combine: str, depth: int) -> None:
+def _check_embedding_dim(
+    owner: str,
+    field: str,
+    embedding_dim: int | None,
+    mode_field: str,
+    mode: str,
+    combine: str,
+    depth: int,
+) -> None:
   """A ``'sum'`` key adds ``[e_h; e_w]`` (each ``embedding_dim``, default
   ``depth // 2``) to depth-``depth`` features: both must fit."""
   if combine != 'sum':
@@ -436,11 +579,13 @@ def _check_embedding_dim(owner: str, field: str, embedding_dim: int | None,
     raise ConfigError(
         f'{owner}.{mode_field}={mode!r} needs an even head depth: its height and width '
         f'embeddings (depth // 2 each, as in tensor2tensor) are concatenated and added '
-        f"to the key features; got depth {depth}. Use an even depth or a 'concat' mode.")
+        f"to the key features; got depth {depth}. Use an even depth or a 'concat' mode."
+    )
   if embedding_dim not in (None, depth // 2):
     raise ConfigError(
         f'{owner}.{field}={embedding_dim!r} is invalid for {mode_field}={mode!r}, whose '
-        f'[e_h; e_w] is added to the depth-{depth} key features; use None or {depth // 2}.')
+        f'[e_h; e_w] is added to the depth-{depth} key features; use None or {depth // 2}.'
+    )
 
 
 class AreaKeyEncoder(nn.Module):
@@ -490,6 +635,7 @@ class AreaKeyEncoder(nn.Module):
     bias_init: bias initializer.
     embedding_init: shape-embedding initializer.
   """
+
   max_area_width: int
   max_area_height: int = 1
   mode: str = 'concat'
@@ -528,28 +674,30 @@ class AreaKeyEncoder(nn.Module):
       if std.shape != base.shape:
         raise ValueError(f'{owner}: std shape {std.shape} != base shape {base.shape}.')
     heads, depth = base.shape[2], base.shape[3]
-    _check_embedding_dim(owner, 'embedding_dim', self.embedding_dim, 'mode', self.mode,
-                         self.mode, depth)
+    _check_embedding_dim(
+        owner, 'embedding_dim', self.embedding_dim, 'mode', self.mode, self.mode, depth
+    )
     emb_dim = self.embedding_dim or depth // 2
     hidden = self.hidden_dim or depth
     num_features = 2 if std is not None else 1
     in_dim = depth if self.mode == 'sum' else num_features * depth + 2 * emb_dim
     lead = (heads,) if self.per_head else ()
 
-    e_h_table = self.param('height_embedding', self.embedding_init,
-                           (self.max_area_height, emb_dim), self.param_dtype)
-    e_w_table = self.param('width_embedding', self.embedding_init,
-                           (self.max_area_width, emb_dim), self.param_dtype)
-    w_in = self.param('hidden_kernel', self.kernel_init, lead + (in_dim, hidden),
-                      self.param_dtype)
-    w_out = self.param('output_kernel', self.kernel_init, lead + (hidden, depth),
-                       self.param_dtype)
+    e_h_table = self.param(
+        'height_embedding', self.embedding_init, (self.max_area_height, emb_dim), self.param_dtype
+    )
+    e_w_table = self.param(
+        'width_embedding', self.embedding_init, (self.max_area_width, emb_dim), self.param_dtype
+    )
+    w_in = self.param('hidden_kernel', self.kernel_init, lead + (in_dim, hidden), self.param_dtype)
+    w_out = self.param('output_kernel', self.kernel_init, lead + (hidden, depth), self.param_dtype)
     b_in = b_out = None
     if self.use_bias:
       b_in = self.param('hidden_bias', self.bias_init, lead + (hidden,), self.param_dtype)
       b_out = self.param('output_bias', self.bias_init, lead + (depth,), self.param_dtype)
     base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out = nn.dtypes.promote_dtype(
-        base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out, dtype=self.dtype)
+        base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out, dtype=self.dtype
+    )
     e_h = jnp.take(e_h_table, jnp.asarray(height) - 1, axis=0)  # [num_areas, S]
     e_w = jnp.take(e_w_table, jnp.asarray(width) - 1, axis=0)
     shape_emb = jnp.concatenate([e_h, e_w], -1)  # [num_areas, 2 S]
@@ -561,9 +709,11 @@ class AreaKeyEncoder(nn.Module):
       mm = lambda x, w: jnp.einsum('...i,io->...o', x, w)
       mm_shape = lambda e, w: jnp.einsum('ai,io->ao', e, w)[:, None, :]
     if self.mode == 'concat':  # [f; sigma; e] W as f W1 + sigma W2 + e W3
-      pre = mm(base, w_in[..., :depth, :]) + mm_shape(shape_emb, w_in[..., in_dim - 2 * emb_dim:, :])
+      pre = mm(base, w_in[..., :depth, :]) + mm_shape(
+          shape_emb, w_in[..., in_dim - 2 * emb_dim :, :]
+      )
       if std is not None:
-        pre = pre + mm(std, w_in[..., depth:2 * depth, :])
+        pre = pre + mm(std, w_in[..., depth : 2 * depth, :])
     else:  # (f + sigma + e) W as (f + sigma) W + e W: e is not broadcast to the batch
       pre = mm(base if std is None else base + std, w_in) + mm_shape(shape_emb, w_in)
     if b_in is not None:
@@ -648,6 +798,7 @@ class AreaAttention(nn.Module):
     bias_init: projection bias initializer.
     use_bias: biases in the projections and the Eq. 9 MLP.
   """
+
   num_heads: int
   qkv_features: int | None = None
   out_features: int | None = None
@@ -669,8 +820,13 @@ class AreaAttention(nn.Module):
   use_bias: bool = True
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None,
-               mask: Array | None = None, deterministic: bool = True) -> Array:
+  def __call__(
+      self,
+      inputs_q: Array,
+      inputs_kv: Array | None = None,
+      mask: Array | None = None,
+      deterministic: bool = True,
+  ) -> Array:
     """Applies area attention.
 
     Args:
@@ -689,24 +845,35 @@ class AreaAttention(nn.Module):
       layout of ``inputs_q``).
     """
     owner = 'AreaAttention'
-    _check_config(owner, key_mode=self.key_mode, value_mode=self.value_mode,
-                  max_area_width=self.max_area_width, max_area_height=self.max_area_height,
-                  memory_height=self.memory_height, dropout_rate=self.dropout_rate,
-                  causal=self.causal, std_epsilon=self.std_epsilon)
+    _check_config(
+        owner,
+        key_mode=self.key_mode,
+        value_mode=self.value_mode,
+        max_area_width=self.max_area_width,
+        max_area_height=self.max_area_height,
+        memory_height=self.memory_height,
+        dropout_rate=self.dropout_rate,
+        causal=self.causal,
+        std_epsilon=self.std_epsilon,
+    )
     v.check_positive(owner, 'num_heads', self.num_heads, integer=True)
     v.check_positive(owner, 'qkv_features', self.qkv_features, allow_none=True, integer=True)
     v.check_positive(owner, 'out_features', self.out_features, allow_none=True, integer=True)
-    v.check_positive(owner, 'area_key_hidden_dim', self.area_key_hidden_dim,
-                     allow_none=True, integer=True)
-    v.check_positive(owner, 'area_embedding_dim', self.area_embedding_dim,
-                     allow_none=True, integer=True)
+    v.check_positive(
+        owner, 'area_key_hidden_dim', self.area_key_hidden_dim, allow_none=True, integer=True
+    )
+    v.check_positive(
+        owner, 'area_embedding_dim', self.area_embedding_dim, allow_none=True, integer=True
+    )
     layouts = '[batch, length, features] or [batch, height, width, features]'
     v.check_rank(owner, 'inputs_q', inputs_q, (3, 4), layouts)
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     v.check_rank(owner, 'inputs_kv', inputs_kv, (3, 4), layouts)
     if inputs_kv.shape[0] != inputs_q.shape[0]:
-      raise ValueError(f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch '
-                       f'{inputs_kv.shape[0]}.')
+      raise ValueError(
+          f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch '
+          f'{inputs_kv.shape[0]}.'
+      )
 
     q_shape = inputs_q.shape
     x_q = inputs_q.reshape((q_shape[0], math.prod(q_shape[1:-1]), q_shape[-1]))
@@ -716,29 +883,51 @@ class AreaAttention(nn.Module):
         raise ConfigError(
             f'{owner}.memory_height={memory_height!r} conflicts with the 2D memory '
             f'inputs_kv of shape {inputs_kv.shape} (height {inputs_kv.shape[1]}); use '
-            f'memory_height=1 or {inputs_kv.shape[1]}.')
+            f'memory_height=1 or {inputs_kv.shape[1]}.'
+        )
       memory_height = inputs_kv.shape[1]
-    x_kv = inputs_kv.reshape((inputs_kv.shape[0], math.prod(inputs_kv.shape[1:-1]),
-                               inputs_kv.shape[-1]))
+    x_kv = inputs_kv.reshape(
+        (inputs_kv.shape[0], math.prod(inputs_kv.shape[1:-1]), inputs_kv.shape[-1])
+    )
     batch, q_len, kv_len = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
-    _check_memory(owner, kv_len=kv_len, memory_height=memory_height, what='inputs_kv',
-                  mask=mask, attention_shape=(batch, self.num_heads, q_len, kv_len))
+    _check_memory(
+        owner,
+        kv_len=kv_len,
+        memory_height=memory_height,
+        what='inputs_kv',
+        mask=mask,
+        attention_shape=(batch, self.num_heads, q_len, kv_len),
+    )
 
     features = self.qkv_features or q_shape[-1]
     if features % self.num_heads:
-      raise ConfigError(f'{owner}.qkv_features={features!r} is not divisible by '
-                       f'num_heads={self.num_heads!r}.')
+      raise ConfigError(
+          f'{owner}.qkv_features={features!r} is not divisible by ' f'num_heads={self.num_heads!r}.'
+      )
     head_dim = features // self.num_heads
     out_features = self.out_features or q_shape[-1]
     learned = _LEARNED_KEYS.get(self.key_mode)
     if learned is not None:
-      _check_embedding_dim(owner, 'area_embedding_dim', self.area_embedding_dim, 'key_mode',
-                           self.key_mode, learned.combine, head_dim)
+      _check_embedding_dim(
+          owner,
+          'area_embedding_dim',
+          self.area_embedding_dim,
+          'key_mode',
+          self.key_mode,
+          learned.combine,
+          head_dim,
+      )
 
     dense = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype,
-        param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-        bias_init=self.bias_init, use_bias=self.use_bias)
+        nn.DenseGeneral,
+        features=(self.num_heads, head_dim),
+        axis=-1,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        use_bias=self.use_bias,
+    )
     query = dense(name='query')(x_q)
     key = dense(name='key')(x_kv)
     value = dense(name='value')(x_kv)
@@ -746,28 +935,55 @@ class AreaAttention(nn.Module):
     learned_key = None
     if learned is not None:
       encoder = AreaKeyEncoder(
-          max_area_width=self.max_area_width, max_area_height=self.max_area_height,
+          max_area_width=self.max_area_width,
+          max_area_height=self.max_area_height,
           mode=learned.combine,
-          hidden_dim=self.area_key_hidden_dim, embedding_dim=self.area_embedding_dim,
-          per_head=self.per_head_area_key_params, use_bias=self.use_bias,
-          dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-          bias_init=self.bias_init, name='area_key')
+          hidden_dim=self.area_key_hidden_dim,
+          embedding_dim=self.area_embedding_dim,
+          per_head=self.per_head_area_key_params,
+          use_bias=self.use_bias,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          kernel_init=self.kernel_init,
+          bias_init=self.bias_init,
+          name='area_key',
+      )
       learned_key = lambda base, feats: encoder(
-          base, feats.std if learned.std else None, feats.height, feats.width)
+          base, feats.std if learned.std else None, feats.height, feats.width
+      )
     sample_rng = dropout_rng = None  # drawn in this order, from the 'dropout' stream
     if _key_base(self.key_mode) == 'sample' and not deterministic:
       sample_rng = self.make_rng('dropout')
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     out = _area_attention(
-        query, key, value, mask,
-        layout=area_layout(kv_len, max_area_width=self.max_area_width,
-                           max_area_height=self.max_area_height, memory_height=memory_height),
-        causal=self.causal, key_mode=self.key_mode, value_mode=self.value_mode,
-        std_epsilon=self.std_epsilon, sample_rng=sample_rng, dropout_rate=self.dropout_rate,
-        dropout_rng=dropout_rng, learned_key=learned_key)
+        query,
+        key,
+        value,
+        mask,
+        layout=area_layout(
+            kv_len,
+            max_area_width=self.max_area_width,
+            max_area_height=self.max_area_height,
+            memory_height=memory_height,
+        ),
+        causal=self.causal,
+        key_mode=self.key_mode,
+        value_mode=self.value_mode,
+        std_epsilon=self.std_epsilon,
+        sample_rng=sample_rng,
+        dropout_rate=self.dropout_rate,
+        dropout_rng=dropout_rng,
+        learned_key=learned_key,
+    )
     out = nn.DenseGeneral(
-        features=out_features, axis=(-2, -1), dtype=self.dtype,
-        param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-        bias_init=self.bias_init, use_bias=self.use_bias, name='out')(out)
+        features=out_features,
+        axis=(-2, -1),
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        use_bias=self.use_bias,
+        name='out',
+    )(out)
     return out.reshape(q_shape[:-1] + (out_features,))

@@ -67,6 +67,7 @@ class AreaLayout(NamedTuple):
     grid_width: items per row (``kv_len // memory_height``).
     shapes: the area shapes ``(h, w)`` present, in order.
   """
+
   row: np.ndarray
   col: np.ndarray
   height: np.ndarray
@@ -89,8 +90,9 @@ class AreaLayout(NamedTuple):
     return int(self.row.shape[0])
 
 
-def check_area_options(owner: str, max_area_width: Any, max_area_height: Any,
-                       memory_height: Any) -> None:
+def check_area_options(
+    owner: str, max_area_width: Any, max_area_height: Any, memory_height: Any
+) -> None:
   """Raises ConfigError unless the three area options are positive ints."""
   v.check_positive(owner, 'max_area_width', max_area_width, integer=True)
   v.check_positive(owner, 'max_area_height', max_area_height, integer=True)
@@ -105,19 +107,24 @@ def check_memory_length(owner: str, length: int, memory_height: int, what: str) 
         f'{owner}.memory_height={memory_height!r} does not divide the {what} '
         f'length {length}; a 2D memory is memory_height rows of '
         f'length // memory_height items, so the length must be a multiple of '
-        'memory_height.')
+        'memory_height.'
+    )
 
 
-def _area_shapes(grid_height: int, grid_width: int, max_area_height: int,
-                 max_area_width: int) -> tuple[tuple[int, int], ...]:
+def _area_shapes(
+    grid_height: int, grid_width: int, max_area_height: int, max_area_width: int
+) -> tuple[tuple[int, int], ...]:
   """Area shapes ``(h, w)`` that fit in the grid, height-major."""
-  return tuple((h, w)
-               for h in range(1, min(max_area_height, grid_height) + 1)
-               for w in range(1, min(max_area_width, grid_width) + 1))
+  return tuple(
+      (h, w)
+      for h in range(1, min(max_area_height, grid_height) + 1)
+      for w in range(1, min(max_area_width, grid_width) + 1)
+  )
 
 
-def area_layout(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
-                memory_height: int = 1) -> AreaLayout:
+def area_layout(
+    length: int, *, max_area_width: int = 1, max_area_height: int = 1, memory_height: int = 1
+) -> AreaLayout:
   """Enumerates the areas of a memory of ``length`` items (Section 3, Fig. 1-2).
 
   The memory is a grid of ``memory_height`` rows of ``length // memory_height``
@@ -161,11 +168,16 @@ def area_layout(length: int, *, max_area_width: int = 1, max_area_height: int = 
   return AreaLayout(cat(rows), cat(cols), cat(heights), cat(widths), grid_h, grid_w, shapes)
 
 
-def num_areas(length: int, *, max_area_width: int = 1, max_area_height: int = 1,
-              memory_height: int = 1) -> int:
+def num_areas(
+    length: int, *, max_area_width: int = 1, max_area_height: int = 1, memory_height: int = 1
+) -> int:
   """Number of areas of a memory; see :func:`area_layout`."""
-  return area_layout(length, max_area_width=max_area_width, max_area_height=max_area_height,
-                     memory_height=memory_height).num_areas
+  return area_layout(
+      length,
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+  ).num_areas
 
 
 # ----------------------------------------------------------------------------
@@ -197,14 +209,22 @@ def _area_sums(table: Array, shapes: Sequence[tuple[int, int]], axis: int) -> li
   rows, cols = table.shape[axis], table.shape[axis + 1]
   col_diff = {}
   for w in sorted({w for _, w in shapes}):
-    col_diff[w] = (jax.lax.slice_in_dim(table, w, cols, axis=axis + 1)
-                   - jax.lax.slice_in_dim(table, 0, cols - w, axis=axis + 1))
-  return [jax.lax.slice_in_dim(col_diff[w], h, rows, axis=axis)
-          - jax.lax.slice_in_dim(col_diff[w], 0, rows - h, axis=axis) for h, w in shapes]
+    col_diff[w] = jax.lax.slice_in_dim(table, w, cols, axis=axis + 1) - jax.lax.slice_in_dim(
+        table, 0, cols - w, axis=axis + 1
+    )
+  return [
+      jax.lax.slice_in_dim(col_diff[w], h, rows, axis=axis)
+      - jax.lax.slice_in_dim(col_diff[w], 0, rows - h, axis=axis)
+      for h, w in shapes
+  ]
 
 
-def _grow_areas(leaf: Any, shapes: Sequence[tuple[int, int]], axis: int,
-                merge: Callable[[Any, Any, int, int], Any]) -> dict:
+def _grow_areas(
+    leaf: Any,
+    shapes: Sequence[tuple[int, int]],
+    axis: int,
+    merge: Callable[[Any, Any, int, int], Any],
+) -> dict:
   """A statistic of every ``h x w`` window, for each shape, built by merging.
 
   ``leaf`` is a pytree of ``[..., H, W, ...]`` arrays (grid axes ``axis``,
@@ -223,19 +243,20 @@ def _grow_areas(leaf: Any, shapes: Sequence[tuple[int, int]], axis: int,
   max_w = max(w for _, w in shapes)
   max_h = max(h for h, _ in shapes)
   take = lambda tree, ax, start, n: jax.tree.map(
-      lambda a: jax.lax.slice_in_dim(a, start, start + n, axis=ax), tree)
+      lambda a: jax.lax.slice_in_dim(a, start, start + n, axis=ax), tree
+  )
   strip = {1: leaf}
   for w in range(2, max_w + 1):
     n = grid_w - w + 1
-    strip[w] = merge(take(strip[w - 1], axis + 1, 0, n), take(leaf, axis + 1, w - 1, n),
-                     w - 1, 1)
+    strip[w] = merge(take(strip[w - 1], axis + 1, 0, n), take(leaf, axis + 1, w - 1, n), w - 1, 1)
   out = {}
   for w in range(1, max_w + 1):
     stat = out[(1, w)] = strip[w]
     for h in range(2, max_h + 1):
       n = grid_h - h + 1
-      stat = out[(h, w)] = merge(take(stat, axis, 0, n), take(strip[w], axis, h - 1, n),
-                                 (h - 1) * w, w)
+      stat = out[(h, w)] = merge(
+          take(stat, axis, 0, n), take(strip[w], axis, h - 1, n), (h - 1) * w, w
+      )
   return out
 
 
@@ -254,6 +275,7 @@ def _area_maxima(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> dict
 class _Moments(NamedTuple):
   """Shifted moments of a window: ``shift`` = its top-left item, ``mean`` = its
   mean minus ``shift``, ``m2`` = the sum of squared deviations from its mean."""
+
   shift: Array
   mean: Array
   m2: Array
@@ -267,8 +289,9 @@ def _merge_moments(a: _Moments, b: _Moments, n_a: int, n_b: int) -> _Moments:
   nothing cancels catastrophically, whatever the offset of the values."""
   n = n_a + n_b
   delta = (b.shift - a.shift) + (b.mean - a.mean)
-  return _Moments(a.shift, a.mean + delta * (n_b / n),
-                  a.m2 + b.m2 + jnp.square(delta) * (n_a * n_b / n))
+  return _Moments(
+      a.shift, a.mean + delta * (n_b / n), a.m2 + b.m2 + jnp.square(delta) * (n_a * n_b / n)
+  )
 
 
 def _area_variances(x: Array, shapes: Sequence[tuple[int, int]], axis: int) -> dict:
@@ -294,7 +317,7 @@ def _flatten_corners(a: Array, axis: int) -> Array:
   """A per-shape statistic ``[..., H - h + 1, W - w + 1, ...]`` (one entry per
   top-left corner, on axes ``axis``, ``axis + 1``) with its corners on one axis,
   row-major (:func:`area_layout`'s order within a shape)."""
-  return a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2:])
+  return a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2 :])
 
 
 def _concat_areas(per_shape: Sequence[Array], axis: int) -> Array:
@@ -326,6 +349,7 @@ class AreaFeatures(NamedTuple):
     height: ``[num_areas]`` int32 area heights.
     width: ``[num_areas]`` int32 area widths.
   """
+
   sum: Array | None
   mean: Array | None
   std: Array | None
@@ -334,9 +358,15 @@ class AreaFeatures(NamedTuple):
   width: Array
 
 
-def area_features(x: Array, *, max_area_width: int = 1, max_area_height: int = 1,
-                  memory_height: int = 1, features: Sequence[str] = FEATURE_NAMES,
-                  std_epsilon: float = 1e-6) -> AreaFeatures:
+def area_features(
+    x: Array,
+    *,
+    max_area_width: int = 1,
+    max_area_height: int = 1,
+    memory_height: int = 1,
+    features: Sequence[str] = FEATURE_NAMES,
+    std_epsilon: float = 1e-6,
+) -> AreaFeatures:
   """Computes per-area features in O(n * number of area shapes) (Eq. 10-12, Algorithms 1-2).
 
   ``x`` is ``[batch, length, *feature_dims]``, the items of a memory of
@@ -384,13 +414,18 @@ def area_features(x: Array, *, max_area_width: int = 1, max_area_height: int = 1
     v.check_choice(owner, 'features', name, FEATURE_NAMES)
   v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
   check_memory_length(owner, x.shape[1], memory_height, 'memory')
-  layout = area_layout(x.shape[1], max_area_width=max_area_width,
-                       max_area_height=max_area_height, memory_height=memory_height)
+  layout = area_layout(
+      x.shape[1],
+      max_area_width=max_area_width,
+      max_area_height=max_area_height,
+      memory_height=memory_height,
+  )
   return compute_area_features(x, layout, features=features, std_epsilon=std_epsilon)
 
 
-def compute_area_features(x: Array, layout: AreaLayout, *, features: Sequence[str],
-                          std_epsilon: float) -> AreaFeatures:
+def compute_area_features(
+    x: Array, layout: AreaLayout, *, features: Sequence[str], std_epsilon: float
+) -> AreaFeatures:
   """:func:`area_features` of ``x [batch, length, *feature_dims]`` for a layout
   of its length, without checking the arguments (the callers have)."""
   batch, feat = x.shape[0], x.shape[2:]
@@ -404,14 +439,17 @@ def compute_area_features(x: Array, layout: AreaLayout, *, features: Sequence[st
     if 'sum' in want:
       sums = jnp.concatenate(per_shape, axis=1).astype(x.dtype)
     if 'mean' in want:
-      means = jnp.concatenate([s / float(h * w) for s, (h, w) in zip(per_shape, layout.shapes)],
-                              axis=1).astype(x.dtype)
+      means = jnp.concatenate(
+          [s / float(h * w) for s, (h, w) in zip(per_shape, layout.shapes)], axis=1
+      ).astype(x.dtype)
   if 'std' in want:
     variances = _area_variances(grid.astype(acc_dtype), layout.shapes, axis=1)
-    stds = _concat_areas([jnp.sqrt(variances[s] + std_epsilon) for s in layout.shapes],
-                         axis=1).astype(x.dtype)
+    stds = _concat_areas(
+        [jnp.sqrt(variances[s] + std_epsilon) for s in layout.shapes], axis=1
+    ).astype(x.dtype)
   if 'max' in want:
     maxima = _area_maxima(grid, layout.shapes, axis=1)
     maxes = _concat_areas([maxima[s] for s in layout.shapes], axis=1)
-  return AreaFeatures(sums, means, stds, maxes, jnp.asarray(layout.height),
-                      jnp.asarray(layout.width))
+  return AreaFeatures(
+      sums, means, stds, maxes, jnp.asarray(layout.height), jnp.asarray(layout.width)
+  )

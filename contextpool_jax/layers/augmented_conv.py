@@ -72,9 +72,14 @@ DOWNSAMPLES = ('avg_pool', 'subsample', 'query_subsample')
 DEPTH_ROUNDINGS = ('error', 'nearest')
 
 
-def attention_depths(features: int, key_ratio: float, value_ratio: float,
-                     num_heads: int, depth_rounding: str = 'error',
-                     owner: str = _OWNER) -> tuple[int, int]:
+def attention_depths(
+    features: int,
+    key_ratio: float,
+    value_ratio: float,
+    num_heads: int,
+    depth_rounding: str = 'error',
+    owner: str = _OWNER,
+) -> tuple[int, int]:
   """Returns (d_k, d_v) = (kappa * F_out, nu * F_out), checked or rounded.
 
   Args:
@@ -97,29 +102,32 @@ def attention_depths(features: int, key_ratio: float, value_ratio: float,
   """
   val.check_choice(owner, 'depth_rounding', depth_rounding, DEPTH_ROUNDINGS)
   depths = []
-  for field, ratio, symbol in (('key_ratio', key_ratio, 'd_k'),
-                               ('value_ratio', value_ratio, 'd_v')):
+  for field, ratio, symbol in (
+      ('key_ratio', key_ratio, 'd_k'),
+      ('value_ratio', value_ratio, 'd_v'),
+  ):
     val.check_positive(owner, field, ratio)
     exact = ratio * features
     if depth_rounding == 'nearest':
       depth = max(1, round(exact / num_heads)) * num_heads
     else:
       depth = round(exact)
-      if (abs(exact - depth) > 1e-6 * max(1.0, exact) or depth <= 0
-          or depth % num_heads):
+      if abs(exact - depth) > 1e-6 * max(1.0, exact) or depth <= 0 or depth % num_heads:
         raise ConfigError(
             f'{owner}.{field}={ratio!r} is invalid: {symbol} = {field} * '
             f'features = {ratio!r} * {features} = {exact:g} must be a positive '
             f'integer divisible by num_heads={num_heads}. Pick {field} so that '
             f'{field} * features is a multiple of num_heads, or set '
-            "depth_rounding='nearest'.")
+            "depth_rounding='nearest'."
+        )
     depths.append(depth)
   d_k, d_v = depths
   if d_v >= features:
     raise ConfigError(
         f'{owner}.value_ratio={value_ratio!r} is invalid: d_v = {d_v} must be '
         f'smaller than features={features} so that the convolution keeps '
-        'features - d_v > 0 channels.')
+        'features - d_v > 0 channels.'
+    )
   return d_k, d_v
 
 
@@ -143,8 +151,9 @@ def _rel_to_abs(rel: jax.Array, num_keys: int, stride: int) -> jax.Array:
   return rel[..., rows, index]
 
 
-def relative_logits_2d(q: jax.Array, rel_w: jax.Array, rel_h: jax.Array,
-                       query_strides: Sequence[int] = (1, 1)) -> jax.Array:
+def relative_logits_2d(
+    q: jax.Array, rel_w: jax.Array, rel_h: jax.Array, query_strides: Sequence[int] = (1, 1)
+) -> jax.Array:
   """2D relative position logits S^rel_H + S^rel_W of [O] / [REL].
 
   ``out[b, h, iy, ix, jy, jx] = q[b, iy, ix, h] . (rel_w[jx - s_x ix + W_k - 1]
@@ -172,37 +181,43 @@ def relative_logits_2d(q: jax.Array, rel_w: jax.Array, rel_h: jax.Array,
   """
   owner = 'relative_logits_2d'
   val.check_rank(owner, 'q', q, (5,), '[batch, height, width, heads, depth]')
-  val.check_rank(owner, 'rel_w', rel_w, (2, 3),
-                 '[2 * width - 1, depth] or [heads, 2 * width - 1, depth]')
-  val.check_rank(owner, 'rel_h', rel_h, (2, 3),
-                 '[2 * height - 1, depth] or [heads, 2 * height - 1, depth]')
+  val.check_rank(
+      owner, 'rel_w', rel_w, (2, 3), '[2 * width - 1, depth] or [heads, 2 * width - 1, depth]'
+  )
+  val.check_rank(
+      owner, 'rel_h', rel_h, (2, 3), '[2 * height - 1, depth] or [heads, 2 * height - 1, depth]'
+  )
   s_y, s_x = val.as_tuple(owner, 'query_strides', query_strides, 2)
   _, q_height, q_width, heads, _ = q.shape
   for name, table in (('rel_w', rel_w), ('rel_h', rel_h)):
     if table.ndim == 3 and table.shape[0] != heads:
       raise ValueError(
           f'{owner}: {name} has shape {table.shape}; a per-head table needs '
-          f'{heads} heads (q has shape {q.shape}).')
+          f'{heads} heads (q has shape {q.shape}).'
+      )
   sizes = []
-  for name, table, stride, num_q in (('rel_h', rel_h, s_y, q_height),
-                                     ('rel_w', rel_w, s_x, q_width)):
+  for name, table, stride, num_q in (
+      ('rel_h', rel_h, s_y, q_height),
+      ('rel_w', rel_w, s_x, q_width),
+  ):
     rows = table.shape[-2]
     num_keys = (rows + 1) // 2
     if rows % 2 == 0 or stride * (num_q - 1) > num_keys - 1:
       raise ValueError(
           f'{owner}: {name} has {rows} rows; expected 2 * n - 1 rows for a key '
           f'axis of n >= stride * (queries - 1) + 1 = {stride * (num_q - 1) + 1}'
-          ' positions.')
+          ' positions.'
+      )
     sizes.append(num_keys)
   k_height, k_width = sizes
 
   eq_w = 'byxhd,hmd->bhyxm' if rel_w.ndim == 3 else 'byxhd,md->bhyxm'
-  rel_x = jnp.einsum(eq_w, q, rel_w)                      # [b, h, y, x, 2W_k-1]
-  logits_w = _rel_to_abs(rel_x, k_width, s_x)             # [b, h, y, x, W_k]
+  rel_x = jnp.einsum(eq_w, q, rel_w)  # [b, h, y, x, 2W_k-1]
+  logits_w = _rel_to_abs(rel_x, k_width, s_x)  # [b, h, y, x, W_k]
   eq_h = 'byxhd,hmd->bhxym' if rel_h.ndim == 3 else 'byxhd,md->bhxym'
-  rel_y = jnp.einsum(eq_h, q, rel_h)                      # [b, h, x, y, 2H_k-1]
-  logits_h = _rel_to_abs(rel_y, k_height, s_y)            # [b, h, x, y, H_k]
-  logits_h = jnp.swapaxes(logits_h, 2, 3)                 # [b, h, y, x, H_k]
+  rel_y = jnp.einsum(eq_h, q, rel_h)  # [b, h, x, y, 2H_k-1]
+  logits_h = _rel_to_abs(rel_y, k_height, s_y)  # [b, h, x, y, H_k]
+  logits_h = jnp.swapaxes(logits_h, 2, 3)  # [b, h, y, x, H_k]
   return logits_h[..., :, None] + logits_w[..., None, :]
 
 
@@ -227,10 +242,8 @@ def sine_encoding_2d(height: int, width: int, channels: int) -> np.ndarray:
   """
   depth_y = (channels + 1) // 2
   depth_x = channels - depth_y
-  enc_y = np.broadcast_to(sine_encoding_1d(height, depth_y)[:, None, :],
-                          (height, width, depth_y))
-  enc_x = np.broadcast_to(sine_encoding_1d(width, depth_x)[None, :, :],
-                          (height, width, depth_x))
+  enc_y = np.broadcast_to(sine_encoding_1d(height, depth_y)[:, None, :], (height, width, depth_y))
+  enc_x = np.broadcast_to(sine_encoding_1d(width, depth_x)[None, :, :], (height, width, depth_x))
   return np.concatenate([enc_y, enc_x], axis=-1)
 
 
@@ -239,8 +252,10 @@ def coord_channels(height: int, width: int) -> np.ndarray:
 
   An axis of size 1 gets the coordinate 0.
   """
+
   def axis(n):
     return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros((1,))
+
   y, x = np.meshgrid(axis(height), axis(width), indexing='ij')
   return np.stack([y, x], axis=-1)
 
@@ -299,10 +314,10 @@ class AugmentedConv2D(nn.Module):
     kernel = val.as_tuple(_OWNER, 'kernel_size', self.kernel_size, 2)
     strides = val.as_tuple(_OWNER, 'strides', self.strides, 2)
     val.check_choice(_OWNER, 'position', self.position, POSITIONS)
-    val.check_choice(_OWNER, 'attention_downsample', self.attention_downsample,
-                     DOWNSAMPLES)
-    d_k, d_v = attention_depths(self.features, self.key_ratio, self.value_ratio,
-                                self.num_heads, self.depth_rounding)
+    val.check_choice(_OWNER, 'attention_downsample', self.attention_downsample, DOWNSAMPLES)
+    d_k, d_v = attention_depths(
+        self.features, self.key_ratio, self.value_ratio, self.num_heads, self.depth_rounding
+    )
     return kernel, strides, d_k, d_v
 
   def _relative_table(self, name: str, num_keys: int, depth: int) -> jax.Array:
@@ -317,20 +332,19 @@ class AugmentedConv2D(nn.Module):
             f'{_OWNER}: params[{name!r}] has shape {tuple(got)} but this input '
             f'needs {shape} (2 * {num_keys} - 1 relative offsets); the relative '
             'tables are sized by the key grid of the first call, so apply the '
-            'layer to feature maps of that size.')
-    init = nn.initializers.normal(stddev=depth ** -0.5)
+            'layer to feature maps of that size.'
+        )
+    init = nn.initializers.normal(stddev=depth**-0.5)
     return self.param(name, init, shape, self.param_dtype)
 
-  def _attention(self, x: jax.Array, strides: tuple[int, int], d_k: int,
-                 d_v: int) -> jax.Array:
+  def _attention(self, x: jax.Array, strides: tuple[int, int], d_k: int, d_v: int) -> jax.Array:
     """MHA branch: ``[b, H, W, C]`` -> ``[b, ceil(H/s_y), ceil(W/s_x), d_v]``."""
     query_strides = (1, 1)
     if strides != (1, 1):
       if self.attention_downsample == 'avg_pool':
-        x = nn.avg_pool(x, strides, strides, padding='SAME',
-                        count_include_pad=False)
+        x = nn.avg_pool(x, strides, strides, padding='SAME', count_include_pad=False)
       elif self.attention_downsample == 'subsample':
-        x = x[:, ::strides[0], ::strides[1]]
+        x = x[:, :: strides[0], :: strides[1]]
       else:
         query_strides = strides
     batch, k_height, k_width, channels = x.shape
@@ -338,17 +352,21 @@ class AugmentedConv2D(nn.Module):
       x = x + jnp.asarray(sine_encoding_2d(k_height, k_width, channels), x.dtype)
     elif self.position == 'coordconv':
       coords = jnp.asarray(coord_channels(k_height, k_width), x.dtype)
-      x = jnp.concatenate(
-          [x, jnp.broadcast_to(coords, (batch, k_height, k_width, 2))], axis=-1)
+      x = jnp.concatenate([x, jnp.broadcast_to(coords, (batch, k_height, k_width, 2))], axis=-1)
 
-    qkv = nn.Conv(2 * d_k + d_v, (1, 1), use_bias=self.use_bias,
-                  dtype=self.dtype, param_dtype=self.param_dtype,
-                  name='qkv')(x)
+    qkv = nn.Conv(
+        2 * d_k + d_v,
+        (1, 1),
+        use_bias=self.use_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='qkv',
+    )(x)
     q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
-    q = q[:, ::query_strides[0], ::query_strides[1]]
+    q = q[:, :: query_strides[0], :: query_strides[1]]
     heads = self.num_heads
     depth_k = d_k // heads
-    q = q.reshape(q.shape[:3] + (heads, depth_k)) * (depth_k ** -0.5)
+    q = q.reshape(q.shape[:3] + (heads, depth_k)) * (depth_k**-0.5)
     k = k.reshape(k.shape[:3] + (heads, depth_k))
     v = v.reshape(v.shape[:3] + (heads, d_v // heads))
 
@@ -357,14 +375,21 @@ class AugmentedConv2D(nn.Module):
       rel_w = self._relative_table('rel_width', k_width, depth_k)
       rel_h = self._relative_table('rel_height', k_height, depth_k)
       logits = logits + relative_logits_2d(
-          q, rel_w.astype(q.dtype), rel_h.astype(q.dtype), query_strides)
+          q, rel_w.astype(q.dtype), rel_h.astype(q.dtype), query_strides
+      )
     flat = logits.reshape(logits.shape[:4] + (k_height * k_width,))
     weights = jax.nn.softmax(flat.astype(jnp.float32), axis=-1)
     weights = weights.astype(v.dtype).reshape(logits.shape)
     out = jnp.einsum('bhyxzw,bzwhd->byxhd', weights, v)
     out = out.reshape(out.shape[:3] + (d_v,))
-    return nn.Conv(d_v, (1, 1), use_bias=self.use_bias, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name='attn_out')(out)
+    return nn.Conv(
+        d_v,
+        (1, 1),
+        use_bias=self.use_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='attn_out',
+    )(out)
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -381,10 +406,16 @@ class AugmentedConv2D(nn.Module):
       ValueError: at trace time, for a bad field or an input of rank != 4.
     """
     kernel, strides, d_k, d_v = self._check_config()
-    val.check_rank(_OWNER, 'inputs', inputs, (4,),
-                   '[batch, height, width, channels]')
-    conv = nn.Conv(self.features - d_v, kernel, strides, padding='SAME',
-                   use_bias=self.use_bias, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name='conv')(inputs)
+    val.check_rank(_OWNER, 'inputs', inputs, (4,), '[batch, height, width, channels]')
+    conv = nn.Conv(
+        self.features - d_v,
+        kernel,
+        strides,
+        padding='SAME',
+        use_bias=self.use_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='conv',
+    )(inputs)
     attn = self._attention(inputs, strides, d_k, d_v)
     return jnp.concatenate([conv, attn.astype(conv.dtype)], axis=-1)

@@ -133,8 +133,9 @@ _OWNER = 'ContextPool'
 # ----------------------------------------------------------------------------
 
 
-def pool_centres(spatial: Sequence[int], strides: Sequence[int],
-                 window_shape: Sequence[int]) -> list[np.ndarray]:
+def pool_centres(
+    spatial: Sequence[int], strides: Sequence[int], window_shape: Sequence[int]
+) -> list[np.ndarray]:
   """Integer input coordinates of the pooling centres, per spatial axis.
 
   The output has ``ceil(size / stride)`` positions per axis, as
@@ -176,9 +177,13 @@ def squared_distances(q_coords: Sequence[Array], k_coords: Sequence[Array]) -> A
   """Squared Euclidean grid distances ``[Bq, Bk]`` (float32, exact integers)
   between centres and inputs given by their integer grid coordinates (one
   ``[Bq]`` / ``[Bk]`` array per axis, :func:`_grid_coordinates`)."""
-  return functools.reduce(operator.add, [
-      jnp.square(q.astype(jnp.float32)[:, None] - k.astype(jnp.float32)[None, :])
-      for q, k in zip(q_coords, k_coords)])
+  return functools.reduce(
+      operator.add,
+      [
+          jnp.square(q.astype(jnp.float32)[:, None] - k.astype(jnp.float32)[None, :])
+          for q, k in zip(q_coords, k_coords)
+      ],
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -186,8 +191,15 @@ def squared_distances(q_coords: Sequence[Array], k_coords: Sequence[Array]) -> A
 # ----------------------------------------------------------------------------
 
 
-def pooling_sigma(raw_size: Array, valid: Array, *, size_norm: str, causal: bool,
-                  ratio: float, grid_extent: Optional[float]) -> Array:
+def pooling_sigma(
+    raw_size: Array,
+    valid: Array,
+    *,
+    size_norm: str,
+    causal: bool,
+    ratio: float,
+    grid_extent: Optional[float],
+) -> Array:
   """Gaussian standard deviations in token units, ``[batch, n]`` (float32).
 
   ``s`` is the normalised pooling size in [0, 1] (A1):
@@ -264,7 +276,7 @@ def _pair_hash(row_hash: Array, col: Sequence[Array]) -> Array:
 
 def _threshold(prob: float) -> int:
   """uint32 threshold t with P(hash < t) = prob (for prob < 1)."""
-  return min(int(round(prob * 2.0 ** 32)), 2 ** 32 - 1)
+  return min(int(round(prob * 2.0**32)), 2**32 - 1)
 
 
 def _lattice_points(ndim: int, radius_sq: int) -> int:
@@ -292,8 +304,14 @@ def _support_probability(ndim: int, window: int, span: int) -> float:
   return min(1.0, _ball_size(ndim, window) / _ball_size(ndim, span))
 
 
-def _random_support(seed: int, prob: float, span: int, q_coords: Sequence[Array],
-                    k_coords: Sequence[Array], d2: Array) -> Array:
+def _random_support(
+    seed: int,
+    prob: float,
+    span: int,
+    q_coords: Sequence[Array],
+    k_coords: Sequence[Array],
+    d2: Array,
+) -> Array:
   """``'random_sparse'`` support ``[Bq, Bk]`` (bool) for centres and inputs given by
   their grid coordinates (``[Bq]`` and ``[Bk]`` per axis) and squared distances
   ``d2 [Bq, Bk]``: the centre itself, and every input within Euclidean distance
@@ -343,6 +361,7 @@ class PoolRule(NamedTuple):
     support_span: radius of the ``'random_sparse'`` support.
     dropout_rate: dropout on the pooling weights; 0.0 when it is off.
   """
+
   spatial: tuple[int, ...]
   causal: bool
   locality: str
@@ -367,6 +386,7 @@ class Centres(NamedTuple):
     theta: ``[batch, Bq, k]`` non-local queries ``W^theta x_i`` (Eq. 3); None
       unless ``weights='nonlocal'``.
   """
+
   index: Any
   valid: Array
   sigma: Optional[Array] = None
@@ -385,6 +405,7 @@ class Context(NamedTuple):
     phi: ``[batch, Bk, k]`` non-local keys ``W^phi x_j`` (Eq. 3); None unless
       ``weights='nonlocal'``.
   """
+
   index: Any
   valid: Array
   x: Array
@@ -395,6 +416,7 @@ class Context(NamedTuple):
 class PoolInputs(NamedTuple):
   """Every per-call array of one pooling (a pytree): its centres, its inputs and
   ``dropout_seeds [batch]`` uint32 (None: no dropout)."""
+
   centres: Centres
   context: Context
   dropout_seeds: Optional[Array] = None
@@ -414,6 +436,7 @@ class PoolBlock(NamedTuple):
       (bool); else None.
     keep: dropout keep bits (:func:`_dropout_keep`); None without dropout.
   """
+
   logits: Array
   soft_window: Optional[Array]
   allowed: Array
@@ -421,8 +444,9 @@ class PoolBlock(NamedTuple):
   keep: Optional[Array]
 
 
-def pool_block(rule: PoolRule, centres: Centres, context: Context,
-               dropout_seeds: Optional[Array] = None) -> PoolBlock:
+def pool_block(
+    rule: PoolRule, centres: Centres, context: Context, dropout_seeds: Optional[Array] = None
+) -> PoolBlock:
   """The logits and support of Eq. 4 / Eq. 6 for a block of centres x inputs.
 
   ``l_ij = a_j + theta_i . phi_j / sqrt(k) - d(i, j)^2 / (2 sigma_i^2)``, each
@@ -458,9 +482,10 @@ def pool_block(rule: PoolRule, centres: Centres, context: Context,
   if context.log_w is not None:
     terms.append(context.log_w[:, None, :])
   if centres.theta is not None:  # Eq. 3
-    terms.append(jnp.einsum('bmk,bnk->bmn', centres.theta, context.phi,
-                            preferred_element_type=jnp.float32)
-                 / math.sqrt(centres.theta.shape[-1]))
+    terms.append(
+        jnp.einsum('bmk,bnk->bmn', centres.theta, context.phi, preferred_element_type=jnp.float32)
+        / math.sqrt(centres.theta.shape[-1])
+    )
   if rule.locality == 'gaussian':
     terms.append(-d2[None] / (2.0 * jnp.square(sigma) + _MIN_TWO_VARIANCE))
   logits = functools.reduce(operator.add, terms) if terms else jnp.zeros((), jnp.float32)
@@ -471,8 +496,12 @@ def pool_block(rule: PoolRule, centres: Centres, context: Context,
   if rule.locality == 'fixed_window':
     allowed = allowed & (d2 <= float(rule.window) ** 2)[None]
   elif rule.locality == 'random_sparse':
-    allowed = allowed & _random_support(rule.support_seed, rule.support_prob,
-                                        rule.support_span, q_coords, k_coords, d2)[None]
+    allowed = (
+        allowed
+        & _random_support(
+            rule.support_seed, rule.support_prob, rule.support_span, q_coords, k_coords, d2
+        )[None]
+    )
   in_window = soft_window = None
   if rule.locality == 'adaptive_window':
     in_window = d2[None] <= jnp.square(sigma)
@@ -497,8 +526,9 @@ def pool_weights(rule: PoolRule, centres: Centres, context: Context, weights: st
   rule = rule._replace(locality='none', dropout_rate=0.0)
   if weights != 'nonlocal':
     rule = rule._replace(causal=False)
-    centres = Centres(index=np.zeros((1,), np.int32),
-                      valid=jnp.ones((centres.valid.shape[0], 1), bool))
+    centres = Centres(
+        index=np.zeros((1,), np.int32), valid=jnp.ones((centres.valid.shape[0], 1), bool)
+    )
   block = pool_block(rule, centres, context)
   if weights == 'unnormalized':
     w = jnp.where(block.allowed, jnp.exp(block.logits), 0.0)
@@ -512,9 +542,13 @@ def pool_weights(rule: PoolRule, centres: Centres, context: Context, weights: st
 # ----------------------------------------------------------------------------
 
 
-def masked_pool(logits: Array, allowed: Array, *,
-                in_window: Optional[Array] = None,
-                window_ste: Optional[Array] = None) -> Array:
+def masked_pool(
+    logits: Array,
+    allowed: Array,
+    *,
+    in_window: Optional[Array] = None,
+    window_ste: Optional[Array] = None,
+) -> Array:
   """Pooling weights ``p = softmax_n(logits)`` over the allowed positions.
 
   Args:
@@ -561,8 +595,7 @@ def _mask_features(keep: Array, x: Array, fill: Any) -> Array:
 
 def _apply_pool(p: Array, x: Array) -> Array:
   """``[b, m, n] x [b, n, d] -> [b, m, d]`` in x's dtype, accumulated in float32."""
-  y = jnp.einsum('bmn,bnd->bmd', p.astype(x.dtype), x,
-                 preferred_element_type=jnp.float32)
+  y = jnp.einsum('bmn,bnd->bmd', p.astype(x.dtype), x, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
 
 
@@ -582,8 +615,7 @@ def _pool_dense(rule: PoolRule, inputs: PoolInputs) -> Array:
     # its sigmoid edge backward (straight-through), so the radius trains.
     soft = block.soft_window
     window_ste = block.in_window.astype(jnp.float32) + soft - jax.lax.stop_gradient(soft)
-  p = masked_pool(block.logits, block.allowed, in_window=block.in_window,
-                  window_ste=window_ste)
+  p = masked_pool(block.logits, block.allowed, in_window=block.in_window, window_ste=window_ste)
   return _apply_pool(_drop(p, block.keep, rule.dropout_rate), inputs.context.x)
 
 
@@ -598,6 +630,7 @@ class _BlockSpec(NamedTuple):
   ``k_ranges[q]`` is the half-open range of key blocks query block q reads
   (causal: none above the diagonal; fixed window: none out of reach).
   """
+
   rule: PoolRule
   block_q: int
   block_k: int
@@ -620,14 +653,19 @@ def _slice(a: Array, start: Array, size: int, axis: int = 1) -> Array:
 def _positions(t: NamedTuple, start: Array, size: int) -> NamedTuple:
   """Positions ``start .. start + size - 1`` of a :class:`Centres` or
   :class:`Context`: ``index`` along its axis 0, every other array along axis 1."""
-  return type(t)(*(None if a is None else _slice(a, start, size, 0 if name == 'index' else 1)
-                   for name, a in zip(t._fields, t)))
+  return type(t)(
+      *(
+          None if a is None else _slice(a, start, size, 0 if name == 'index' else 1)
+          for name, a in zip(t._fields, t)
+      )
+  )
 
 
 def _pad_positions(t: NamedTuple, size: int, fill: dict[str, float]) -> NamedTuple:
   """A :class:`Centres` or :class:`Context` padded to ``size`` positions:
   ``index`` repeats its last entry, every other array gets ``fill.get(name, 0)``
   (False for ``valid``, so the padding is never pooled)."""
+
   def pad(name, a):
     if a is None:
       return None
@@ -636,20 +674,28 @@ def _pad_positions(t: NamedTuple, size: int, fill: dict[str, float]) -> NamedTup
       return jnp.pad(a, (0, size - a.shape[0]), mode='edge')
     widths = [(0, 0), (0, size - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
     return jnp.pad(a, widths, constant_values=fill.get(name, 0))
+
   return type(t)(*(pad(name, a) for name, a in zip(t._fields, t)))
 
 
-def _differentiable_block(rule: PoolRule, centres: Centres, context: Context,
-                          dropout_seeds: Optional[Array]):
+def _differentiable_block(
+    rule: PoolRule, centres: Centres, context: Context, dropout_seeds: Optional[Array]
+):
   """``jax.vjp`` of :func:`pool_block` in the fields it differentiates:
   ``((logits, soft_window), vjp, (allowed, in_window, keep))``."""
+
   def block(centre_grads, context_grads):
-    out = pool_block(rule, centres._replace(**dict(zip(_CENTRE_GRADS, centre_grads))),
-                     context._replace(**dict(zip(_CONTEXT_GRADS, context_grads))),
-                     dropout_seeds)
+    out = pool_block(
+        rule,
+        centres._replace(**dict(zip(_CENTRE_GRADS, centre_grads))),
+        context._replace(**dict(zip(_CONTEXT_GRADS, context_grads))),
+        dropout_seeds,
+    )
     return (out.logits, out.soft_window), (out.allowed, out.in_window, out.keep)
-  return jax.vjp(block, _fields(centres, _CENTRE_GRADS), _fields(context, _CONTEXT_GRADS),
-                 has_aux=True)
+
+  return jax.vjp(
+      block, _fields(centres, _CENTRE_GRADS), _fields(context, _CONTEXT_GRADS), has_aux=True
+  )
 
 
 def _loop_bounds(spec: _BlockSpec, qb: Array) -> tuple[Any, Any]:
@@ -672,11 +718,19 @@ def _pool_blockwise(rule: PoolRule, block_size: int, inputs: PoolInputs) -> Arra
   m, n = len(centres.index), len(context.index)
   block_q, block_k = min(block_size, m), min(block_size, n)
   m_pad, n_pad = -(-m // block_q) * block_q, -(-n // block_k) * block_k
-  spec = _BlockSpec(rule=rule, block_q=block_q, block_k=block_k,
-                    k_ranges=_key_block_ranges(np.asarray(centres.index), block_q, block_k,
-                                               n_pad // block_k, rule.causal, _reach(rule)))
-  padded = PoolInputs(_pad_positions(centres, m_pad, {'sigma': 1.0}),
-                      _pad_positions(context, n_pad, {}), inputs.dropout_seeds)
+  spec = _BlockSpec(
+      rule=rule,
+      block_q=block_q,
+      block_k=block_k,
+      k_ranges=_key_block_ranges(
+          np.asarray(centres.index), block_q, block_k, n_pad // block_k, rule.causal, _reach(rule)
+      ),
+  )
+  padded = PoolInputs(
+      _pad_positions(centres, m_pad, {'sigma': 1.0}),
+      _pad_positions(context, n_pad, {}),
+      inputs.dropout_seeds,
+  )
   return _blockwise_pool(spec, padded)[:, :m].astype(context.x.dtype)
 
 
@@ -712,25 +766,31 @@ def _blockwise_forward(spec, inputs):
       # min(., 0): XLA may evaluate the logits twice, with different rounding,
       # for the max and for the exponent; a huge transient max (a tiny sigma,
       # before the block holding the centre) must not overflow exp.
-      e = jnp.exp(jnp.where(support, jnp.minimum(block.logits - new_max[..., None], 0.0),
-                            _NEG))
+      e = jnp.exp(jnp.where(support, jnp.minimum(block.logits - new_max[..., None], 0.0), _NEG))
       rescale = jnp.exp(row_max - new_max)
       row_sum = row_sum * rescale + jnp.sum(e, axis=-1)
       e = _drop(e, block.keep, spec.rule.dropout_rate)
       acc = acc * rescale[..., None] + jnp.einsum(
-          'bmn,bnd->bmd', e.astype(k.x.dtype), k.x, preferred_element_type=jnp.float32)
+          'bmn,bnd->bmd', e.astype(k.x.dtype), k.x, preferred_element_type=jnp.float32
+      )
       return new_max, row_sum, acc
 
-    init = (jnp.full((batch, bq), _NEG, jnp.float32), jnp.zeros((batch, bq), jnp.float32),
-            jnp.zeros((batch, bq, features), jnp.float32))
+    init = (
+        jnp.full((batch, bq), _NEG, jnp.float32),
+        jnp.zeros((batch, bq), jnp.float32),
+        jnp.zeros((batch, bq, features), jnp.float32),
+    )
     lo, hi = _loop_bounds(spec, qb)
     row_max, row_sum, acc = jax.lax.fori_loop(lo, hi, key_block, init)
     y = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
     put = lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1)
     return put(y_all, y), put(max_all, row_max), put(sum_all, row_sum)
 
-  init = (jnp.zeros((batch, m_pad, features), jnp.float32),
-          jnp.zeros((batch, m_pad), jnp.float32), jnp.zeros((batch, m_pad), jnp.float32))
+  init = (
+      jnp.zeros((batch, m_pad, features), jnp.float32),
+      jnp.zeros((batch, m_pad), jnp.float32),
+      jnp.zeros((batch, m_pad), jnp.float32),
+  )
   y, row_max, row_sum = jax.lax.fori_loop(0, m_pad // bq, query_block, init)
   return y, (inputs, y, row_max, row_sum)
 
@@ -759,7 +819,8 @@ def _blockwise_backward(spec, residuals, dy):
       k0 = kb * bk
       k = _positions(context, k0, bk)
       (logits, soft), logits_vjp, (allowed, in_window, keep) = _differentiable_block(
-          spec.rule, q, k, dropout_seeds)
+          spec.rule, q, k, dropout_seeds
+      )
       # masked_pool's probabilities, from the final row max and sum. Inside
       # the support logits <= max, so min(., 0) only changes rounding there;
       # outside the hard window it is masked_pool's clamp.
@@ -767,8 +828,9 @@ def _blockwise_backward(spec, residuals, dy):
       ex = jnp.exp(jnp.where(allowed, shifted, _NEG))
       e = ex if in_window is None else jnp.where(in_window, ex, 0.0)
       p = _drop(e / denom_q[..., None], keep, rate)
-      dp = _drop(jnp.einsum('bmd,bnd->bmn', dy_x, k.x, preferred_element_type=jnp.float32),
-                 keep, rate)
+      dp = _drop(
+          jnp.einsum('bmd,bnd->bmn', dy_x, k.x, preferred_element_type=jnp.float32), keep, rate
+      )
       dx = jnp.einsum('bmn,bmd->bnd', p, dy_q)
       # p = e / sum(e): d/de_ij = (dp_ij - delta_i) / sum_i.
       de = (dp - delta_q[..., None]) / denom_q[..., None]
@@ -777,14 +839,15 @@ def _blockwise_backward(spec, residuals, dy):
       dq_blk, dk_blk = logits_vjp((d_logits, d_soft))
       dq = jax.tree.map(lambda a, u: a + u.astype(jnp.float32), dq, dq_blk)
       add = lambda a, u: jax.lax.dynamic_update_slice_in_dim(
-          a, _slice(a, k0, bk) + u.astype(jnp.float32), k0, 1)
+          a, _slice(a, k0, bk) + u.astype(jnp.float32), k0, 1
+      )
       return dq, jax.tree.map(add, dk_all, dk_blk), add(dx_all, dx)
 
     lo, hi = _loop_bounds(spec, qb)
     dq, dk_all, dx_all = jax.lax.fori_loop(
-        lo, hi, key_block, (zeros(_fields(q, _CENTRE_GRADS)), dk_all, dx_all))
-    dq_all = jax.tree.map(lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1),
-                          dq_all, dq)
+        lo, hi, key_block, (zeros(_fields(q, _CENTRE_GRADS)), dk_all, dx_all)
+    )
+    dq_all = jax.tree.map(lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1), dq_all, dq)
     return dq_all, dk_all, dx_all
 
   centre_grads, context_grads = _fields(centres, _CENTRE_GRADS), _fields(context, _CONTEXT_GRADS)
@@ -794,7 +857,8 @@ def _blockwise_backward(spec, residuals, dy):
   # Integer and boolean inputs (positions, validity, dropout seeds) get None.
   d_centres = Centres(None, None)._replace(**dict(zip(_CENTRE_GRADS, cast(dq, centre_grads))))
   d_context = Context(None, None, dx.astype(x.dtype))._replace(
-      **dict(zip(_CONTEXT_GRADS, cast(dk, context_grads))))
+      **dict(zip(_CONTEXT_GRADS, cast(dk, context_grads)))
+  )
   return (PoolInputs(d_centres, d_context, None),)
 
 
@@ -808,11 +872,17 @@ def _reach(rule: PoolRule) -> Optional[int]:
   radius = {'fixed_window': rule.window, 'random_sparse': rule.support_span}.get(rule.locality)
   if radius is None:
     return None
-  return radius * sum(math.prod(rule.spatial[a + 1:]) for a in range(len(rule.spatial)))
+  return radius * sum(math.prod(rule.spatial[a + 1 :]) for a in range(len(rule.spatial)))
 
 
-def _key_block_ranges(q_index: np.ndarray, block_q: int, block_k: int, num_k_blocks: int,
-                      causal: bool, reach: Optional[int]) -> tuple[tuple[int, int], ...]:
+def _key_block_ranges(
+    q_index: np.ndarray,
+    block_q: int,
+    block_k: int,
+    num_k_blocks: int,
+    causal: bool,
+    reach: Optional[int],
+) -> tuple[tuple[int, int], ...]:
   """Static key block range per query block (see :class:`_BlockSpec`).
 
   ``reach``: the largest flat-index distance of a key a query can read (None:
@@ -820,7 +890,7 @@ def _key_block_ranges(q_index: np.ndarray, block_q: int, block_k: int, num_k_blo
   """
   ranges = []
   for start in range(0, len(q_index), block_q):
-    idx = q_index[start:start + block_q]
+    idx = q_index[start : start + block_q]
     lo, hi = 0, num_k_blocks
     if causal:
       hi = min(hi, int(idx.max()) // block_k + 1)
@@ -978,39 +1048,52 @@ class ContextPool(nn.Module):
     v.check_positive(_OWNER, 'window', self.window, integer=True)
     v.check_positive(_OWNER, 'window_softness', self.window_softness)
     if self.random_span is not None and not (
-        isinstance(self.random_span, int) and not isinstance(self.random_span, bool)
-        and self.random_span >= self.window):
-      raise ConfigError(f'{_OWNER}.random_span={self.random_span!r} is invalid; expected '
-                       f'an int >= window ({self.window!r}), or None (4 * window).')
-    v.check_positive(_OWNER, 'nonlocal_features', self.nonlocal_features,
-                     allow_none=True, integer=True)
+        isinstance(self.random_span, int)
+        and not isinstance(self.random_span, bool)
+        and self.random_span >= self.window
+    ):
+      raise ConfigError(
+          f'{_OWNER}.random_span={self.random_span!r} is invalid; expected '
+          f'an int >= window ({self.window!r}), or None (4 * window).'
+      )
+    v.check_positive(
+        _OWNER, 'nonlocal_features', self.nonlocal_features, allow_none=True, integer=True
+    )
     v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
     if not isinstance(self.random_seed, int) or isinstance(self.random_seed, bool):
-      raise ConfigError(f'{_OWNER}.random_seed={self.random_seed!r} is invalid; '
-                       'expected an int.')
+      raise ConfigError(
+          f'{_OWNER}.random_seed={self.random_seed!r} is invalid; ' 'expected an int.'
+      )
     for name in ('residual', 'causal'):
       if not isinstance(getattr(self, name), bool):
-        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
-                         'expected True or False.')
+        raise ConfigError(
+            f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; ' 'expected True or False.'
+        )
 
   def _check_inputs(self, x: Array, mask: Optional[Array]) -> tuple[int, ...]:
     self.check_config()
-    v.check_rank(_OWNER, 'x', x, (3, 4),
-                 '[batch, length, features] or [batch, height, width, features]')
+    v.check_rank(
+        _OWNER, 'x', x, (3, 4), '[batch, length, features] or [batch, height, width, features]'
+    )
     ndim = x.ndim - 2
     strides = v.as_tuple(_OWNER, 'strides', self.strides, ndim)
     if self.window_shape is not None:
       v.as_tuple(_OWNER, 'window_shape', self.window_shape, ndim)
     if self.causal and ndim != 1:
-      raise ConfigError(f'{_OWNER}.causal=True needs a sequence [batch, length, '
-                       f'features]; got a grid of shape {x.shape}. Causal pooling '
-                       'is only defined for 1D sequences.')
+      raise ConfigError(
+          f'{_OWNER}.causal=True needs a sequence [batch, length, '
+          f'features]; got a grid of shape {x.shape}. Causal pooling '
+          'is only defined for 1D sequences.'
+      )
     if self.causal and any(s != 1 for s in strides):
-      raise ConfigError(f'{_OWNER}.strides={self.strides!r} is not allowed with '
-                       'causal=True; allowed: 1.')
+      raise ConfigError(
+          f'{_OWNER}.strides={self.strides!r} is not allowed with ' 'causal=True; allowed: 1.'
+      )
     if mask is not None and tuple(mask.shape) != tuple(x.shape[:-1]):
-      raise ValueError(f'{_OWNER}: mask has shape {tuple(mask.shape)}; expected '
-                       f'x.shape[:-1] = {tuple(x.shape[:-1])} (True = real token).')
+      raise ValueError(
+          f'{_OWNER}: mask has shape {tuple(mask.shape)}; expected '
+          f'x.shape[:-1] = {tuple(x.shape[:-1])} (True = real token).'
+      )
     return strides
 
   # -- m(X) ------------------------------------------------------------------
@@ -1021,14 +1104,18 @@ class ContextPool(nn.Module):
     act = ACTIVATIONS[self.activation]
     valid_sp = valid.reshape(valid.shape[0], *spatial, 1)
     x = _mask_features(valid_sp, x, 0.0)
-    dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype,
-                                     name=name)
+    dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype, name=name)
     if self.mapping == 'cnn':
       k = self.kernel_size
       padding = [(k - 1, 0)] if self.causal else 'SAME'
-      conv = lambda f, name: nn.Conv(f, (k,) * len(spatial), padding=padding,
-                                     dtype=dtype, param_dtype=self.param_dtype,
-                                     name=name)
+      conv = lambda f, name: nn.Conv(
+          f,
+          (k,) * len(spatial),
+          padding=padding,
+          dtype=dtype,
+          param_dtype=self.param_dtype,
+          name=name,
+      )
       h = act(conv(self.hidden_features, 'mapping_conv_0')(x))
       # Zero the hidden map at padded positions too, so that padding behaves
       # exactly like the convolution's own zero padding.
@@ -1043,10 +1130,13 @@ class ContextPool(nn.Module):
       if self.causal:
         attn_mask = attn_mask & jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
       h = nn.MultiHeadDotProductAttention(
-          num_heads=1, qkv_features=self.hidden_features,
-          out_features=self.hidden_features, dtype=dtype,
-          param_dtype=self.param_dtype, name='mapping_attention')(
-              tokens, tokens, mask=attn_mask)
+          num_heads=1,
+          qkv_features=self.hidden_features,
+          out_features=self.hidden_features,
+          dtype=dtype,
+          param_dtype=self.param_dtype,
+          name='mapping_attention',
+      )(tokens, tokens, mask=attn_mask)
       out = dense(channels, 'mapping_dense')(h)
     return out.reshape(batch, math.prod(spatial), channels).astype(jnp.float32)
 
@@ -1068,28 +1158,41 @@ class ContextPool(nn.Module):
     ``spatial``; ``dropout``: whether this call drops pooling weights."""
     span = self.resolved_random_span()
     return PoolRule(
-        spatial=tuple(spatial), causal=self.causal, locality=self.locality,
-        window=self.window, window_softness=float(self.window_softness),
+        spatial=tuple(spatial),
+        causal=self.causal,
+        locality=self.locality,
+        window=self.window,
+        window_softness=float(self.window_softness),
         support_seed=self.random_seed & 0xFFFFFFFF,
-        support_prob=(_support_probability(len(spatial), self.window, span)
-                      if self.locality == 'random_sparse' else 1.0),
-        support_span=span, dropout_rate=float(self.dropout_rate) if dropout else 0.0)
+        support_prob=(
+            _support_probability(len(spatial), self.window, span)
+            if self.locality == 'random_sparse'
+            else 1.0
+        ),
+        support_span=span,
+        dropout_rate=float(self.dropout_rate) if dropout else 0.0,
+    )
 
   @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def __call__(self, x: Array, mask: Optional[Array] = None, deterministic: bool = True) -> Array:
     strides = self._check_inputs(x, mask)
     dtype = self.dtype if self.dtype is not None else jnp.result_type(x)
     x = x.astype(dtype)
     batch, spatial, features = x.shape[0], tuple(x.shape[1:-1]), x.shape[-1]
     ndim, n = len(spatial), math.prod(spatial)
     ratio = self.ratio if self.ratio is not None else DEFAULT_RATIO[ndim]
-    window_shape = (strides if self.window_shape is None else
-                    v.as_tuple(_OWNER, 'window_shape', self.window_shape, ndim))
+    window_shape = (
+        strides
+        if self.window_shape is None
+        else v.as_tuple(_OWNER, 'window_shape', self.window_shape, ndim)
+    )
     implementation = self.resolved_implementation(n)
 
-    valid = (jnp.ones((batch, n), bool) if mask is None
-             else jnp.asarray(mask).reshape(batch, n).astype(bool))
+    valid = (
+        jnp.ones((batch, n), bool)
+        if mask is None
+        else jnp.asarray(mask).reshape(batch, n).astype(bool)
+    )
     tokens = x.reshape(batch, n, features)
 
     centre_axes = pool_centres(spatial, strides, window_shape)
@@ -1112,16 +1215,22 @@ class ContextPool(nn.Module):
     elif self.weights == 'nonlocal':  # Eq. 3
       k = self.nonlocal_features or features
       # Eq. 3: linear maps W^theta x, W^phi x, without bias.
-      proj = lambda name: nn.DenseGeneral(k, use_bias=False, dtype=dtype,
-                                          param_dtype=self.param_dtype, name=name)
+      proj = lambda name: nn.DenseGeneral(
+          k, use_bias=False, dtype=dtype, param_dtype=self.param_dtype, name=name
+      )
       theta = proj('nonlocal_theta')(tokens[:, q_index])
       phi = proj('nonlocal_phi')(tokens)
 
     sigma_q = None
     if uses_size:
-      sigma = pooling_sigma(raw[..., -1], valid, size_norm=self.size_norm,
-                            causal=self.causal, ratio=ratio,
-                            grid_extent=(sum(spatial) / 2 if ndim == 2 else None))
+      sigma = pooling_sigma(
+          raw[..., -1],
+          valid,
+          size_norm=self.size_norm,
+          causal=self.causal,
+          ratio=ratio,
+          grid_extent=(sum(spatial) / 2 if ndim == 2 else None),
+      )
       self.sow('intermediates', 'pool_sigma', sigma.reshape(batch, *spatial))
       sigma_q = sigma[:, q_index]  # [b, m]
 
@@ -1129,10 +1238,12 @@ class ContextPool(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_seeds = jax.random.bits(self.make_rng('dropout'), (batch,), jnp.uint32)
 
-    centres = Centres(index=q_index.astype(np.int32), valid=valid[:, q_index], sigma=sigma_q,
-                      theta=theta)
-    context = Context(index=jnp.arange(n, dtype=jnp.int32), valid=valid, x=tokens,
-                      log_w=log_w, phi=phi)
+    centres = Centres(
+        index=q_index.astype(np.int32), valid=valid[:, q_index], sigma=sigma_q, theta=theta
+    )
+    context = Context(
+        index=jnp.arange(n, dtype=jnp.int32), valid=valid, x=tokens, log_w=log_w, phi=phi
+    )
     rule = self.pool_rule(spatial, dropout=dropout_seeds is not None)
     if self.is_mutable_collection('intermediates'):  # only built when they are sown
       pairwise = out_spatial if self.weights == 'nonlocal' else ()

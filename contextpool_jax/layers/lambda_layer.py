@@ -77,8 +77,9 @@ def normalize_keys(keys: Array) -> Array:
   return jax.nn.softmax(keys.astype(jnp.float32), axis=1).astype(keys.dtype)
 
 
-def content_lambda(keys_normalized: Array, values: Array, *,
-                   precision: PrecisionLike = None) -> Array:
+def content_lambda(
+    keys_normalized: Array, values: Array, *, precision: PrecisionLike = None
+) -> Array:
   """λ^c = Σ_m Σ_u K̄_mku V_mvu (L3, content lambda; sums over |u|).
 
   Args:
@@ -105,13 +106,13 @@ def reachable_table(table: Array, spatial: Sequence[int]) -> tuple[Array, tuple[
     offsets ``-reach .. reach`` per axis, ``reach_i = min(c_i, spatial_i - 1)``.
   """
   reach = tuple(min((t - 1) // 2, s - 1) for t, s in zip(table.shape[:-2], spatial))
-  index = tuple(slice((t - 1) // 2 - r, (t - 1) // 2 + r + 1)
-                for t, r in zip(table.shape[:-2], reach))
+  index = tuple(
+      slice((t - 1) // 2 - r, (t - 1) // 2 + r + 1) for t, r in zip(table.shape[:-2], reach)
+  )
   return table[index], reach
 
 
-def position_lambdas(values: Array, table: Array, *,
-                     precision: PrecisionLike = None) -> Array:
+def position_lambdas(values: Array, table: Array, *, precision: PrecisionLike = None) -> Array:
   """λ^p_n = Σ_m Σ_u R[pos(m) - pos(n)]_ku V_mvu as a convolution (L3).
 
   The sum over m with a translation-invariant E_nm is the cross-correlation
@@ -138,9 +139,13 @@ def position_lambdas(values: Array, table: Array, *,
   kernel_spec = 'HW'[:spatial_rank] + 'IO'
   numbers = lax.conv_dimension_numbers(lhs.shape, kernel.shape, (spec, kernel_spec, spec))
   out = lax.conv_general_dilated(
-      lhs, kernel, window_strides=(1,) * spatial_rank,
-      padding=tuple((r, r) for r in reach), dimension_numbers=numbers,
-      precision=precision)
+      lhs,
+      kernel,
+      window_strides=(1,) * spatial_rank,
+      padding=tuple((r, r) for r in reach),
+      dimension_numbers=numbers,
+      precision=precision,
+  )
   return out.reshape(batch, depth_v, *spatial, out.shape[-1])
 
 
@@ -202,6 +207,7 @@ class LambdaLayer(nn.Module):
     dtype: computation dtype; None infers from inputs and params.
     param_dtype: dtype of the parameters.
   """
+
   out_features: int | None = None
   key_depth: int = 16
   heads: int = 4
@@ -225,8 +231,7 @@ class LambdaLayer(nn.Module):
     val.check_positive(_OWNER, 'key_depth', self.key_depth, integer=True)
     val.check_positive(_OWNER, 'heads', self.heads, integer=True)
     val.check_positive(_OWNER, 'intra_depth', self.intra_depth, integer=True)
-    val.check_positive(_OWNER, 'out_features', self.out_features, integer=True,
-                       allow_none=True)
+    val.check_positive(_OWNER, 'out_features', self.out_features, integer=True, allow_none=True)
     val.check_choice(_OWNER, 'content', self.content, (True, False))
     val.check_choice(_OWNER, 'batch_norm', self.batch_norm, (True, False))
     val.check_probability(_OWNER, 'batch_norm_momentum', self.batch_norm_momentum)
@@ -235,7 +240,8 @@ class LambdaLayer(nn.Module):
       raise ConfigError(
           f"{_OWNER}.content=False with {_OWNER}.position='none' leaves nothing "
           "to compute; enable the content lambda or choose position 'global' or "
-          "'conv'.")
+          "'conv'."
+      )
 
   def _table_shape(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
     """Kernel shape of the relative table for this input (validated)."""
@@ -247,7 +253,8 @@ class LambdaLayer(nn.Module):
       if any(r % 2 == 0 for r in scope):
         raise ConfigError(
             f'{_OWNER}.scope_size={self.scope_size!r} is invalid; expected odd '
-            'positive sizes (the window is centred on the query).')
+            'positive sizes (the window is centred on the query).'
+        )
       return scope
     if self.context_size is not None:
       size = val.as_tuple(_OWNER, 'context_size', self.context_size, rank)
@@ -257,13 +264,16 @@ class LambdaLayer(nn.Module):
     else:
       size = spatial
     if len(size) != rank:
-      raise ValueError(f'{_OWNER}: the global table covers {len(size)} spatial '
-                       f'axes but the input has {rank}.')
+      raise ValueError(
+          f'{_OWNER}: the global table covers {len(size)} spatial '
+          f'axes but the input has {rank}.'
+      )
     if any(s < n for s, n in zip(size, spatial)):
       raise ValueError(
           f'{_OWNER}: input spatial size {spatial} exceeds the global table '
           f'size {size} (context_size={self.context_size!r}); set context_size '
-          'to the largest input, or use position=\'conv\'.')
+          "to the largest input, or use position='conv'."
+      )
     return tuple(2 * s - 1 for s in size)
 
   @nn.compact
@@ -282,8 +292,7 @@ class LambdaLayer(nn.Module):
       ``[batch, length, d_out]`` or ``[batch, height, width, d_out]``.
     """
     self._check_config()
-    val.check_rank(_OWNER, 'x', x, (3, 4),
-                   '[batch, length, d] or [batch, height, width, d]')
+    val.check_rank(_OWNER, 'x', x, (3, 4), '[batch, length, d] or [batch, height, width, d]')
     batch, *spatial, d = x.shape
     spatial = tuple(spatial)
     d_out = d if self.out_features is None else self.out_features
@@ -291,24 +300,37 @@ class LambdaLayer(nn.Module):
       raise ConfigError(
           f'{_OWNER}.heads={self.heads} must divide the output depth '
           f'{d_out} (out_features={self.out_features!r}, input depth {d}); '
-          '|v| = d_out / heads.')
+          '|v| = d_out / heads.'
+      )
     depth_v, depth_k, depth_u = d_out // self.heads, self.key_depth, self.intra_depth
     table_shape = None
     if self.position != 'none':
       table_shape = self._table_shape(spatial)
 
-    default_init = nn.initializers.normal(stddev=d ** -0.5)
+    default_init = nn.initializers.normal(stddev=d**-0.5)
     kernel_init = self.kernel_init or default_init
     dense = lambda features, name: nn.DenseGeneral(
-        features, use_bias=False, kernel_init=kernel_init, dtype=self.dtype,
-        param_dtype=self.param_dtype, precision=self.precision, name=name)
+        features,
+        use_bias=False,
+        kernel_init=kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        precision=self.precision,
+        name=name,
+    )
     norm = lambda name: nn.BatchNorm(
-        use_running_average=not train, axis=(-2, -1),
-        momentum=self.batch_norm_momentum, epsilon=self.batch_norm_epsilon,
-        axis_name=self.bn_axis_name, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        use_running_average=not train,
+        axis=(-2, -1),
+        momentum=self.batch_norm_momentum,
+        epsilon=self.batch_norm_epsilon,
+        axis_name=self.bn_axis_name,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )
 
-    queries = dense((self.heads, depth_k), 'query')(x)      # [b, *s, h, k]
-    values = dense((depth_v, depth_u), 'value')(x)          # [b, *s, v, u]
+    queries = dense((self.heads, depth_k), 'query')(x)  # [b, *s, h, k]
+    values = dense((depth_v, depth_u), 'value')(x)  # [b, *s, v, u]
     if self.batch_norm:
       queries = norm('query_norm')(queries)
       values = norm('value_norm')(values)
@@ -317,20 +339,27 @@ class LambdaLayer(nn.Module):
     q_flat = queries.reshape(batch, num, self.heads, depth_k)
     out = None
     if self.content:
-      keys = dense((depth_k, depth_u), 'key')(x)            # [b, *s, k, u]
+      keys = dense((depth_k, depth_u), 'key')(x)  # [b, *s, k, u]
       keys = normalize_keys(keys.reshape(batch, num, depth_k, depth_u))
       keys, v_flat = nn.dtypes.promote_dtype(
-          keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype)
+          keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype
+      )
       lam_c = content_lambda(keys, v_flat, precision=self.precision)  # [b, k, v]
-      out = jnp.einsum('bkv,bnhk->bnhv', lam_c, q_flat.astype(lam_c.dtype),
-                       precision=self.precision)
+      out = jnp.einsum(
+          'bkv,bnhk->bnhv', lam_c, q_flat.astype(lam_c.dtype), precision=self.precision
+      )
     if self.position != 'none':
-      table = self.param(_EMBEDDING, self.embedding_init or default_init,
-                         (*table_shape, depth_k, depth_u), self.param_dtype)
+      table = self.param(
+          _EMBEDDING,
+          self.embedding_init or default_init,
+          (*table_shape, depth_k, depth_u),
+          self.param_dtype,
+      )
       values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
       lam_p = position_lambdas(values_c, table, precision=self.precision)
-      lam_p = lam_p.reshape(batch, depth_v, num, depth_k)   # [b, v, n, k]
-      out_p = jnp.einsum('bvnk,bnhk->bnhv', lam_p, q_flat.astype(lam_p.dtype),
-                         precision=self.precision)
+      lam_p = lam_p.reshape(batch, depth_v, num, depth_k)  # [b, v, n, k]
+      out_p = jnp.einsum(
+          'bvnk,bnhk->bnhv', lam_p, q_flat.astype(lam_p.dtype), precision=self.precision
+      )
       out = out_p if out is None else out + out_p
     return out.reshape(batch, *spatial, self.heads * depth_v)

@@ -28,11 +28,15 @@ def module_fields(config_cls: type) -> type[nn.Module]:
   ``config_cls``.
   """
   fields = dataclasses.fields(config_cls)
-  taken = [f.name for f in fields
-           if hasattr(nn.Module, f.name) or f.name in ('parent', 'name', 'scope', 'config')]
+  taken = [
+      f.name
+      for f in fields
+      if hasattr(nn.Module, f.name) or f.name in ('parent', 'name', 'scope', 'config')
+  ]
   if taken:
-    raise TypeError(f'{config_cls.__name__}: field name(s) {taken} are nn.Module '
-                    "attributes (or 'config').")
+    raise TypeError(
+        f'{config_cls.__name__}: field name(s) {taken} are nn.Module ' "attributes (or 'config')."
+    )
   if any(f.default_factory is not dataclasses.MISSING for f in fields):
     raise TypeError(f'{config_cls.__name__}: module_fields does not support default_factory.')
   name = f'{config_cls.__name__}Fields'
@@ -44,14 +48,20 @@ def module_fields(config_cls: type) -> type[nn.Module]:
       **{f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
       'config': property(
           lambda self: config_cls(**{f.name: getattr(self, f.name) for f in fields}),
-          doc=f"This module's fields as one frozen :class:`{config_cls.__name__}`."),
+          doc=f"This module's fields as one frozen :class:`{config_cls.__name__}`.",
+      ),
   }
   return type(name, (nn.Module,), namespace)
 
 
-def make_context_pool(context_pool: Optional[Mapping[str, Any]], *,
-                      dtype: Optional[Dtype], param_dtype: Dtype,
-                      name: Optional[str] = None, **defaults: Any) -> Optional[ContextPool]:
+def make_context_pool(
+    context_pool: Optional[Mapping[str, Any]],
+    *,
+    dtype: Optional[Dtype],
+    param_dtype: Dtype,
+    name: Optional[str] = None,
+    **defaults: Any,
+) -> Optional[ContextPool]:
   """A ContextPool built from a model's ``context_pool`` field, or None.
 
   Convention used by every model: ``context_pool=None`` means no ContextPool;
@@ -68,12 +78,16 @@ def make_context_pool(context_pool: Optional[Mapping[str, Any]], *,
   fields = set(ContextPool.__dataclass_fields__) - {'parent', 'name'}
   unknown = sorted(set(overrides) - fields)
   if unknown:
-    raise ConfigError(f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
-                     f'{", ".join(sorted(fields))}.')
+    raise ConfigError(
+        f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
+        f'{", ".join(sorted(fields))}.'
+    )
   for key, value in defaults.items():
     if key in overrides and overrides[key] != value:
-      raise ConfigError(f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
-                       f'which needs {key}={value!r}.')
+      raise ConfigError(
+          f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
+          f'which needs {key}={value!r}.'
+      )
   kwargs = {**defaults, **overrides}
   kwargs.setdefault('dtype', dtype)
   kwargs.setdefault('param_dtype', param_dtype)

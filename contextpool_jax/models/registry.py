@@ -51,8 +51,9 @@ def create(name: str, **overrides: Any) -> nn.Module:
   if name not in table:
     close = difflib.get_close_matches(name, table, n=3)
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
-    raise ConfigError(f'model={name!r} is not registered.{hint} Available: '
-                     f'{", ".join(sorted(table))}.')
+    raise ConfigError(
+        f'model={name!r} is not registered.{hint} Available: ' f'{", ".join(sorted(table))}.'
+    )
   factory = table[name]
   try:
     return factory(**overrides)

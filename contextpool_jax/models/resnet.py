@@ -70,8 +70,9 @@ BOTTLENECK_EXPANSION = 4
 # ----------------------------------------------------------------------------
 
 
-def parse_stage_pattern(pattern: Optional[Union[str, Sequence[str]]],
-                        num_stages: int) -> tuple[str, ...]:
+def parse_stage_pattern(
+    pattern: Optional[Union[str, Sequence[str]]], num_stages: int
+) -> tuple[str, ...]:
   """``'C,C,L,L'`` (or ``'CCLL'``, or a sequence of letters) -> one letter per stage.
 
   None means all convolutions. Raises ValueError for an unknown letter or a
@@ -79,8 +80,11 @@ def parse_stage_pattern(pattern: Optional[Union[str, Sequence[str]]],
   """
   if pattern is None:
     return ('C',) * num_stages
-  letters = (tuple(p.strip() for p in pattern.replace(',', ' ').split())
-             if isinstance(pattern, str) else tuple(pattern))
+  letters = (
+      tuple(p.strip() for p in pattern.replace(',', ' ').split())
+      if isinstance(pattern, str)
+      else tuple(pattern)
+  )
   if len(letters) == 1 and isinstance(pattern, str) and len(letters[0]) > 1:
     letters = tuple(letters[0])  # 'CCLL'
   bad = [p for p in letters if p not in SPATIAL_OPS]
@@ -88,7 +92,8 @@ def parse_stage_pattern(pattern: Optional[Union[str, Sequence[str]]],
     raise ConfigError(
         f'{_OWNER}.stage_pattern={pattern!r} is invalid; expected {num_stages} '
         f'comma-separated letters (one per stage), each one of '
-        f'{", ".join(f"{k!r} ({n})" for k, n in SPATIAL_OPS.items())}.')
+        f'{", ".join(f"{k!r} ({n})" for k, n in SPATIAL_OPS.items())}.'
+    )
   return letters
 
 
@@ -97,13 +102,17 @@ def parse_cp_placement(placement: Union[str, Sequence[str]]) -> tuple[str, ...]:
 
   Raises ValueError for an unknown or empty placement.
   """
-  names = (tuple(p.strip() for p in placement.split(',') if p.strip())
-           if isinstance(placement, str) else tuple(placement))
+  names = (
+      tuple(p.strip() for p in placement.split(',') if p.strip())
+      if isinstance(placement, str)
+      else tuple(placement)
+  )
   bad = [p for p in names if p not in CP_PLACEMENTS]
   if bad or not names:
     raise ConfigError(
         f'{_OWNER}.cp_placement={placement!r} is invalid; expected one or more '
-        f'(comma-separated) of {", ".join(map(repr, CP_PLACEMENTS))}.')
+        f'(comma-separated) of {", ".join(map(repr, CP_PLACEMENTS))}.'
+    )
   return tuple(p for p in CP_PLACEMENTS if p in names)
 
 
@@ -112,8 +121,9 @@ def round_to_multiple(value: float, multiple: int) -> int:
   return max(1, round(value / multiple)) * multiple
 
 
-def augmented_depths(features: int, key_ratio: float, value_ratio: float,
-                     heads: int, min_key_depth_per_head: int) -> tuple[int, int]:
+def augmented_depths(
+    features: int, key_ratio: float, value_ratio: float, heads: int, min_key_depth_per_head: int
+) -> tuple[int, int]:
   """(d_k, d_v) of an attention-augmented 3x3 convolution with ``features`` outputs.
 
   Bello et al. (ICCV 2019, Sec. 4.2) use kappa = 2 nu = 0.2 "and a minimum of
@@ -130,7 +140,8 @@ def augmented_depths(features: int, key_ratio: float, value_ratio: float,
     raise ConfigError(
         f'{_OWNER}.aa_value_ratio={value_ratio!r} is invalid for a layer with '
         f'{features} channels and aa_heads={heads}: d_v = {d_v} leaves the '
-        'convolution no channel; lower aa_value_ratio or aa_heads, or raise width.')
+        'convolution no channel; lower aa_value_ratio or aa_heads, or raise width.'
+    )
   return d_k, d_v
 
 
@@ -143,8 +154,10 @@ def zero_pad_shortcut(x: Array, features: int, strides: int) -> Array:
   x = x[:, ::strides, ::strides, :]
   extra = features - x.shape[-1]
   if extra < 0:
-    raise ConfigError(f"{_OWNER}.shortcut='A' cannot reduce channels "
-                     f'({x.shape[-1]} -> {features}); use shortcut=\'B\'.')
+    raise ConfigError(
+        f"{_OWNER}.shortcut='A' cannot reduce channels "
+        f"({x.shape[-1]} -> {features}); use shortcut='B'."
+    )
   return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra))) if extra else x
 
 
@@ -199,6 +212,7 @@ class ResNetConfig:
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
   """
+
   stage_sizes: Sequence[int]
   block: str = 'bottleneck'
   stem: str = 'imagenet'
@@ -237,11 +251,15 @@ class ResNetConfig:
   def check(self) -> tuple[str, ...]:
     """Raises ConfigError for any invalid field; returns the stage pattern (a letter per stage)."""
     sizes = self.stage_sizes
-    if (not isinstance(sizes, (tuple, list)) or not sizes
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                   for n in sizes)):
-      raise ConfigError(f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
-                       'non-empty sequence of positive ints.')
+    if (
+        not isinstance(sizes, (tuple, list))
+        or not sizes
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)
+    ):
+      raise ConfigError(
+          f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
+          'non-empty sequence of positive ints.'
+      )
     v.check_choice(_OWNER, 'block', self.block, BLOCKS)
     v.check_choice(_OWNER, 'stem', self.stem, STEMS)
     v.check_choice(_OWNER, 'shortcut', self.shortcut, SHORTCUTS)
@@ -249,61 +267,98 @@ class ResNetConfig:
     v.check_choice(_OWNER, 'lambda_position', self.lambda_position, LAMBDA_POSITIONS)
     v.check_choice(_OWNER, 'aa_position', self.aa_position, AA_POSITIONS)
     v.check_choice(_OWNER, 'aa_downsample', self.aa_downsample, AA_DOWNSAMPLES)
-    for name in ('width', 'num_classes', 'lambda_key_depth', 'lambda_heads',
-                 'lambda_intra_depth', 'lambda_pool_size', 'aa_heads'):
+    for name in (
+        'width',
+        'num_classes',
+        'lambda_key_depth',
+        'lambda_heads',
+        'lambda_intra_depth',
+        'lambda_pool_size',
+        'aa_heads',
+    ):
       v.check_positive(_OWNER, name, getattr(self, name), integer=True)
-    v.check_positive(_OWNER, 'aa_min_key_depth_per_head', self.aa_min_key_depth_per_head,
-                     integer=True, allow_zero=True)
-    if self.lambda_scope_size is None or not isinstance(self.lambda_scope_size, int) \
-        or self.lambda_scope_size <= 0 or self.lambda_scope_size % 2 == 0:
-      raise ConfigError(f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
-                       'invalid; expected an odd positive int.')
+    v.check_positive(
+        _OWNER,
+        'aa_min_key_depth_per_head',
+        self.aa_min_key_depth_per_head,
+        integer=True,
+        allow_zero=True,
+    )
+    if (
+        self.lambda_scope_size is None
+        or not isinstance(self.lambda_scope_size, int)
+        or self.lambda_scope_size <= 0
+        or self.lambda_scope_size % 2 == 0
+    ):
+      raise ConfigError(
+          f'{_OWNER}.lambda_scope_size={self.lambda_scope_size!r} is '
+          'invalid; expected an odd positive int.'
+      )
     for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
       v.check_positive(_OWNER, name, getattr(self, name))
     v.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
     for name in ('zero_init_residual', 'remat'):
       v.check_choice(_OWNER, name, getattr(self, name), (True, False))
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
-                       'expected None or a mapping of ContextPool fields.')
+      raise ConfigError(
+          f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+          'expected None or a mapping of ContextPool fields.'
+      )
     pattern = parse_stage_pattern(self.stage_pattern, len(sizes))
     placement = parse_cp_placement(self.cp_placement)
-    if (self.context_pool is not None and 'stem_pool' in placement
-        and self.stem != 'imagenet'):
-      raise ConfigError(f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
-                       f"needs stem='imagenet' (stem={self.stem!r} has no pooling); "
-                       "allowed here: 'downsample', 'global_pool'.")
+    if self.context_pool is not None and 'stem_pool' in placement and self.stem != 'imagenet':
+      raise ConfigError(
+          f"{_OWNER}.cp_placement={self.cp_placement!r}: 'stem_pool' "
+          f"needs stem='imagenet' (stem={self.stem!r} has no pooling); "
+          "allowed here: 'downsample', 'global_pool'."
+      )
     return pattern
 
 
-def _norm(o: ResNetConfig, train: bool, *, zero: bool = False,
-          name: Optional[str] = None) -> nn.BatchNorm:
-  return nn.BatchNorm(use_running_average=not train, momentum=o.bn_momentum,
-                      epsilon=o.bn_epsilon, axis_name=o.bn_axis_name, dtype=o.dtype,
-                      param_dtype=o.param_dtype,
-                      scale_init=nn.initializers.zeros if zero else nn.initializers.ones,
-                      name=name)
+def _norm(
+    o: ResNetConfig, train: bool, *, zero: bool = False, name: Optional[str] = None
+) -> nn.BatchNorm:
+  return nn.BatchNorm(
+      use_running_average=not train,
+      momentum=o.bn_momentum,
+      epsilon=o.bn_epsilon,
+      axis_name=o.bn_axis_name,
+      dtype=o.dtype,
+      param_dtype=o.param_dtype,
+      scale_init=nn.initializers.zeros if zero else nn.initializers.ones,
+      name=name,
+  )
 
 
-def _conv(o: ResNetConfig, features: int, kernel: int, strides: int = 1, *,
-          name: Optional[str] = None) -> nn.Conv:
+def _conv(
+    o: ResNetConfig, features: int, kernel: int, strides: int = 1, *, name: Optional[str] = None
+) -> nn.Conv:
   """Bias-free convolution with symmetric ``kernel // 2`` padding (output centres
   at ``(s i, s j)``, as the shortcut and the pooling replacements)."""
   pad = kernel // 2
-  return nn.Conv(features, (kernel, kernel), (strides, strides),
-                 padding=((pad, pad), (pad, pad)), use_bias=False,
-                 kernel_init=conv_initializer(o.conv_init_mode), dtype=o.dtype,
-                 param_dtype=o.param_dtype, name=name)
+  return nn.Conv(
+      features,
+      (kernel, kernel),
+      (strides, strides),
+      padding=((pad, pad), (pad, pad)),
+      use_bias=False,
+      kernel_init=conv_initializer(o.conv_init_mode),
+      dtype=o.dtype,
+      param_dtype=o.param_dtype,
+      name=name,
+  )
 
 
 def _context_pool(o: ResNetConfig, strides: int, name: str):
   """ContextPool replacing a pooling of stride ``strides`` (centres ``(s i, s j)``)."""
-  return make_context_pool(o.context_pool, dtype=o.dtype, param_dtype=o.param_dtype,
-                           name=name, strides=strides)
+  return make_context_pool(
+      o.context_pool, dtype=o.dtype, param_dtype=o.param_dtype, name=name, strides=strides
+  )
 
 
-def spatial_op(o: ResNetConfig, kind: str, x: Array, features: int, strides: int,
-               train: bool, name: str) -> Array:
+def spatial_op(
+    o: ResNetConfig, kind: str, x: Array, features: int, strides: int, train: bool, name: str
+) -> Array:
   """The block's 3x3 operation: ``'C'`` conv, ``'L'`` lambda layer, ``'A'`` AA conv.
 
   Must be called from a compact method (the submodule binds to the caller).
@@ -316,29 +371,50 @@ def spatial_op(o: ResNetConfig, kind: str, x: Array, features: int, strides: int
   if kind == 'C':
     return _conv(o, features, 3, strides, name=name)(x)
   if kind == 'L':
-    y = LambdaLayer(out_features=features, key_depth=o.lambda_key_depth,
-                    heads=o.lambda_heads, intra_depth=o.lambda_intra_depth,
-                    position=o.lambda_position, scope_size=o.lambda_scope_size,
-                    batch_norm_momentum=o.bn_momentum, batch_norm_epsilon=o.bn_epsilon,
-                    bn_axis_name=o.bn_axis_name,
-                    dtype=o.dtype, param_dtype=o.param_dtype, name=name)(x, train=train)
+    y = LambdaLayer(
+        out_features=features,
+        key_depth=o.lambda_key_depth,
+        heads=o.lambda_heads,
+        intra_depth=o.lambda_intra_depth,
+        position=o.lambda_position,
+        scope_size=o.lambda_scope_size,
+        batch_norm_momentum=o.bn_momentum,
+        batch_norm_epsilon=o.bn_epsilon,
+        bn_axis_name=o.bn_axis_name,
+        dtype=o.dtype,
+        param_dtype=o.param_dtype,
+        name=name,
+    )(x, train=train)
     if strides > 1:
       k = o.lambda_pool_size
-      y = nn.avg_pool(y, (k, k), (strides, strides),
-                      padding=((k // 2, k // 2), (k // 2, k // 2)),
-                      count_include_pad=False)
+      y = nn.avg_pool(
+          y,
+          (k, k),
+          (strides, strides),
+          padding=((k // 2, k // 2), (k // 2, k // 2)),
+          count_include_pad=False,
+      )
     return y
-  d_k, d_v = augmented_depths(features, o.aa_key_ratio, o.aa_value_ratio, o.aa_heads,
-                              o.aa_min_key_depth_per_head)
-  return AugmentedConv2D(features, (3, 3), strides, key_ratio=d_k / features,
-                         value_ratio=d_v / features, num_heads=o.aa_heads,
-                         position=o.aa_position, attention_downsample=o.aa_downsample,
-                         use_bias=False, dtype=o.dtype, param_dtype=o.param_dtype,
-                         name=name)(x)
+  d_k, d_v = augmented_depths(
+      features, o.aa_key_ratio, o.aa_value_ratio, o.aa_heads, o.aa_min_key_depth_per_head
+  )
+  return AugmentedConv2D(
+      features,
+      (3, 3),
+      strides,
+      key_ratio=d_k / features,
+      value_ratio=d_v / features,
+      num_heads=o.aa_heads,
+      position=o.aa_position,
+      attention_downsample=o.aa_downsample,
+      use_bias=False,
+      dtype=o.dtype,
+      param_dtype=o.param_dtype,
+      name=name,
+  )(x)
 
 
-def _shortcut(o: ResNetConfig, x: Array, features: int, strides: int,
-              train: bool) -> Array:
+def _shortcut(o: ResNetConfig, x: Array, features: int, strides: int, train: bool) -> Array:
   """Identity, or option A (zero-pad) / option B (1x1 projection + BN) on a change."""
   if strides == 1 and x.shape[-1] == features:
     return x
@@ -361,6 +437,7 @@ class BasicBlock(nn.Module):
   ``ContextPool(strides)`` and runs the first 3x3 operation at stride 1; the
   shortcut is unchanged.
   """
+
   features: int
   strides: int
   kind: str
@@ -389,6 +466,7 @@ class BottleneckBlock(nn.Module):
   ``ContextPool(strides)`` in front of the 3x3 operation, which runs at stride
   1; the shortcut (1x1 projection with stride) is unchanged.
   """
+
   features: int  # bottleneck width; the block outputs 4 * features
   strides: int
   kind: str
@@ -519,14 +597,12 @@ class ResNet(module_fields(ResNetConfig)):
     for i, (num_blocks, kind) in enumerate(zip(o.stage_sizes, pattern)):
       for j in range(num_blocks):
         strides = 2 if i > 0 and j == 0 else 1
-        x = block_cls(o.width * 2 ** i, strides, kind, o,
-                      name=f'stage_{i}_block_{j}')(x, train)
+        x = block_cls(o.width * 2**i, strides, kind, o, name=f'stage_{i}_block_{j}')(x, train)
 
     if 'global_pool' in o.cp_at:
       x = _context_pool(o, 1, 'head_context_pool')(x, deterministic=not train)
     x = jnp.mean(x, axis=(1, 2))
-    x = nn.Dense(o.num_classes, dtype=o.dtype, param_dtype=o.param_dtype,
-                 name='head')(x)
+    x = nn.Dense(o.num_classes, dtype=o.dtype, param_dtype=o.param_dtype, name='head')(x)
     return x.astype(jnp.float32)
 
 
@@ -534,33 +610,47 @@ class ResNet(module_fields(ResNetConfig)):
 # Registry presets.
 # ----------------------------------------------------------------------------
 
-_CIFAR = dict(block='basic', stem='cifar', width=16, num_classes=10, shortcut='A',
-              cp_placement='global_pool')
-_IMAGENET = dict(block='bottleneck', stem='imagenet', width=64, num_classes=1000,
-                 shortcut='B', cp_placement='stem_pool,downsample')
+_CIFAR = dict(
+    block='basic', stem='cifar', width=16, num_classes=10, shortcut='A', cp_placement='global_pool'
+)
+_IMAGENET = dict(
+    block='bottleneck',
+    stem='imagenet',
+    width=64,
+    num_classes=1000,
+    shortcut='B',
+    cp_placement='stem_pool,downsample',
+)
 
 # CIFAR depth -> blocks per stage (6n + 2 layers; 46 = 44 + one stage-2 block).
-CIFAR_STAGE_SIZES = {20: (3, 3, 3), 32: (5, 5, 5), 44: (7, 7, 7), 46: (7, 8, 7),
-                     56: (9, 9, 9)}
+CIFAR_STAGE_SIZES = {20: (3, 3, 3), 32: (5, 5, 5), 44: (7, 7, 7), 46: (7, 8, 7), 56: (9, 9, 9)}
 IMAGENET_STAGE_SIZES = {34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 MODELS: dict[str, Callable[..., nn.Module]] = {}
 for _depth, _sizes in CIFAR_STAGE_SIZES.items():
   MODELS[f'resnet{_depth}'] = functools.partial(ResNet, stage_sizes=_sizes, **_CIFAR)
-  MODELS[f'cp_resnet{_depth}'] = functools.partial(ResNet, stage_sizes=_sizes,
-                                                   context_pool={}, **_CIFAR)
+  MODELS[f'cp_resnet{_depth}'] = functools.partial(
+      ResNet, stage_sizes=_sizes, context_pool={}, **_CIFAR
+  )
 for _depth in (50, 101):
   _sizes = IMAGENET_STAGE_SIZES[_depth]
   MODELS[f'resnet{_depth}'] = functools.partial(ResNet, stage_sizes=_sizes, **_IMAGENET)
-  MODELS[f'cp_resnet{_depth}'] = functools.partial(ResNet, stage_sizes=_sizes,
-                                                   context_pool={}, **_IMAGENET)
+  MODELS[f'cp_resnet{_depth}'] = functools.partial(
+      ResNet, stage_sizes=_sizes, context_pool={}, **_IMAGENET
+  )
 MODELS['lambda_resnet50'] = functools.partial(
-    ResNet, stage_sizes=IMAGENET_STAGE_SIZES[50], stage_pattern='L,L,L,L', **_IMAGENET)
+    ResNet, stage_sizes=IMAGENET_STAGE_SIZES[50], stage_pattern='L,L,L,L', **_IMAGENET
+)
 # AA-ResNet-34 without the 20-dimensions-per-head minimum: with it the model
 # has 22.2M parameters, and the paper's 20.7M is out of reach (see ResNet).
 MODELS['aa_resnet34'] = functools.partial(
-    ResNet, stage_sizes=IMAGENET_STAGE_SIZES[34], stage_pattern='C,A,A,A',
-    aa_min_key_depth_per_head=0, **{**_IMAGENET, 'block': 'basic'})
+    ResNet,
+    stage_sizes=IMAGENET_STAGE_SIZES[34],
+    stage_pattern='C,A,A,A',
+    aa_min_key_depth_per_head=0,
+    **{**_IMAGENET, 'block': 'basic'},
+)
 MODELS['aa_resnet50'] = functools.partial(
-    ResNet, stage_sizes=IMAGENET_STAGE_SIZES[50], stage_pattern='C,A,A,A', **_IMAGENET)
+    ResNet, stage_sizes=IMAGENET_STAGE_SIZES[50], stage_pattern='C,A,A,A', **_IMAGENET
+)
 del _depth, _sizes

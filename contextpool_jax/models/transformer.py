@@ -78,7 +78,7 @@ def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
   div = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(10000.0) / dim))
   pe = np.zeros((length, dim), np.float32)
   pe[:, 0::2] = np.sin(position * div)
-  pe[:, 1::2] = np.cos(position * div)[:, :dim // 2]
+  pe[:, 1::2] = np.cos(position * div)[:, : dim // 2]
   return pe
 
 
@@ -152,18 +152,26 @@ class TransformerConfig:
     """Raises ConfigError naming ``owner.field`` for an invalid value."""
     v.check_choice(owner, 'attention', self.attention, ATTENTIONS)
     v.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
-    v.check_choice(owner, 'context_pool_position', self.context_pool_position,
-                   CONTEXT_POOL_POSITIONS)
-    for field in ('vocab_size', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads',
-                  'local_window', 'max_area_width'):
+    v.check_choice(
+        owner, 'context_pool_position', self.context_pool_position, CONTEXT_POOL_POSITIONS
+    )
+    for field in (
+        'vocab_size',
+        'num_layers',
+        'emb_dim',
+        'mlp_dim',
+        'num_heads',
+        'local_window',
+        'max_area_width',
+    ):
       v.check_positive(owner, field, getattr(self, field), integer=True)
-    v.check_positive(owner, 'num_area_layers', self.num_area_layers, integer=True,
-                     allow_zero=True)
+    v.check_positive(owner, 'num_area_layers', self.num_area_layers, integer=True, allow_zero=True)
     v.check_probability(owner, 'dropout_rate', self.dropout_rate)
     v.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
     if self.emb_dim % self.num_heads:
-      raise ConfigError(f'{owner}.num_heads={self.num_heads!r} does not divide '
-                        f'emb_dim={self.emb_dim!r}.')
+      raise ConfigError(
+          f'{owner}.num_heads={self.num_heads!r} does not divide ' f'emb_dim={self.emb_dim!r}.'
+      )
 
 
 class MultiHeadAttention(nn.Module):
@@ -187,23 +195,35 @@ class MultiHeadAttention(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
-               deterministic: bool) -> Array:
+  def __call__(
+      self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array], deterministic: bool
+  ) -> Array:
     cfg = self.config
     features = inputs_q.shape[-1]
     if self.kind == 'area':
       return AreaAttention(
-          num_heads=cfg.num_heads, max_area_width=cfg.max_area_width,
-          key_mode=cfg.area_key_mode, causal=self.causal,
-          dropout_rate=cfg.attention_dropout_rate, dtype=cfg.dtype,
-          param_dtype=cfg.param_dtype, name='area')(inputs_q, inputs_kv, mask, deterministic)
+          num_heads=cfg.num_heads,
+          max_area_width=cfg.max_area_width,
+          key_mode=cfg.area_key_mode,
+          causal=self.causal,
+          dropout_rate=cfg.attention_dropout_rate,
+          dtype=cfg.dtype,
+          param_dtype=cfg.param_dtype,
+          name='area',
+      )(inputs_q, inputs_kv, mask, deterministic)
     if features % cfg.num_heads:
-      raise ConfigError(f'MultiHeadAttention: features={features} is not divisible by '
-                        f'num_heads={cfg.num_heads}.')
+      raise ConfigError(
+          f'MultiHeadAttention: features={features} is not divisible by '
+          f'num_heads={cfg.num_heads}.'
+      )
     head_dim = features // cfg.num_heads
-    dense = functools.partial(nn.DenseGeneral, features=(cfg.num_heads, head_dim),
-                              dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              kernel_init=_KERNEL_INIT)
+    dense = functools.partial(
+        nn.DenseGeneral,
+        features=(cfg.num_heads, head_dim),
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_KERNEL_INIT,
+    )
     q = dense(name='query')(inputs_q)
     k = dense(name='key')(inputs_kv)
     val = dense(name='value')(inputs_kv)
@@ -219,9 +239,14 @@ class MultiHeadAttention(nn.Module):
       y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
     else:
       y = jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=window)
-    return nn.DenseGeneral(features, axis=(-2, -1), dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, kernel_init=_KERNEL_INIT,
-                           name='out')(y)
+    return nn.DenseGeneral(
+        features,
+        axis=(-2, -1),
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_KERNEL_INIT,
+        name='out',
+    )(y)
 
 
 def _attention_with_dropout(q, k, val, mask, window, rate, rng):
@@ -251,8 +276,9 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              kernel_init=_KERNEL_INIT)
+    dense = functools.partial(
+        nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=_KERNEL_INIT
+    )
     h = nn.relu(dense(cfg.mlp_dim, name='wi')(x))
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
     return dense(x.shape[-1], name='wo')(h)
@@ -291,20 +317,30 @@ class TransformerLayer(nn.Module):
     return MultiHeadAttention(self.config, kind=kind, causal=causal, name=name)
 
   @nn.compact
-  def __call__(self, x: Array, x_valid: Array, memory: Optional[Array] = None,
-               memory_valid: Optional[Array] = None) -> Array:
+  def __call__(
+      self,
+      x: Array,
+      x_valid: Array,
+      memory: Optional[Array] = None,
+      memory_valid: Optional[Array] = None,
+  ) -> Array:
     cfg = self.config
     norm = functools.partial(nn.LayerNorm, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
     drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
 
-    pool = make_context_pool(cfg.context_pool, dtype=cfg.dtype,
-                             param_dtype=cfg.param_dtype, name='context_pool',
-                             **({'causal': True} if self.causal else {}))
+    pool = make_context_pool(
+        cfg.context_pool,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        name='context_pool',
+        **({'causal': True} if self.causal else {}),
+    )
     h = norm(name='self_attention_norm')(x)
     if pool is not None and cfg.context_pool_position == 'attention_input':
       h = pool(h, x_valid, self.deterministic)  # attention reads pooled features
     h = self.make_attention(self.attention_kind, self.causal, 'self_attention')(
-        h, h, padding_mask(x_valid, x_valid), self.deterministic)
+        h, h, padding_mask(x_valid, x_valid), self.deterministic
+    )
     x = x + drop(h)
     if memory is not None:
       # Encoder-decoder attention: area over the source when attention='area';
@@ -312,7 +348,8 @@ class TransformerLayer(nn.Module):
       kind = 'area' if self.attention_kind == 'area' else 'standard'
       h = norm(name='cross_attention_norm')(x)
       h = self.make_attention(kind, False, 'cross_attention')(
-          h, memory, padding_mask(x_valid, memory_valid), self.deterministic)
+          h, memory, padding_mask(x_valid, memory_valid), self.deterministic
+      )
       x = x + drop(h)
     h = norm(name='mlp_norm')(x)
     h = FeedForward(cfg, self.deterministic, name='mlp')(h)
@@ -352,8 +389,14 @@ class TransformerStack(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, valid: Array, memory: Optional[Array] = None,
-               memory_valid: Optional[Array] = None, train: bool = False) -> Array:
+  def __call__(
+      self,
+      x: Array,
+      valid: Array,
+      memory: Optional[Array] = None,
+      memory_valid: Optional[Array] = None,
+      train: bool = False,
+  ) -> Array:
     cfg = self.config
     layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
     layer = functools.partial(layer_cls, cfg, causal=self.causal, deterministic=not train)
@@ -365,11 +408,15 @@ class TransformerStack(nn.Module):
     rest = cfg.num_layers - num_area
     if cfg.scan_layers and rest > 1:
       scanned = nn.scan(
-          _ScanBody, variable_axes={'params': 0, 'intermediates': 0},
+          _ScanBody,
+          variable_axes={'params': 0, 'intermediates': 0},
           split_rngs={'params': True, 'dropout': True},
-          in_axes=(nn.broadcast,) * len(args), length=rest)
-      x, _ = scanned(functools.partial(layer, attention_kind=rest_kind),
-                     name='scanned_layers')(x, *args)
+          in_axes=(nn.broadcast,) * len(args),
+          length=rest,
+      )
+      x, _ = scanned(functools.partial(layer, attention_kind=rest_kind), name='scanned_layers')(
+          x, *args
+      )
     else:
       for i in range(num_area, cfg.num_layers):
         x = layer(attention_kind=rest_kind, name=f'layer_{i}')(x, *args)
@@ -390,8 +437,13 @@ class _Embedder(nn.Module):
   def setup(self):
     cfg = self.config
     self.embedding = nn.Embed(
-        cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        embedding_init=nn.initializers.normal(stddev=cfg.emb_dim ** -0.5), name='embedding')
+        cfg.vocab_size,
+        cfg.emb_dim,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=cfg.emb_dim**-0.5),
+        name='embedding',
+    )
 
   def __call__(self, tokens: Array) -> Array:
     d = self.config.emb_dim
@@ -435,8 +487,9 @@ class Transformer(_TransformerFields):
     x = self.embedding_dropout(self.embedder(inputs), deterministic=not train)
     return self.encoder(x, inputs != 0, train=train)
 
-  def decode(self, encoded: Array, inputs: Array, decoder_inputs: Array,
-             train: bool = False) -> Array:
+  def decode(
+      self, encoded: Array, inputs: Array, decoder_inputs: Array, train: bool = False
+  ) -> Array:
     """Logits ``[batch, len, vocab]`` (float32) for every decoder input position.
 
     Every decoder input is a real token (the BOS at position 0 has id 0);
@@ -478,9 +531,9 @@ class TransformerLM(_TransformerFields):
     embedder = _Embedder(config, name='embedder')
     x = nn.Dropout(config.dropout_rate)(embedder(tokens), deterministic=not train)
     x = TransformerStack(config, causal=True, name='decoder')(
-        x, jnp.ones(tokens.shape, bool), train=train)
+        x, jnp.ones(tokens.shape, bool), train=train
+    )
     return embedder.attend(x)
-
 
 
 # ----------------------------------------------------------------------------
@@ -497,11 +550,10 @@ NMT_PRESETS = {  # Li et al. (2019), Sec. 4.1.
 MODELS: dict[str, Callable[..., nn.Module]] = {}
 for _size, _preset in NMT_PRESETS.items():
   MODELS[f'transformer_{_size}'] = functools.partial(Transformer, **_preset)
-  MODELS[f'cp_transformer_{_size}'] = functools.partial(Transformer, context_pool={},
-                                                        **_preset)
-  MODELS[f'area_transformer_{_size}'] = functools.partial(Transformer, attention='area',
-                                                          **_preset)
-  MODELS[f'local_transformer_{_size}'] = functools.partial(Transformer, attention='local',
-                                                           **_preset)
+  MODELS[f'cp_transformer_{_size}'] = functools.partial(Transformer, context_pool={}, **_preset)
+  MODELS[f'area_transformer_{_size}'] = functools.partial(Transformer, attention='area', **_preset)
+  MODELS[f'local_transformer_{_size}'] = functools.partial(
+      Transformer, attention='local', **_preset
+  )
 MODELS['transformer_lm'] = TransformerLM
 MODELS['cp_transformer_lm'] = functools.partial(TransformerLM, context_pool={})

@@ -40,8 +40,16 @@ Dtype = Any
 
 CLASSIFIERS = ('token', 'gap')
 POOL_POSITIONS = ('block', 'attention')
-POSEMB_RESIZE_METHODS = (None, 'nearest', 'linear', 'bilinear', 'cubic', 'bicubic',
-                         'lanczos3', 'lanczos5')
+POSEMB_RESIZE_METHODS = (
+    None,
+    'nearest',
+    'linear',
+    'bilinear',
+    'cubic',
+    'bicubic',
+    'lanczos3',
+    'lanczos5',
+)
 
 _OWNER = 'ViT'
 # Name of the stacked (nn.scan) parameters of the identical blocks.
@@ -63,8 +71,9 @@ def block_name(i: int) -> str:
 # ----------------------------------------------------------------------------
 
 
-def num_pooled_layers(num_layers: int, context_pool: Optional[Mapping[str, Any]],
-                      context_pool_last: bool) -> int:
+def num_pooled_layers(
+    num_layers: int, context_pool: Optional[Mapping[str, Any]], context_pool_last: bool
+) -> int:
   """How many blocks (the first ones) carry a ContextPool.
 
   Every block that is followed by another attention block (the paper's "for
@@ -76,8 +85,9 @@ def num_pooled_layers(num_layers: int, context_pool: Optional[Mapping[str, Any]]
   return num_layers if context_pool_last else num_layers - 1
 
 
-def num_scanned_layers(num_layers: int, context_pool: Optional[Mapping[str, Any]],
-                       context_pool_last: bool) -> int:
+def num_scanned_layers(
+    num_layers: int, context_pool: Optional[Mapping[str, Any]], context_pool_last: bool
+) -> int:
   """How many leading blocks ``scan_layers=True`` stacks into one ``nn.scan``.
 
   All blocks are identical without ContextPool (or with ``context_pool_last``);
@@ -88,8 +98,13 @@ def num_scanned_layers(num_layers: int, context_pool: Optional[Mapping[str, Any]
   return num_layers if pooled in (0, num_layers) else pooled
 
 
-def resize_posemb(posemb: Array, old_grid: tuple[int, int], new_grid: tuple[int, int],
-                  num_prefix: int, method: str) -> Array:
+def resize_posemb(
+    posemb: Array,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix: int,
+    method: str,
+) -> Array:
   """Resizes learned position embeddings to another patch grid.
 
   Args:
@@ -113,8 +128,13 @@ def resize_posemb(posemb: Array, old_grid: tuple[int, int], new_grid: tuple[int,
   return jnp.concatenate([prefix, grid], axis=1)
 
 
-def pool_patch_tokens(pool: Callable[..., Array], x: Array, grid: tuple[int, int],
-                      num_prefix: int, deterministic: bool) -> Array:
+def pool_patch_tokens(
+    pool: Callable[..., Array],
+    x: Array,
+    grid: tuple[int, int],
+    num_prefix: int,
+    deterministic: bool,
+) -> Array:
   """Applies ContextPool to the patch tokens as a 2D grid; prefix tokens pass through.
 
   Args:
@@ -134,8 +154,9 @@ def pool_patch_tokens(pool: Callable[..., Array], x: Array, grid: tuple[int, int
   return jnp.concatenate([prefix, pooled], axis=1)
 
 
-def stack_block_params(params: Mapping[str, Any], num_layers: int,
-                       num_scanned: int) -> dict[str, Any]:
+def stack_block_params(
+    params: Mapping[str, Any], num_layers: int, num_scanned: int
+) -> dict[str, Any]:
   """Unscanned parameters (``block_0 .. block_{L-1}``) -> ``scan_layers`` layout.
 
   The first ``num_scanned`` blocks are stacked along a new leading axis under
@@ -148,8 +169,9 @@ def stack_block_params(params: Mapping[str, Any], num_layers: int,
   return params
 
 
-def unstack_block_params(params: Mapping[str, Any], num_layers: int,
-                         num_scanned: int) -> dict[str, Any]:
+def unstack_block_params(
+    params: Mapping[str, Any], num_layers: int, num_scanned: int
+) -> dict[str, Any]:
   """Inverse of :func:`stack_block_params`."""
   params = dict(params)
   stacked = params.pop(SCAN_NAME)
@@ -228,34 +250,47 @@ class ViTConfig:
 
   def check(self) -> None:
     """Raises ConfigError for any invalid field (called by ``ViT.__call__``)."""
-    for name in ('num_classes', 'image_size', 'patch_size', 'hidden_size',
-                 'num_layers', 'num_heads'):
+    for name in (
+        'num_classes',
+        'image_size',
+        'patch_size',
+        'hidden_size',
+        'num_layers',
+        'num_heads',
+    ):
       v.check_positive(_OWNER, name, getattr(self, name), integer=True)
     v.check_positive(_OWNER, 'mlp_dim', self.mlp_dim, integer=True, allow_none=True)
     v.check_choice(_OWNER, 'classifier', self.classifier, CLASSIFIERS)
-    v.check_choice(_OWNER, 'context_pool_position', self.context_pool_position,
-                   POOL_POSITIONS)
+    v.check_choice(_OWNER, 'context_pool_position', self.context_pool_position, POOL_POSITIONS)
     v.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
     v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
     v.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
     for name in ('context_pool_last', 'remat', 'scan_layers'):
       if not isinstance(getattr(self, name), bool):
-        raise ConfigError(f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; '
-                         'expected True or False.')
+        raise ConfigError(
+            f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; ' 'expected True or False.'
+        )
     if self.image_size % self.patch_size:
-      raise ConfigError(f'{_OWNER}.image_size={self.image_size} is invalid; expected '
-                       f'a multiple of patch_size={self.patch_size}.')
+      raise ConfigError(
+          f'{_OWNER}.image_size={self.image_size} is invalid; expected '
+          f'a multiple of patch_size={self.patch_size}.'
+      )
     if self.hidden_size % self.num_heads:
-      raise ConfigError(f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
-                       f'divisor of hidden_size={self.hidden_size}.')
+      raise ConfigError(
+          f'{_OWNER}.num_heads={self.num_heads} is invalid; expected a '
+          f'divisor of hidden_size={self.hidden_size}.'
+      )
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
-      raise ConfigError(f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
-                       'expected None or a mapping of ContextPool fields.')
-    if (self.context_pool is not None and self.num_layers == 1
-        and not self.context_pool_last):
-      raise ConfigError(f'{_OWNER}.num_layers=1 with context_pool and '
-                       'context_pool_last=False would insert no ContextPool; use '
-                       'num_layers >= 2 or context_pool_last=True.')
+      raise ConfigError(
+          f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
+          'expected None or a mapping of ContextPool fields.'
+      )
+    if self.context_pool is not None and self.num_layers == 1 and not self.context_pool_last:
+      raise ConfigError(
+          f'{_OWNER}.num_layers=1 with context_pool and '
+          'context_pool_last=False would insert no ContextPool; use '
+          'num_layers >= 2 or context_pool_last=True.'
+      )
     # Unknown or conflicting ContextPool fields raise here, before tracing.
     make_context_pool(self.context_pool, dtype=self.dtype, param_dtype=self.param_dtype)
 
@@ -278,8 +313,13 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     cfg = self.config
-    dense = functools.partial(nn.Dense, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              kernel_init=_dense_init, bias_init=_mlp_bias_init)
+    dense = functools.partial(
+        nn.Dense,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_dense_init,
+        bias_init=_mlp_bias_init,
+    )
     d = x.shape[-1]
     y = nn.gelu(dense(cfg.mlp_width, name='dense_0')(x))
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)
@@ -317,18 +357,29 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Any:
     cfg = self.config
-    pool = make_context_pool(cfg.context_pool if self.pooled else None, dtype=cfg.dtype,
-                             param_dtype=cfg.param_dtype, name='context_pool')
-    apply_pool = lambda h: (h if pool is None else pool_patch_tokens(
-        pool, h, self.grid, self.num_prefix, deterministic=not train))
+    pool = make_context_pool(
+        cfg.context_pool if self.pooled else None,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        name='context_pool',
+    )
+    apply_pool = lambda h: (
+        h
+        if pool is None
+        else pool_patch_tokens(pool, h, self.grid, self.num_prefix, deterministic=not train)
+    )
     norm = functools.partial(nn.LayerNorm, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
     y = norm(name='norm_0')(x)
     y = nn.MultiHeadDotProductAttention(
-        num_heads=cfg.num_heads, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_dense_init, broadcast_dropout=False,
-        dropout_rate=cfg.attention_dropout_rate, name='attention')(
-            y, y, deterministic=not train)
+        num_heads=cfg.num_heads,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_dense_init,
+        broadcast_dropout=False,
+        dropout_rate=cfg.attention_dropout_rate,
+        name='attention',
+    )(y, y, deterministic=not train)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)
     x = x + y
     if cfg.context_pool_position == 'attention':
@@ -389,14 +440,18 @@ class ViT(module_fields(ViTConfig)):
     v.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
     h, w = images.shape[1:3]
     if h % self.patch_size or w % self.patch_size:
-      raise ValueError(f'{_OWNER}: images have height x width {h} x {w}; expected '
-                       f'multiples of patch_size={self.patch_size}.')
+      raise ValueError(
+          f'{_OWNER}: images have height x width {h} x {w}; expected '
+          f'multiples of patch_size={self.patch_size}.'
+      )
     grid = (h // self.patch_size, w // self.patch_size)
     if (h, w) != (self.image_size,) * 2 and self.posemb_resize is None:
-      raise ValueError(f'{_OWNER}: images are {h} x {w} but image_size='
-                       f'{self.image_size} and posemb_resize=None; set '
-                       "posemb_resize (e.g. 'bilinear') to resize the position "
-                       'embeddings, or image_size to the input size.')
+      raise ValueError(
+          f'{_OWNER}: images are {h} x {w} but image_size='
+          f'{self.image_size} and posemb_resize=None; set '
+          "posemb_resize (e.g. 'bilinear') to resize the position "
+          'embeddings, or image_size to the input size.'
+      )
     return grid
 
   # -- forward ---------------------------------------------------------------
@@ -406,19 +461,29 @@ class ViT(module_fields(ViTConfig)):
     self.config.check()
     grid = self._grid(images)
     d, p = self.hidden_size, self.patch_size
-    x = nn.Conv(d, (p, p), strides=(p, p), padding='VALID', dtype=self.dtype,
-                param_dtype=self.param_dtype, name='embedding')(images.astype(self.dtype))
+    x = nn.Conv(
+        d,
+        (p, p),
+        strides=(p, p),
+        padding='VALID',
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='embedding',
+    )(images.astype(self.dtype))
     batch = x.shape[0]
     x = x.reshape(batch, grid[0] * grid[1], d)
 
     num_prefix = int(self.classifier == 'token')
     if num_prefix:
       cls = self.param('cls', nn.initializers.zeros, (1, 1, d), self.param_dtype)
-      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, d)), x],
-                          axis=1)
+      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, d)), x], axis=1)
     base_grid = (self.image_size // p,) * 2
-    posemb = self.param('pos_embedding', _posemb_init,
-                        (1, num_prefix + base_grid[0] * base_grid[1], d), self.param_dtype)
+    posemb = self.param(
+        'pos_embedding',
+        _posemb_init,
+        (1, num_prefix + base_grid[0] * base_grid[1], d),
+        self.param_dtype,
+    )
     if grid != base_grid:
       posemb = resize_posemb(posemb, base_grid, grid, num_prefix, self.posemb_resize)
     x = x + posemb.astype(x.dtype)
@@ -426,15 +491,18 @@ class ViT(module_fields(ViTConfig)):
 
     x = self._encoder(x, grid, num_prefix, train)
 
-    x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype,
-                     name='encoder_norm')(x)
+    x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name='encoder_norm')(x)
     x = x[:, 0] if num_prefix else jnp.mean(x, axis=1)
-    logits = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-                      kernel_init=nn.initializers.zeros, name='head')(x)
+    logits = nn.Dense(
+        self.num_classes,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=nn.initializers.zeros,
+        name='head',
+    )(x)
     return logits.astype(jnp.float32)
 
-  def _encoder(self, x: Array, grid: tuple[int, int], num_prefix: int,
-               train: bool) -> Array:
+  def _encoder(self, x: Array, grid: tuple[int, int], num_prefix: int, train: bool) -> Array:
     """The ``num_layers`` blocks, unscanned or with ``nn.scan`` (same maths)."""
     cfg = self.config
     num_pooled = num_pooled_layers(cfg.num_layers, cfg.context_pool, cfg.context_pool_last)
@@ -444,11 +512,16 @@ class ViT(module_fields(ViTConfig)):
       body = EncoderBlock
       if cfg.remat:
         body = nn.remat(body, static_argnums=(2,), prevent_cse=False)
-      stack = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0},
-                      split_rngs={'params': True, 'dropout': True},
-                      in_axes=nn.broadcast, length=start)
-      x, _ = stack(cfg, grid, num_prefix, pooled=num_pooled > 0, scan_carry=True,
-                   name=SCAN_NAME)(x, train)
+      stack = nn.scan(
+          body,
+          variable_axes={'params': 0, 'intermediates': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=nn.broadcast,
+          length=start,
+      )
+      x, _ = stack(cfg, grid, num_prefix, pooled=num_pooled > 0, scan_carry=True, name=SCAN_NAME)(
+          x, train
+      )
     block = nn.remat(EncoderBlock, static_argnums=(2,)) if cfg.remat else EncoderBlock
     for i in range(start, cfg.num_layers):
       x = block(cfg, grid, num_prefix, pooled=i < num_pooled, name=block_name(i))(x, train)
@@ -468,6 +541,5 @@ _SIZES = {
 MODELS: dict[str, Callable[..., nn.Module]] = {}
 for _size, _cfg in _SIZES.items():
   MODELS[f'vit_{_size}16'] = functools.partial(ViT, patch_size=16, **_cfg)
-  MODELS[f'cp_vit_{_size}16'] = functools.partial(ViT, patch_size=16, context_pool={},
-                                                  **_cfg)
+  MODELS[f'cp_vit_{_size}16'] = functools.partial(ViT, patch_size=16, context_pool={}, **_cfg)
 del _size, _cfg

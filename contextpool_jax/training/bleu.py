@@ -25,8 +25,9 @@ from jax.sharding import NamedSharding
 from contextpool_jax.training import decoding, sharding
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
-                tokenize: str = '13a') -> float:
+def corpus_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], *, tokenize: str = '13a'
+) -> float:
   """Corpus BLEU in [0, 100] of ``hypotheses`` against one reference each."""
   hypotheses, references = list(hypotheses), list(references)
   if len(hypotheses) != len(references):
@@ -46,28 +47,51 @@ class ScoredTranslations(dict):
     self.references = references
 
 
-def make_decode_fn(model, *, max_len: int, beam_size: Optional[int] = 4, alpha: float = 0.6,
-                   eos_id: int = 1, min_segment: Optional[int] = 16
-                   ) -> Callable[[Any, Any], jax.Array]:
+def make_decode_fn(
+    model,
+    *,
+    max_len: int,
+    beam_size: Optional[int] = 4,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    min_segment: Optional[int] = 16,
+) -> Callable[[Any, Any], jax.Array]:
   """A jitted ``(params, inputs) -> ids [b, max_len]``: beam search, or greedy if
   ``beam_size`` is None."""
   if beam_size is None:
-    fn = functools.partial(decoding.greedy_decode, model, max_len=max_len, eos_id=eos_id,
-                           min_segment=min_segment)
+    fn = functools.partial(
+        decoding.greedy_decode, model, max_len=max_len, eos_id=eos_id, min_segment=min_segment
+    )
   else:
-    fn = functools.partial(decoding.beam_search, model, beam_size=beam_size, alpha=alpha,
-                           max_len=max_len, eos_id=eos_id, min_segment=min_segment)
+    fn = functools.partial(
+        decoding.beam_search,
+        model,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_len=max_len,
+        eos_id=eos_id,
+        min_segment=min_segment,
+    )
   return jax.jit(fn)
 
 
-def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
-                     max_len: Optional[int] = None, beam_size: Optional[int] = 4,
-                     alpha: float = 0.6, eos_id: int = 1, min_segment: Optional[int] = 16,
-                     references: Optional[Sequence[str]] = None,
-                     decode_fn: Optional[Callable[[Any, Any], Any]] = None,
-                     max_batches: Optional[int] = None,
-                     tokenize: str = '13a',
-                     data_sharding: Optional[NamedSharding] = None) -> ScoredTranslations:
+def decode_and_score(
+    model,
+    params,
+    batches: Iterable[dict[str, Any]],
+    vocab,
+    *,
+    max_len: Optional[int] = None,
+    beam_size: Optional[int] = 4,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    min_segment: Optional[int] = 16,
+    references: Optional[Sequence[str]] = None,
+    decode_fn: Optional[Callable[[Any, Any], Any]] = None,
+    max_batches: Optional[int] = None,
+    tokenize: str = '13a',
+    data_sharding: Optional[NamedSharding] = None,
+) -> ScoredTranslations:
   """Decodes every eval batch, detokenises and scores with :func:`corpus_bleu`.
 
   Args:
@@ -112,9 +136,11 @@ def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
   for batch in batches_iter:
     inputs = np.asarray(batch['inputs'])
     n = inputs.shape[0]
-    host = {'inputs': inputs,
-            'mask': np.asarray(batch.get('mask', np.ones(n, bool)), bool),
-            'index': np.asarray(batch.get('index', np.arange(count, count + n)), np.int32)}
+    host = {
+        'inputs': inputs,
+        'mask': np.asarray(batch.get('mask', np.ones(n, bool)), bool),
+        'index': np.asarray(batch.get('index', np.arange(count, count + n)), np.int32),
+    }
     if keep_targets:
       host['targets'] = np.asarray(batch['targets'])
     count += n
@@ -123,8 +149,14 @@ def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
     fn = decode_fn
     if fn is None:
       if length not in fns:
-        fns[length] = make_decode_fn(model, max_len=length, beam_size=beam_size, alpha=alpha,
-                                     eos_id=eos_id, min_segment=min_segment)
+        fns[length] = make_decode_fn(
+            model,
+            max_len=length,
+            beam_size=beam_size,
+            alpha=alpha,
+            eos_id=eos_id,
+            min_segment=min_segment,
+        )
       fn = fns[length]
     device_batch = sharding.put_batch(host, data_sharding)
     out = sharding.fetch(dict(device_batch, ids=fn(params, device_batch['inputs'])))
@@ -147,7 +179,6 @@ def decode_and_score(model, params, batches: Iterable[dict[str, Any]], vocab, *,
     refs = [references[int(i)] for i in index[keep][order]]
   else:
     twidth = max(a.shape[1] for a in target_text)
-    targets = np.concatenate([np.pad(a, ((0, 0), (0, twidth - a.shape[1])))
-                              for a in target_text])
+    targets = np.concatenate([np.pad(a, ((0, 0), (0, twidth - a.shape[1]))) for a in target_text])
     refs = [vocab.decode(row) for row in targets[keep][order]]
   return ScoredTranslations(corpus_bleu(hypotheses, refs, tokenize=tokenize), hypotheses, refs)

@@ -41,11 +41,11 @@ class CheckpointError(RuntimeError):
   """A workdir's checkpoints cannot be used; the message says which and why."""
 
 
-def manager(directory: epath.Path, *, keep: int, asynchronous: bool = True
-            ) -> ocp.CheckpointManager:
+def manager(
+    directory: epath.Path, *, keep: int, asynchronous: bool = True
+) -> ocp.CheckpointManager:
   """The run's orbax manager: keeps the newest ``keep`` steps, writes in the background."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                         enable_async_checkpointing=asynchronous)
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous)
   return ocp.CheckpointManager(directory, options=options)
 
 
@@ -62,15 +62,20 @@ def _select(flat: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
   return {k: v for k, v in flat.items() if any(k == p or k.startswith(p + '.') for p in keys)}
 
 
-def config_differences(saved: dict, config: ml_collections.ConfigDict,
-                       keys: tuple[str, ...] = RESUME_KEYS) -> list[str]:
+def config_differences(
+    saved: dict, config: ml_collections.ConfigDict, keys: tuple[str, ...] = RESUME_KEYS
+) -> list[str]:
   """``'field: saved X, now Y'`` for every field under ``keys`` that differs."""
   now = _select(_flat(json.loads(config.to_json_best_effort())), keys)
   before = _select(_flat(saved), keys)
   missing = object()
-  return [f'{k}: saved {before.get(k, missing)!r}, now {now.get(k, missing)!r}'.replace(
-              repr(missing), '(absent)')
-          for k in sorted(set(now) | set(before)) if before.get(k, missing) != now.get(k, missing)]
+  return [
+      f'{k}: saved {before.get(k, missing)!r}, now {now.get(k, missing)!r}'.replace(
+          repr(missing), '(absent)'
+      )
+      for k in sorted(set(now) | set(before))
+      if before.get(k, missing) != now.get(k, missing)
+  ]
 
 
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
@@ -81,14 +86,17 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
   try:
     saved = json.loads(path.read_text())
   except json.JSONDecodeError as e:
-    raise CheckpointError(f'{path} is not valid JSON ({e}); it records the config the '
-                          f'checkpoints in {workdir / "checkpoints"} were trained with.') from e
+    raise CheckpointError(
+        f'{path} is not valid JSON ({e}); it records the config the '
+        f'checkpoints in {workdir / "checkpoints"} were trained with.'
+    ) from e
   diffs = config_differences(saved, config)
   if diffs:
     raise CheckpointError(
         f'{workdir} holds checkpoints of a different configuration than the one given '
         f'(saved {path} vs now):\n  ' + '\n  '.join(diffs) + '\nUse a new --workdir, or set '
-        '--config.init_from to that workdir to start a new run from its parameters.')
+        '--config.init_from to that workdir to start a new run from its parameters.'
+    )
 
 
 def _move_aside(directory: epath.Path, step: int) -> epath.Path:
@@ -109,9 +117,13 @@ def _all_ok(ok: bool) -> bool:
   return bool(multihost_utils.process_allgather(int(ok)).min())
 
 
-def restore_latest(mgr: ocp.CheckpointManager, directory: epath.Path,
-                   args: Callable[[], ocp.args.CheckpointArgs], *, move_damaged: bool = True
-                   ) -> Optional[tuple[int, Any]]:
+def restore_latest(
+    mgr: ocp.CheckpointManager,
+    directory: epath.Path,
+    args: Callable[[], ocp.args.CheckpointArgs],
+    *,
+    move_damaged: bool = True,
+) -> Optional[tuple[int, Any]]:
   """``(step, restored)`` of the newest checkpoint that restores, or None if there is none.
 
   ``args()`` builds the restore arguments (fresh for each attempt). A step that
@@ -129,8 +141,10 @@ def restore_latest(mgr: ocp.CheckpointManager, directory: epath.Path,
       restored, error = None, f'{type(e).__name__}: {str(e)[:300]}'
     if _all_ok(error is None):
       if damaged:
-        warnings.warn(f'Resuming from checkpoint step {step} in {directory}; newer ones '
-                      'could not be read:\n  ' + '\n  '.join(damaged))
+        warnings.warn(
+            f'Resuming from checkpoint step {step} in {directory}; newer ones '
+            'could not be read:\n  ' + '\n  '.join(damaged)
+        )
       return step, restored
     where = 'left in place'
     if move_damaged:
@@ -139,9 +153,11 @@ def restore_latest(mgr: ocp.CheckpointManager, directory: epath.Path,
     damaged.append(f'step {step} ({where}): {error or "failed on another process"}')
   if steps:
     raise CheckpointError(
-        f'No checkpoint in {directory} could be read:\n  ' + '\n  '.join(damaged) +
-        '\nIf the config changed since they were written, use a new --workdir; otherwise '
-        'remove the directory to start from step 0.')
+        f'No checkpoint in {directory} could be read:\n  '
+        + '\n  '.join(damaged)
+        + '\nIf the config changed since they were written, use a new --workdir; otherwise '
+        'remove the directory to start from step 0.'
+    )
   return None
 
 
@@ -152,8 +168,12 @@ def restore_params(path: str, target: Any) -> Any:
   if (directory / 'checkpoints').exists():
     directory = directory / 'checkpoints'
   with ocp.CheckpointManager(directory) as mgr:
-    found = restore_latest(mgr, directory, lambda: ocp.args.Composite(
-        state=ocp.args.StandardRestore(target)), move_damaged=False)
+    found = restore_latest(
+        mgr,
+        directory,
+        lambda: ocp.args.Composite(state=ocp.args.StandardRestore(target)),
+        move_damaged=False,
+    )
   if found is None:
     raise CheckpointError(f'config.init_from={path!r}: no checkpoint in {directory}.')
   return found[1]['state']

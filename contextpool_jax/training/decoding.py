@@ -81,7 +81,7 @@ def _segments(max_len: int, min_segment: Optional[int]) -> list[tuple[int, int]]
 
 def _shift_right(x: Array, width: int) -> Array:
   """Decoder inputs of width ``width``: BOS (0) then ``x[:, :width - 1]``."""
-  return jnp.pad(x[:, :width - 1], ((0, 0), (1, 0)))
+  return jnp.pad(x[:, : width - 1], ((0, 0), (1, 0)))
 
 
 def _step_logits(model, params, encoded, inputs, tokens: Array, t: Array, width: int) -> Array:
@@ -97,8 +97,9 @@ def _check(inputs, max_len):
     raise ValueError(f'max_len={max_len!r} must be a positive Python int (a static size).')
 
 
-def greedy_decode(model, params, inputs: Array, *, max_len: int, eos_id: int = 1,
-                  min_segment: Optional[int] = 16) -> Array:
+def greedy_decode(
+    model, params, inputs: Array, *, max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16
+) -> Array:
   """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS."""
   _check(inputs, max_len)
   inputs = jnp.asarray(inputs)
@@ -122,11 +123,28 @@ def greedy_decode(model, params, inputs: Array, *, max_len: int, eos_id: int = 1
   return state[1]
 
 
-def beam_search(model, params, inputs: Array, *, beam_size: int = 4, alpha: float = 0.6,
-                max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16) -> Array:
+def beam_search(
+    model,
+    params,
+    inputs: Array,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: int,
+    eos_id: int = 1,
+    min_segment: Optional[int] = 16,
+) -> Array:
   """Beam search (module docstring): the best hypothesis, int32 ``[batch, max_len]``."""
-  seqs, _ = beam_search_all(model, params, inputs, beam_size=beam_size, alpha=alpha,
-                            max_len=max_len, eos_id=eos_id, min_segment=min_segment)
+  seqs, _ = beam_search_all(
+      model,
+      params,
+      inputs,
+      beam_size=beam_size,
+      alpha=alpha,
+      max_len=max_len,
+      eos_id=eos_id,
+      min_segment=min_segment,
+  )
   return seqs[:, 0]
 
 
@@ -140,9 +158,17 @@ def _tile(tree: Any, k: int) -> Any:
   return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), tree)
 
 
-def beam_search_all(model, params, inputs: Array, *, beam_size: int = 4, alpha: float = 0.6,
-                    max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16
-                    ) -> tuple[Array, Array]:
+def beam_search_all(
+    model,
+    params,
+    inputs: Array,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: int,
+    eos_id: int = 1,
+    min_segment: Optional[int] = 16,
+) -> tuple[Array, Array]:
   """All finished hypotheses: ids ``[batch, beam_size, max_len]`` and scores
   ``[batch, beam_size]`` (``logp / lp``), best first; empty slots score ``NEG_INF``."""
   _check(inputs, max_len)
@@ -167,16 +193,17 @@ def beam_search_all(model, params, inputs: Array, *, beam_size: int = 4, alpha: 
 
   def step(s, width):
     t = s['t']
-    logits = _step_logits(model, params, encoded, tiled_inputs,
-                          s['alive_seq'].reshape(b * k, max_len), t, width)
+    logits = _step_logits(
+        model, params, encoded, tiled_inputs, s['alive_seq'].reshape(b * k, max_len), t, width
+    )
     vocab = logits.shape[-1]
     if vocab < 2:
       raise ValueError(f'beam search needs a vocabulary of at least 2 ids; got {vocab}.')
     logp = jax.nn.log_softmax(logits).reshape(b, k, vocab)
     cand = (s['alive_logp'][:, :, None] + logp).reshape(b, k * vocab)
-    top_logp, top_idx = lax.top_k(cand, 2 * k)                      # [b, 2k], best first
+    top_logp, top_idx = lax.top_k(cand, 2 * k)  # [b, 2k], best first
     tok = (top_idx % vocab).astype(jnp.int32)
-    seq = _gather_beams(s['alive_seq'], top_idx // vocab)          # [b, 2k, max_len]
+    seq = _gather_beams(s['alive_seq'], top_idx // vocab)  # [b, 2k, max_len]
     seq = jax.vmap(lambda x, v: lax.dynamic_update_index_in_dim(x, v, t, axis=1))(seq, tok)
     real = top_logp > NEG_INF / 2
     finish = (rank < k) & real & ((tok == eos_id) | (t == max_len - 1)) & ~s['done'][:, None]
@@ -189,13 +216,23 @@ def beam_search_all(model, params, inputs: Array, *, beam_size: int = 4, alpha: 
     alive_logp = jnp.maximum(alive_logp, NEG_INF)
     num_fin = s['num_fin'] + jnp.sum(finish, axis=1, dtype=jnp.int32)
     # Stop test at equal length t + 1; sticky, so a stopped sentence stays frozen.
-    done = s['done'] | ((num_fin >= k) &
-                        (fin_score[:, -1] >= alive_logp[:, 0] / length_penalty(t + 1, alpha)))
-    return dict(t=t + 1, alive_seq=_gather_beams(seq, alive_idx), alive_logp=alive_logp,
-                fin_seq=fin_seq, fin_score=fin_score, num_fin=num_fin, done=done)
+    done = s['done'] | (
+        (num_fin >= k) & (fin_score[:, -1] >= alive_logp[:, 0] / length_penalty(t + 1, alpha))
+    )
+    return dict(
+        t=t + 1,
+        alive_seq=_gather_beams(seq, alive_idx),
+        alive_logp=alive_logp,
+        fin_seq=fin_seq,
+        fin_score=fin_score,
+        num_fin=num_fin,
+        done=done,
+    )
 
   for end, width in _segments(max_len, min_segment):
     state = lax.while_loop(
         lambda s, end=end: (s['t'] < end) & ~jnp.all(s['done']),
-        lambda s, width=width: step(s, width), state)
+        lambda s, width=width: step(s, width),
+        state,
+    )
   return state['fin_seq'], state['fin_score']

@@ -35,6 +35,7 @@ from contextpool_jax.training import sharding, steps, tasks
 @dataclasses.dataclass(frozen=True)
 class Devices:
   """Where evaluation runs: the jitted steps and the shardings the loop built."""
+
   state_shardings: Any
   data_sharding: Any
   eval_step: Callable  # jit(summing(steps.make_eval_step(...)))
@@ -65,30 +66,35 @@ class LogHook(Protocol):
 @dataclasses.dataclass
 class SplitMetrics:
   """The objective's metrics over a whole split (metric sums on the devices)."""
+
   task: tasks.Task
   devices: Devices
   split: str
 
   def __call__(self, state):
     sums, in_flight = None, sharding.InFlight()
-    for batch in self.task.data.eval_batches(self.split, jax.process_index(),
-                                             jax.process_count()):
+    for batch in self.task.data.eval_batches(self.split, jax.process_index(), jax.process_count()):
       batch = sharding.put_batch(batch, self.devices.data_sharding)
       if sums is None:
-        sums = steps.zero_sums(steps.make_eval_step(self.task.model, self.task.objective),
-                               state, batch, self.devices.replicated)
+        sums = steps.zero_sums(
+            steps.make_eval_step(self.task.model, self.task.objective),
+            state,
+            batch,
+            self.devices.replicated,
+        )
       sums = self.devices.eval_step(state, batch, sums)
       in_flight.add(sums)
     if sums is None:
-      raise ConfigError(f'config.eval_splits: split {self.split!r} produced no evaluation '
-                        'batches.')
-    return self.task.objective.finalize(
-        {k: float(v) for k, v in sharding.fetch(sums).items()})
+      raise ConfigError(
+          f'config.eval_splits: split {self.split!r} produced no evaluation ' 'batches.'
+      )
+    return self.task.objective.finalize({k: float(v) for k, v in sharding.fetch(sums).items()})
 
 
 @dataclasses.dataclass
 class Bleu:
   """sacreBLEU of greedy or beam decoding of a whole split (translation)."""
+
   task: tasks.Task
   devices: Devices
   split: str
@@ -98,29 +104,41 @@ class Bleu:
 
   def __call__(self, state):
     from contextpool_jax.training import bleu  # pylint: disable=g-import-not-at-top
+
     data = self.task.data
     batches = data.eval_batches(self.split, jax.process_index(), jax.process_count())
     return bleu.decode_and_score(
-        self.task.model, {'params': state.params}, batches, data.vocab,
-        beam_size=self.beam_size, alpha=self.alpha,
-        max_len=data.config.dataset.max_target_len, max_batches=self.max_batches,
-        data_sharding=self.devices.data_sharding)
+        self.task.model,
+        {'params': state.params},
+        batches,
+        data.vocab,
+        beam_size=self.beam_size,
+        alpha=self.alpha,
+        max_len=data.config.dataset.max_target_len,
+        max_batches=self.max_batches,
+        data_sharding=self.devices.data_sharding,
+    )
 
 
-def make_evaluators(config: ml_collections.ConfigDict, task: tasks.Task,
-                    devices: Devices) -> list[Evaluator]:
+def make_evaluators(
+    config: ml_collections.ConfigDict, task: tasks.Task, devices: Devices
+) -> list[Evaluator]:
   """The evaluators ``config`` asks for, in the order they run."""
   evaluators: list[Evaluator] = []
-  bleu_on = config.task == 'translation' and checks.read_bool(config, 'eval_bleu',
-                                                              default=True)
+  bleu_on = config.task == 'translation' and checks.read_bool(config, 'eval_bleu', default=True)
   for split in config.eval_splits:
     evaluators.append(SplitMetrics(task, devices, split))
     if bleu_on:
-      evaluators.append(Bleu(
-          task, devices, split,
-          beam_size=checks.read_int(config, 'beam_size', minimum=1, default=4),
-          alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=0.6),
-          max_batches=checks.read_int(config, 'eval_bleu_batches', default=0)))
+      evaluators.append(
+          Bleu(
+              task,
+              devices,
+              split,
+              beam_size=checks.read_int(config, 'beam_size', minimum=1, default=4),
+              alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=0.6),
+              max_batches=checks.read_int(config, 'eval_bleu_batches', default=0),
+          )
+      )
   return evaluators
 
 
@@ -132,34 +150,41 @@ def make_evaluators(config: ml_collections.ConfigDict, task: tasks.Task,
 def make_pool_size_probe(model, objective):
   """``(state, batch) -> {layer: sigma [batch, ...]}``: the sown ContextPool
   pooling sizes of every layer on a batch."""
+
   def probe(state, batch):
     variables = {'params': state.params, **state.model_state}
-    _, inter = model.apply(variables, *objective.model_args(batch), train=False,
-                           mutable=['intermediates'])
+    _, inter = model.apply(
+        variables, *objective.model_args(batch), train=False, mutable=['intermediates']
+    )
     flat = flax.traverse_util.flatten_dict(inter.get('intermediates', {}), sep='/')
-    return {k[:-len('/pool_sigma')]: val[0] for k, val in flat.items()
-            if k.endswith('/pool_sigma')}
+    return {
+        k[: -len('/pool_sigma')]: val[0] for k, val in flat.items() if k.endswith('/pool_sigma')
+    }
+
   return probe
 
 
 @dataclasses.dataclass
 class PoolSizes:
   """Histograms and means of ContextPool's pooling sizes per layer (Fig. 4)."""
+
   probe: Callable  # jit(make_pool_size_probe(...)) with the loop's shardings
 
   def __call__(self, step, state, batch, writer):
     sizes = sharding.fetch(self.probe(state, batch))
     writer.histograms(step, sizes, 'pool_sigma')
-    writer.scalars(step, {k: float(np.mean(s)) for k, s in sizes.items()},
-                   'pool_sigma_mean')
+    writer.scalars(step, {k: float(np.mean(s)) for k, s in sizes.items()}, 'pool_sigma_mean')
 
 
-def make_hooks(config: ml_collections.ConfigDict, task: tasks.Task,
-               devices: Devices) -> list[LogHook]:
+def make_hooks(
+    config: ml_collections.ConfigDict, task: tasks.Task, devices: Devices
+) -> list[LogHook]:
   """The log-step hooks ``config`` asks for."""
   hooks: list[LogHook] = []
   if config.log_pool_sizes and config.model.get('context_pool') is not None:
-    probe = jax.jit(make_pool_size_probe(task.model, task.objective),
-                    in_shardings=(devices.state_shardings, devices.data_sharding))
+    probe = jax.jit(
+        make_pool_size_probe(task.model, task.objective),
+        in_shardings=(devices.state_shardings, devices.data_sharding),
+    )
     hooks.append(PoolSizes(probe))
   return hooks

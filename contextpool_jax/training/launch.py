@@ -34,11 +34,11 @@ from absl import app
 from absl import flags
 
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 2, 'Processes to start.', lower_bound=1)
-_DEVICES = flags.DEFINE_integer('devices_per_process', 1, 'CPU devices per process.',
-                                lower_bound=1)
+_DEVICES = flags.DEFINE_integer('devices_per_process', 1, 'CPU devices per process.', lower_bound=1)
 _PORT = flags.DEFINE_integer('port', 0, 'Coordinator port on 127.0.0.1 (0: a free one).')
 _SCRIPT = flags.DEFINE_string(
-    'script', None, "The training script (default: the repository's train.py).")
+    'script', None, "The training script (default: the repository's train.py)."
+)
 
 _DEFAULT_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / 'train.py'
 
@@ -52,20 +52,30 @@ def free_port() -> int:
 def process_env(devices: int, base: dict[str, str] | None = None) -> dict[str, str]:
   """The environment of one CPU process with ``devices`` fake devices."""
   env = dict(os.environ if base is None else base)
-  xla = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
-                 if not f.startswith('--xla_force_host_platform_device_count'))
+  xla = ' '.join(
+      f
+      for f in env.get('XLA_FLAGS', '').split()
+      if not f.startswith('--xla_force_host_platform_device_count')
+  )
   env['XLA_FLAGS'] = f'{xla} --xla_force_host_platform_device_count={devices}'.strip()
   env['JAX_PLATFORMS'] = 'cpu'
   env['JAX_CPU_COLLECTIVES_IMPLEMENTATION'] = 'gloo'
   return env
 
 
-def commands(script: str, args: Sequence[str], num_processes: int,
-             port: int) -> list[list[str]]:
+def commands(script: str, args: Sequence[str], num_processes: int, port: int) -> list[list[str]]:
   """One ``train.py`` command line per process."""
-  return [[sys.executable, script, *args, f'--coordinator_address=127.0.0.1:{port}',
-           f'--num_processes={num_processes}', f'--process_id={i}']
-          for i in range(num_processes)]
+  return [
+      [
+          sys.executable,
+          script,
+          *args,
+          f'--coordinator_address=127.0.0.1:{port}',
+          f'--num_processes={num_processes}',
+          f'--process_id={i}',
+      ]
+      for i in range(num_processes)
+  ]
 
 
 def _pump(stream: IO[str], prefix: str, out: IO[str]) -> None:
@@ -74,8 +84,9 @@ def _pump(stream: IO[str], prefix: str, out: IO[str]) -> None:
     out.flush()
 
 
-def run(script: str, args: Sequence[str], num_processes: int, devices_per_process: int,
-        port: int = 0) -> int:
+def run(
+    script: str, args: Sequence[str], num_processes: int, devices_per_process: int, port: int = 0
+) -> int:
   """Starts the processes, waits for all; returns 0 or the first failing exit code."""
   if not pathlib.Path(script).is_file():
     raise app.UsageError(f'--script={script!r} is not a file; pass the path of train.py.')
@@ -83,10 +94,12 @@ def run(script: str, args: Sequence[str], num_processes: int, devices_per_proces
   env = process_env(devices_per_process)
   procs, pumps = [], []
   for i, cmd in enumerate(commands(script, args, num_processes, port)):
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, '' if i == 0 else f'[{i}] ',
-                                                sys.stdout), daemon=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    pump = threading.Thread(
+        target=_pump, args=(proc.stdout, '' if i == 0 else f'[{i}] ', sys.stdout), daemon=True
+    )
     pump.start()
     procs.append(proc)
     pumps.append(pump)
@@ -119,10 +132,19 @@ def run(script: str, args: Sequence[str], num_processes: int, devices_per_proces
 def main(argv: Sequence[str]) -> None:
   args = list(argv[1:])
   if not args:
-    raise app.UsageError('Pass the train.py flags after --, e.g. '
-                         '-- --config configs/default.py --workdir /tmp/run')
-  sys.exit(run(_SCRIPT.value or str(_DEFAULT_SCRIPT), args, _NUM_PROCESSES.value,
-               _DEVICES.value, _PORT.value))
+    raise app.UsageError(
+        'Pass the train.py flags after --, e.g. '
+        '-- --config configs/default.py --workdir /tmp/run'
+    )
+  sys.exit(
+      run(
+          _SCRIPT.value or str(_DEFAULT_SCRIPT),
+          args,
+          _NUM_PROCESSES.value,
+          _DEVICES.value,
+          _PORT.value,
+      )
+  )
 
 
 if __name__ == '__main__':

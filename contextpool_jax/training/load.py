@@ -108,7 +108,8 @@ def read_config(workdir: PathLike) -> ml_collections.ConfigDict:
     raise WorkdirError(
         f'{path} is not a training workdir: no {CONFIG_FILE} ({_contents(path)}). A workdir '
         f'written by train.py holds {CONFIG_FILE} and {CHECKPOINTS_DIR}/<step>/; an export by '
-        f'export_params holds {CONFIG_FILE} and {EXPORT_FILE}.')
+        f'export_params holds {CONFIG_FILE} and {EXPORT_FILE}.'
+    )
   try:
     data = json.loads(config_path.read_text())
   except json.JSONDecodeError as e:
@@ -125,8 +126,10 @@ def checkpoint_steps(workdir: PathLike) -> list[int]:
   path = pathlib.Path(workdir)
   directory = path / CHECKPOINTS_DIR
   if not directory.is_dir():
-    raise WorkdirError(f'{path} has no {CHECKPOINTS_DIR}/ directory ({_contents(path)}); '
-                       'train it first (train.py --workdir ...).')
+    raise WorkdirError(
+        f'{path} has no {CHECKPOINTS_DIR}/ directory ({_contents(path)}); '
+        'train it first (train.py --workdir ...).'
+    )
   with _read_only_manager(directory) as manager:
     steps = sorted(manager.all_steps())
   if not steps:
@@ -139,8 +142,10 @@ def _resolve_step(workdir: pathlib.Path, step: Optional[int]) -> int:
   if step is None:
     return steps[-1]
   if step not in steps:
-    raise WorkdirError(f'step={step!r} is not a checkpoint of {workdir / CHECKPOINTS_DIR}; '
-                       f'its steps are {steps}.')
+    raise WorkdirError(
+        f'step={step!r} is not a checkpoint of {workdir / CHECKPOINTS_DIR}; '
+        f'its steps are {steps}.'
+    )
   return step
 
 
@@ -157,14 +162,23 @@ def _restore_checkpoint(workdir: pathlib.Path, step: int) -> dict[str, Any]:
   tree = getattr(metadata, 'tree', metadata)
   missing = [f for f in RESTORED_FIELDS if f not in (tree or {})]
   if missing:
-    raise WorkdirError(f'{state_dir} has no {missing} (it holds {sorted(tree or {})}); '
-                       'not a checkpoint written by the trainer.')
+    raise WorkdirError(
+        f'{state_dir} has no {missing} (it holds {sorted(tree or {})}); '
+        'not a checkpoint written by the trainer.'
+    )
   item = {f: tree[f] for f in RESTORED_FIELDS}
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
   with _read_only_manager(workdir / CHECKPOINTS_DIR) as manager:
-    restored = manager.restore(step, args=ocp.args.Composite(**{
-        STATE_ITEM: ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
-                                           partial_restore=True)}))
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.PyTreeRestore(
+                    item=item, restore_args=restore_args, partial_restore=True
+                )
+            }
+        ),
+    )
   return restored[STATE_ITEM]
 
 
@@ -183,8 +197,9 @@ def load_variables(workdir: PathLike, step: Optional[int] = None) -> tuple[dict[
   path = pathlib.Path(workdir)
   if _is_export(path):
     if step is not None:
-      raise WorkdirError(f'{path} is a params-only export (one set of parameters); '
-                         f'step={step!r} must be None.')
+      raise WorkdirError(
+          f'{path} is a params-only export (one set of parameters); ' f'step={step!r} must be None.'
+      )
     state = flax.serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
     return jax.tree.map(jax.numpy.asarray, state), -1
   step = _resolve_step(path, step)
@@ -192,8 +207,9 @@ def load_variables(workdir: PathLike, step: Optional[int] = None) -> tuple[dict[
   return _variables(restored['params'], restored['model_state']), step
 
 
-def load(workdir: PathLike, step: Optional[int] = None
-         ) -> tuple[nn.Module, dict[str, Any], ml_collections.ConfigDict]:
+def load(
+    workdir: PathLike, step: Optional[int] = None
+) -> tuple[nn.Module, dict[str, Any], ml_collections.ConfigDict]:
   """Loads a trained model: ``(model, variables, config)``.
 
   Works for any config (every task and model): the model is
@@ -210,13 +226,13 @@ def load(workdir: PathLike, step: Optional[int] = None
       the directory and what it holds.
   """
   from contextpool_jax.training import tasks  # pylint: disable=g-import-not-at-top
+
   config = read_config(workdir)
   variables, _ = load_variables(workdir, step)
   return tasks.build_model(config), variables, config
 
 
-def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = None
-                  ) -> pathlib.Path:
+def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = None) -> pathlib.Path:
   """Writes a params-only export of checkpoint ``step`` (None: latest) to ``out_dir``.
 
   ``out_dir`` gets ``config.json`` (a copy) and ``variables.msgpack`` (the variables

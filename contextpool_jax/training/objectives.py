@@ -85,22 +85,29 @@ class LanguageModelling(Objective):
     labels, w = batch['tokens'][:, 1:], batch['weights']
     nll = cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    return jnp.sum(nll * w), {'loss': jnp.sum(nll * w), 'accuracy': jnp.sum(correct * w),
-                              'weight': jnp.sum(w)}
+    return jnp.sum(nll * w), {
+        'loss': jnp.sum(nll * w),
+        'accuracy': jnp.sum(correct * w),
+        'weight': jnp.sum(w),
+    }
 
   def eval_sums(self, logits, batch):
     return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
     w = max(sums['weight'], 1e-9)
-    return {'loss': sums['loss'] / w, 'bpc': sums['loss'] / w / math.log(2.0),
-            'accuracy': sums['accuracy'] / w}
+    return {
+        'loss': sums['loss'] / w,
+        'bpc': sums['loss'] / w / math.log(2.0),
+        'accuracy': sums['accuracy'] / w,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class Translation(Objective):
   """Target-token cross-entropy with label smoothing (trained on); the reported
   loss and perplexity are without smoothing."""
+
   label_smoothing: float = 0.0
 
   def model_args(self, batch):
@@ -115,21 +122,28 @@ class Translation(Objective):
     ce = cross_entropy(logits, targets, self.label_smoothing)
     nll = cross_entropy(logits, targets)
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    return jnp.sum(ce * w), {'loss': jnp.sum(nll * w), 'accuracy': jnp.sum(correct * w),
-                             'weight': jnp.sum(w)}
+    return jnp.sum(ce * w), {
+        'loss': jnp.sum(nll * w),
+        'accuracy': jnp.sum(correct * w),
+        'weight': jnp.sum(w),
+    }
 
   def eval_sums(self, logits, batch):
     return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
     w = max(sums['weight'], 1e-9)
-    return {'loss': sums['loss'] / w, 'perplexity': math.exp(min(sums['loss'] / w, 50.0)),
-            'accuracy': sums['accuracy'] / w}
+    return {
+        'loss': sums['loss'] / w,
+        'perplexity': math.exp(min(sums['loss'] / w, 50.0)),
+        'accuracy': sums['accuracy'] / w,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class Classification(Objective):
   """Softmax cross-entropy (label smoothing, on-device mixup/cutmix); top-1/top-5."""
+
   num_classes: int
   label_smoothing: float = 0.0
   mixup_alpha: float = 0.0
@@ -151,10 +165,16 @@ class Classification(Objective):
     if self.mixup_alpha <= 0 and self.cutmix_alpha <= 0:
       return batch
     from contextpool_jax.data import mixup  # pylint: disable=g-import-not-at-top
+
     onehot = jax.nn.one_hot(batch['label'], self.num_classes)
     images, soft = mixup.mixup_cutmix(
-        rng, batch['image'], onehot, mixup_alpha=self.mixup_alpha,
-        cutmix_alpha=self.cutmix_alpha, switch_prob=self.mixup_switch_prob)
+        rng,
+        batch['image'],
+        onehot,
+        mixup_alpha=self.mixup_alpha,
+        cutmix_alpha=self.cutmix_alpha,
+        switch_prob=self.mixup_switch_prob,
+    )
     return dict(batch, image=images, soft_label=soft)
 
   def loss(self, logits, batch):
@@ -171,27 +191,34 @@ class Classification(Objective):
     logits = logits.astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
-    return {'loss': jnp.sum(ce * mask),
-            'top1': jnp.sum((top5[:, 0] == labels) * mask),
-            'top5': jnp.sum(jnp.any(top5 == labels[:, None], -1) * mask),
-            'weight': jnp.sum(mask)}
+    return {
+        'loss': jnp.sum(ce * mask),
+        'top1': jnp.sum((top5[:, 0] == labels) * mask),
+        'top5': jnp.sum(jnp.any(top5 == labels[:, None], -1) * mask),
+        'weight': jnp.sum(mask),
+    }
 
   def finalize(self, sums):
     w = max(sums['weight'], 1e-9)
     return {'loss': sums['loss'] / w, 'top1': sums['top1'] / w, 'top5': sums['top5'] / w}
 
 
-def make_objective(config: ml_collections.ConfigDict, num_classes: Optional[int] = None
-                   ) -> Objective:
+def make_objective(
+    config: ml_collections.ConfigDict, num_classes: Optional[int] = None
+) -> Objective:
   """The objective of ``config.task`` with its settings from the config."""
   smoothing = checks.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
   if config.task == 'lm':
     return LanguageModelling()
   if config.task == 'translation':
     return Translation(label_smoothing=smoothing)
-  number = lambda field, default: checks.read_float(config, f'dataset.{field}', lo=0.0,
-                                                    default=default)
-  return Classification(num_classes=num_classes, label_smoothing=smoothing,
-                        mixup_alpha=number('mixup_alpha', 0.0),
-                        cutmix_alpha=number('cutmix_alpha', 0.0),
-                        mixup_switch_prob=number('mixup_switch_prob', 0.5))
+  number = lambda field, default: checks.read_float(
+      config, f'dataset.{field}', lo=0.0, default=default
+  )
+  return Classification(
+      num_classes=num_classes,
+      label_smoothing=smoothing,
+      mixup_alpha=number('mixup_alpha', 0.0),
+      cutmix_alpha=number('cutmix_alpha', 0.0),
+      mixup_switch_prob=number('mixup_switch_prob', 0.5),
+  )

@@ -40,6 +40,7 @@ SCHEDULES = ('constant', 'inverse_sqrt', 'cosine', 'linear', 'warmup_constant', 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
   """``config.optimizer``, read and checked (see the module docstring)."""
+
   name: str
   learning_rate: float
   schedule: str
@@ -67,20 +68,25 @@ def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
     boundaries = tuple(checks.lookup(root, 'optimizer.boundaries'))
     factor = number('decay_factor', lo=0.0)
     if not all(isinstance(b, int) and b > warmup for b in boundaries):
-      raise ConfigError(f'config.optimizer.boundaries={boundaries!r} must be steps > '
-                        f'warmup_steps={warmup}.')
+      raise ConfigError(
+          f'config.optimizer.boundaries={boundaries!r} must be steps > ' f'warmup_steps={warmup}.'
+      )
   return OptimizerSpec(
       name=checks.read_choice(root, 'optimizer.name', OPTIMIZERS),
       learning_rate=number('learning_rate', lo=0.0, lo_open=True),
-      schedule=schedule, warmup_steps=warmup,
+      schedule=schedule,
+      warmup_steps=warmup,
       end_learning_rate=number('end_learning_rate', lo=0.0),
-      b1=number('b1', lo=0.0, hi=1.0), b2=number('b2', lo=0.0, hi=1.0),
+      b1=number('b1', lo=0.0, hi=1.0),
+      b2=number('b2', lo=0.0, hi=1.0),
       eps=number('eps', lo=0.0),
       weight_decay=number('weight_decay', lo=0.0),
       grad_clip_norm=number('grad_clip_norm', lo=0.0),
       momentum=number('momentum', lo=0.0, hi=1.0),
       nesterov=checks.read_bool(root, 'optimizer.nesterov'),
-      boundaries=boundaries, decay_factor=factor)
+      boundaries=boundaries,
+      decay_factor=factor,
+  )
 
 
 def make_schedule(cfg: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
@@ -93,29 +99,34 @@ def _schedule(spec: OptimizerSpec, num_train_steps: int) -> optax.Schedule:
   if spec.schedule == 'constant':
     return optax.constant_schedule(peak)
   if spec.schedule == 'inverse_sqrt':
+
     def schedule(step):
       step = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
       w = max(warmup, 1)
       return peak * jnp.minimum(step / w, jnp.sqrt(w / step))
+
     return schedule
   if spec.schedule == 'warmup_constant':
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak)],
-        [max(warmup, 1)])
+        [max(warmup, 1)],
+    )
   if spec.schedule == 'piecewise':
     factor = spec.decay_factor
     if warmup == 0:
       return optax.piecewise_constant_schedule(peak, {b: factor for b in spec.boundaries})
-    after = optax.piecewise_constant_schedule(
-        peak, {b - warmup: factor for b in spec.boundaries})
+    after = optax.piecewise_constant_schedule(peak, {b - warmup: factor for b in spec.boundaries})
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
   decay_steps = max(num_train_steps - warmup, 1)
   if spec.schedule == 'cosine':
-    return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup, 1),
-                                              warmup + decay_steps, end)
+    return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup, 1), warmup + decay_steps, end)
   return optax.join_schedules(  # 'linear'
-      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
-       optax.linear_schedule(peak, end, decay_steps)], [max(warmup, 1)])
+      [
+          optax.linear_schedule(0.0, peak, max(warmup, 1)),
+          optax.linear_schedule(peak, end, decay_steps),
+      ],
+      [max(warmup, 1)],
+  )
 
 
 def decay_mask(params: Any) -> Any:
@@ -123,8 +134,9 @@ def decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, num_train_steps: int
-                   ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
+def make_optimizer(
+    cfg: ml_collections.ConfigDict, num_train_steps: int
+) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
   """Returns ``(optimizer, schedule)`` for ``config.optimizer``."""
   spec = resolve_spec(cfg)
   schedule = _schedule(spec, num_train_steps)
@@ -132,8 +144,16 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_train_steps: int
   if spec.grad_clip_norm > 0:
     chain.append(optax.clip_by_global_norm(spec.grad_clip_norm))
   if spec.name == 'adamw':
-    chain.append(optax.adamw(schedule, b1=spec.b1, b2=spec.b2, eps=spec.eps,
-                             weight_decay=spec.weight_decay, mask=decay_mask))
+    chain.append(
+        optax.adamw(
+            schedule,
+            b1=spec.b1,
+            b2=spec.b2,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            mask=decay_mask,
+        )
+    )
   else:
     if spec.weight_decay > 0:  # coupled L2: added to the gradient before the update rule
       chain.append(optax.add_decayed_weights(spec.weight_decay, mask=decay_mask))

@@ -25,10 +25,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-
 PARAM_SHARDINGS = ('replicated', 'fsdp')
 DATA_AXIS = 'data'
-_FSDP_MIN_SIZE = 2 ** 14  # arrays smaller than this stay replicated under FSDP
+_FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated under FSDP
 
 
 def make_mesh() -> Mesh:
@@ -79,8 +78,9 @@ def pad_rows(batch: dict[str, np.ndarray], multiple: int) -> tuple[dict[str, np.
   rows = len(next(iter(batch.values())))
   extra = -rows % multiple
   if extra:
-    batch = {k: np.concatenate([x, np.zeros((extra, *x.shape[1:]), x.dtype)])
-             for k, x in batch.items()}
+    batch = {
+        k: np.concatenate([x, np.zeros((extra, *x.shape[1:]), x.dtype)]) for k, x in batch.items()
+    }
   return batch, rows
 
 

@@ -28,10 +28,11 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """What the loop needs from the top level of a config (see ``configs/common.py``)."""
+
   task: str
   seed: int
   num_train_steps: int
-  batch_size: int            # global, over all processes and devices
+  batch_size: int  # global, over all processes and devices
   grad_accum_steps: int
   log_every_steps: int
   eval_every_steps: int
@@ -40,7 +41,7 @@ class RunSpec:
   async_checkpointing: bool
   nan_check_every_steps: int  # 0: only at log and checkpoint steps
   eval_splits: tuple[str, ...]
-  dtype: Any                 # compute dtype (jnp.float32 / jnp.bfloat16)
+  dtype: Any  # compute dtype (jnp.float32 / jnp.bfloat16)
   remat: bool
   param_sharding: str
   init_from: str
@@ -53,8 +54,12 @@ def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
   return DTYPES[checks.read_choice(config, 'dtype', DTYPES)], checks.read_bool(config, 'remat')
 
 
-def resolve_spec(config: ml_collections.ConfigDict, *, process_count: int | None = None,
-                 device_count: int | None = None) -> RunSpec:
+def resolve_spec(
+    config: ml_collections.ConfigDict,
+    *,
+    process_count: int | None = None,
+    device_count: int | None = None,
+) -> RunSpec:
   """Reads and checks the top-level fields; ConfigError names a bad one.
 
   ``batch_size`` must divide into the processes (each reads its own rows) and,
@@ -73,18 +78,24 @@ def resolve_spec(config: ml_collections.ConfigDict, *, process_count: int | None
     raise ConfigError(f'config.eval_splits={splits!r} is invalid; expected split names.')
   spec = RunSpec(
       task=checks.read_choice(config, 'task', TASKS),
-      seed=checks.read_int(config, 'seed', minimum=-2**63),
-      num_train_steps=read_int('num_train_steps'), batch_size=read_int('batch_size'),
-      grad_accum_steps=read_int('grad_accum_steps'), log_every_steps=read_int('log_every_steps'),
+      seed=checks.read_int(config, 'seed', minimum=-(2**63)),
+      num_train_steps=read_int('num_train_steps'),
+      batch_size=read_int('batch_size'),
+      grad_accum_steps=read_int('grad_accum_steps'),
+      log_every_steps=read_int('log_every_steps'),
       eval_every_steps=read_int('eval_every_steps'),
       checkpoint_every_steps=read_int('checkpoint_every_steps'),
       keep_checkpoints=read_int('keep_checkpoints'),
       async_checkpointing=flag('async_checkpointing'),
       nan_check_every_steps=read_int('nan_check_every_steps', minimum=0),
-      eval_splits=splits, dtype=dtype, remat=remat,
+      eval_splits=splits,
+      dtype=dtype,
+      remat=remat,
       param_sharding=checks.read_choice(config, 'param_sharding', sharding.PARAM_SHARDINGS),
       init_from=checks.lookup(config, 'init_from', ''),
-      progress_bar=flag('progress_bar'), log_pool_sizes=flag('log_pool_sizes'))
+      progress_bar=flag('progress_bar'),
+      log_pool_sizes=flag('log_pool_sizes'),
+  )
   processes = jax.process_count() if process_count is None else process_count
   devices = jax.device_count() if device_count is None else device_count
   checks.share(spec.batch_size, processes, 'batch_size')
@@ -93,5 +104,6 @@ def resolve_spec(config: ml_collections.ConfigDict, *, process_count: int | None
     raise ConfigError(
         f'config.batch_size={spec.batch_size} with config.grad_accum_steps='
         f'{spec.grad_accum_steps} gives micro-batches of {spec.batch_size} / '
-        f'{spec.grad_accum_steps}; each must be a whole multiple of the {devices} devices.')
+        f'{spec.grad_accum_steps}; each must be a whole multiple of the {devices} devices.'
+    )
   return spec

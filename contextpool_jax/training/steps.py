@@ -38,16 +38,24 @@ def _split_variables(variables: dict) -> tuple[Any, dict]:
   return params, variables
 
 
-def make_init_fn(model, objective: objectives.Objective, init_batch: dict,
-                 tx: optax.GradientTransformation) -> Callable[[Array], TrainState]:
+def make_init_fn(
+    model, objective: objectives.Objective, init_batch: dict, tx: optax.GradientTransformation
+) -> Callable[[Array], TrainState]:
   """``rng -> TrainState`` (parameters from ``model.init`` on ``init_batch``)."""
+
   def init_fn(rng: Array) -> TrainState:
-    variables = model.init({'params': rng, 'dropout': rng}, *objective.model_args(init_batch),
-                           train=False)
+    variables = model.init(
+        {'params': rng, 'dropout': rng}, *objective.model_args(init_batch), train=False
+    )
     params, model_state = _split_variables(variables)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), model_state=model_state,
-                      bad_step=jnp.full((), -1, jnp.int32))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        model_state=model_state,
+        bad_step=jnp.full((), -1, jnp.int32),
+    )
+
   return init_fn
 
 
@@ -55,8 +63,9 @@ def _add(a: Any, b: Any) -> Any:
   return jax.tree.map(jnp.add, a, b)
 
 
-def accumulate_gradient(grad_fn: Callable, params: Any, model_state: Any, batch: dict,
-                        rng: Array, accum_steps: int):
+def accumulate_gradient(
+    grad_fn: Callable, params: Any, model_state: Any, batch: dict, rng: Array, accum_steps: int
+):
   """``grad_fn`` over ``accum_steps`` micro-batches, summed (big_vision's pattern).
 
   ``grad_fn(params, model_state, batch, rng) -> ((loss, (sums, model_state)),
@@ -69,11 +78,11 @@ def accumulate_gradient(grad_fn: Callable, params: Any, model_state: Any, batch:
   if accum_steps == 1:
     return grad_fn(params, model_state, batch, rng)
   micro = jax.tree.map(
-      lambda x: x.reshape(accum_steps, x.shape[0] // accum_steps, *x.shape[1:]), batch)
+      lambda x: x.reshape(accum_steps, x.shape[0] // accum_steps, *x.shape[1:]), batch
+  )
 
   def one(i, state):
-    return grad_fn(params, state, jax.tree.map(lambda x: x[i], micro),
-                   jax.random.fold_in(rng, i))
+    return grad_fn(params, state, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))
 
   def body(i, acc):
     (loss, (sums, state)), grads = acc
@@ -83,8 +92,14 @@ def accumulate_gradient(grad_fn: Callable, params: Any, model_state: Any, batch:
   return jax.lax.fori_loop(1, accum_steps, body, one(0, model_state))
 
 
-def make_train_step(model, objective: objectives.Objective, tx: optax.GradientTransformation,
-                    schedule: Callable, base_rng: Array, grad_accum_steps: int = 1):
+def make_train_step(
+    model,
+    objective: objectives.Objective,
+    tx: optax.GradientTransformation,
+    schedule: Callable,
+    base_rng: Array,
+    grad_accum_steps: int = 1,
+):
   """``(state, batch) -> (state, metric sums)``: forward, backward, optax update.
 
   A step whose loss or gradient norm is not finite leaves the parameters,
@@ -96,8 +111,13 @@ def make_train_step(model, objective: objectives.Objective, tx: optax.GradientTr
     mix_rng, dropout_rng = jax.random.split(rng)
     batch = objective.prepare_train_batch(batch, mix_rng)
     mutable = list(model_state)
-    out = model.apply({'params': params, **model_state}, *objective.model_args(batch),
-                      train=True, rngs={'dropout': dropout_rng}, mutable=mutable or False)
+    out = model.apply(
+        {'params': params, **model_state},
+        *objective.model_args(batch),
+        train=True,
+        rngs={'dropout': dropout_rng},
+        mutable=mutable or False,
+    )
     logits, new_model_state = out if mutable else (out, model_state)
     loss_sum, sums = objective.loss(logits, batch)
     return loss_sum / total_weight, (sums, dict(new_model_state))
@@ -105,22 +125,28 @@ def make_train_step(model, objective: objectives.Objective, tx: optax.GradientTr
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(base_rng, state.step)
     total_weight = jnp.maximum(objective.weight(batch), 1e-9)
-    grad_fn = jax.value_and_grad(lambda p, m, b, r: loss_fn(p, m, b, r, total_weight),
-                                 has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, m, b, r: loss_fn(p, m, b, r, total_weight), has_aux=True)
     (loss, (sums, model_state)), grads = accumulate_gradient(
-        grad_fn, state.params, state.model_state, batch, rng, grad_accum_steps)
+        grad_fn, state.params, state.model_state, batch, rng, grad_accum_steps
+    )
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
     new_state = state.replace(
-        step=state.step + 1, params=keep(params, state.params),
+        step=state.step + 1,
+        params=keep(params, state.params),
         opt_state=keep(opt_state, state.opt_state),
         model_state=keep(model_state, state.model_state),
-        bad_step=jnp.where((state.bad_step < 0) & ~ok, state.step, state.bad_step))
-    metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
-                   steps=jnp.ones((), jnp.float32))
+        bad_step=jnp.where((state.bad_step < 0) & ~ok, state.step, state.bad_step),
+    )
+    metrics = dict(
+        sums,
+        grad_norm=grad_norm,
+        learning_rate=schedule(state.step),
+        steps=jnp.ones((), jnp.float32),
+    )
     return new_state, metrics
 
   return train_step
@@ -128,10 +154,12 @@ def make_train_step(model, objective: objectives.Objective, tx: optax.GradientTr
 
 def make_eval_step(model, objective: objectives.Objective):
   """``(state, batch) -> metric sums`` of one evaluation batch."""
+
   def eval_step(state: TrainState, batch: dict) -> dict:
     variables = {'params': state.params, **state.model_state}
     logits = model.apply(variables, *objective.model_args(batch), train=False)
     return objective.eval_sums(logits, batch)
+
   return eval_step
 
 
@@ -143,12 +171,14 @@ def summing(step: Callable) -> Callable:
   step: reading them once per log interval costs one host read, and no extra
   program runs per step.
   """
+
   def summed(state, batch, sums):
     out = step(state, batch)
     if isinstance(out, tuple):
       new_state, metrics = out
       return new_state, _add(sums, metrics)
     return _add(sums, out)
+
   return summed
 
 

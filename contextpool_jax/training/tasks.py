@@ -51,8 +51,7 @@ class DataPipeline:
     """This process's infinite training batches (a grain dataset with state)."""
     raise NotImplementedError
 
-  def eval_batches(self, split: str, process_index: int, process_count: int
-                   ) -> Iterable[dict]:
+  def eval_batches(self, split: str, process_index: int, process_count: int) -> Iterable[dict]:
     """This process's evaluation batches of ``split`` (padded, the same number on
     every process)."""
     raise NotImplementedError
@@ -67,17 +66,22 @@ class LanguageModelData(DataPipeline):
 
   def prepare(self):
     from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
+
     lm_input.load_split(self.config, 'train')  # prepares and checks every split
 
   def train_dataset(self, process_index, process_count):
     from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-    return lm_input.make_train_dataset(self.config, process_index=process_index,
-                                       process_count=process_count)
+
+    return lm_input.make_train_dataset(
+        self.config, process_index=process_index, process_count=process_count
+    )
 
   def eval_batches(self, split, process_index, process_count):
     from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-    return lm_input.make_eval_batches(self.config, split, process_index=process_index,
-                                      process_count=process_count)
+
+    return lm_input.make_eval_batches(
+        self.config, split, process_index=process_index, process_count=process_count
+    )
 
   def init_batch(self):
     n = self.config.dataset.seq_len
@@ -96,6 +100,7 @@ class TranslationData(DataPipeline):
   def vocab(self):
     if self._vocab is None:
       from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
+
       self._vocab = translation_input.get_vocab(self.config, self.workdir)
     return self._vocab
 
@@ -104,20 +109,33 @@ class TranslationData(DataPipeline):
 
   def train_dataset(self, process_index, process_count):
     from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
+
     return translation_input.make_train_dataset(
-        self.config, process_index=process_index, process_count=process_count,
-        vocab=self.vocab, workdir=self.workdir)
+        self.config,
+        process_index=process_index,
+        process_count=process_count,
+        vocab=self.vocab,
+        workdir=self.workdir,
+    )
 
   def eval_batches(self, split, process_index, process_count):
     from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
+
     return translation_input.make_eval_batches(
-        self.config, split, process_index=process_index, process_count=process_count,
-        vocab=self.vocab, workdir=self.workdir)
+        self.config,
+        split,
+        process_index=process_index,
+        process_count=process_count,
+        vocab=self.vocab,
+        workdir=self.workdir,
+    )
 
   def init_batch(self):
     d = self.config.dataset
-    return {'inputs': np.ones((1, d.max_source_len), np.int32),
-            'targets': np.ones((1, d.max_target_len), np.int32)}
+    return {
+        'inputs': np.ones((1, d.max_source_len), np.int32),
+        'targets': np.ones((1, d.max_target_len), np.int32),
+    }
 
 
 class ImageData(DataPipeline):
@@ -125,26 +143,30 @@ class ImageData(DataPipeline):
 
   def train_dataset(self, process_index, process_count):
     from contextpool_jax.data import image_input  # pylint: disable=g-import-not-at-top
-    return image_input.make_train_dataset(self.config, process_index=process_index,
-                                          process_count=process_count)
+
+    return image_input.make_train_dataset(
+        self.config, process_index=process_index, process_count=process_count
+    )
 
   def eval_batches(self, split, process_index, process_count):
     from contextpool_jax.data import image_input  # pylint: disable=g-import-not-at-top
-    return image_input.make_eval_batches(self.config, split, process_index=process_index,
-                                         process_count=process_count)
+
+    return image_input.make_eval_batches(
+        self.config, split, process_index=process_index, process_count=process_count
+    )
 
   def init_batch(self):
     s = self.config.dataset.image_size
     return {'image': np.zeros((2, s, s, 3), np.float32), 'label': np.zeros((2,), np.int32)}
 
 
-_DATA = {'lm': LanguageModelData, 'translation': TranslationData,
-         'classification': ImageData}
+_DATA = {'lm': LanguageModelData, 'translation': TranslationData, 'classification': ImageData}
 
 
 @dataclasses.dataclass
 class Task:
   """A model, its objective and its data: everything the loop is given."""
+
   model: nn.Module
   objective: objectives.Objective
   data: DataPipeline

@@ -109,6 +109,7 @@ class Writer:
     self.enabled = enabled
     if enabled:
       import tensorboardX  # pylint: disable=g-import-not-at-top
+
       self.tb = tensorboardX.SummaryWriter(str(workdir / 'tensorboard'))
       self.jsonl = open(workdir / 'metrics.jsonl', 'a')
 
@@ -136,17 +137,28 @@ def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
   sums = {k: float(v) for k, v in sharding.fetch(sums).items()}
   steps_done = max(sums['steps'], 1.0)
   w = max(sums['weight'], 1e-9)
-  return {'loss': sums['loss'] / w, 'accuracy': sums['accuracy'] / w,
-          'grad_norm': sums['grad_norm'] / steps_done,
-          'learning_rate': sums['learning_rate'] / steps_done,
-          'steps_per_sec': steps_done / max(seconds, 1e-9)}
+  return {
+      'loss': sums['loss'] / w,
+      'accuracy': sums['accuracy'] / w,
+      'grad_norm': sums['grad_norm'] / steps_done,
+      'learning_rate': sums['learning_rate'] / steps_done,
+      'steps_per_sec': steps_done / max(seconds, 1e-9),
+  }
 
 
 def _progress_bar(start: int, total: int, enabled: bool):
   """A console progress bar with steps/s and ETA (tqdm), or a no-op."""
   import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm.tqdm(total=total, initial=start, disable=not enabled, unit='step',
-                   dynamic_ncols=True, mininterval=2.0, smoothing=0.1)
+
+  return tqdm.tqdm(
+      total=total,
+      initial=start,
+      disable=not enabled,
+      unit='step',
+      dynamic_ncols=True,
+      mininterval=2.0,
+      smoothing=0.1,
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -163,8 +175,9 @@ def _prepare_on_first_process(task: tasks.Task) -> None:
 
 
 def _abstract_with_shardings(abstract, shardings):
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      abstract, shardings)
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -178,8 +191,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir = epath.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
-  manager = checkpoints.manager(workdir / 'checkpoints', keep=run.keep_checkpoints,
-                                asynchronous=run.async_checkpointing)
+  manager = checkpoints.manager(
+      workdir / 'checkpoints', keep=run.keep_checkpoints, asynchronous=run.async_checkpointing
+  )
   preemption = None
   try:  # everything after here closes the manager on the way out
     if manager.latest_step() is not None:
@@ -205,9 +219,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for split in run.eval_splits:  # a missing or empty split fails now, not after training
       task.data.eval_batches(split, *process)
     found = checkpoints.restore_latest(
-        manager, workdir / 'checkpoints', lambda: ocp.args.Composite(
+        manager,
+        workdir / 'checkpoints',
+        lambda: ocp.args.Composite(
             state=ocp.args.StandardRestore(target),
-            data=grain.checkpoint.CheckpointRestore(train_iter)))
+            data=grain.checkpoint.CheckpointRestore(train_iter),
+        ),
+    )
     if found is not None:
       start, restored = found
       state = restored['state']
@@ -220,16 +238,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state = state.replace(params=previous.params, model_state=previous.model_state)
         print(f'Initialised params from {run.init_from}.', flush=True)
 
-    train_step_fn = steps.make_train_step(task.model, task.objective, tx, schedule, train_rng,
-                                          run.grad_accum_steps)
-    train_step = jax.jit(steps.summing(train_step_fn),
-                         in_shardings=(shardings, data_sharding, replicated),
-                         out_shardings=(shardings, replicated), donate_argnums=(0,))
+    train_step_fn = steps.make_train_step(
+        task.model, task.objective, tx, schedule, train_rng, run.grad_accum_steps
+    )
+    train_step = jax.jit(
+        steps.summing(train_step_fn),
+        in_shardings=(shardings, data_sharding, replicated),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
     devices = evaluators.Devices(
-        state_shardings=shardings, data_sharding=data_sharding,
-        eval_step=jax.jit(steps.summing(steps.make_eval_step(task.model, task.objective)),
-                          in_shardings=(shardings, data_sharding, replicated),
-                          out_shardings=replicated))
+        state_shardings=shardings,
+        data_sharding=data_sharding,
+        eval_step=jax.jit(
+            steps.summing(steps.make_eval_step(task.model, task.objective)),
+            in_shardings=(shardings, data_sharding, replicated),
+            out_shardings=replicated,
+        ),
+    )
     evals = evaluators.make_evaluators(config, task, devices)
     hooks = evaluators.make_hooks(config, task, devices)
 
@@ -247,7 +273,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         manager.wait_until_finished()
         raise NonFiniteLossError(
             f'non-finite loss or gradient at step {bad}; training stopped. The last good '
-            f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.')
+            f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.'
+        )
 
     preemption = Preemption()
     for step in range(start, total):
@@ -276,18 +303,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         for split, metrics in by_split.items():
           writer.scalars(done, metrics, f'eval_{split}')
           result[f'eval_{split}'] = metrics
-          pbar.write(f'step {done}: {split} ' + ', '.join(
-              f'{k}={val:.4f}' for k, val in metrics.items()))
+          pbar.write(
+              f'step {done}: {split} ' + ', '.join(f'{k}={val:.4f}' for k, val in metrics.items())
+          )
       if due(done, run.checkpoint_every_steps, total) or preempted:
         check_finite()
-        manager.save(done, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(train_iter)))
+        manager.save(
+            done,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
+            ),
+        )
       pbar.update(1)
       if preempted:
         result['preempted'] = True
-        pbar.write(f'Preempted (SIGTERM): saved a checkpoint at step {done} in '
-                   f'{workdir / "checkpoints"}; rerun the same command to resume.')
+        pbar.write(
+            f'Preempted (SIGTERM): saved a checkpoint at step {done} in '
+            f'{workdir / "checkpoints"}; rerun the same command to resume.'
+        )
         break
   finally:
     if preemption is not None:
@@ -296,6 +329,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       writer.close()
     manager.wait_until_finished()
     manager.close()
-  result.update(step=int(sharding.fetch(state.step)), train_history=history,
-                workdir=str(workdir))
+  result.update(step=int(sharding.fetch(state.step)), train_history=history, workdir=str(workdir))
   return result

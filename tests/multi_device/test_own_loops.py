@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from contextpool_jax import (AreaAttention, AugmentedConv2D, ContextPool, LambdaLayer,
-                             models)
+from contextpool_jax import (AreaAttention, AugmentedConv2D, ContextPool, LambdaLayer, models)
 
 N_DEV = 4
 AXIS = 'batch'
@@ -25,7 +24,8 @@ AXIS = 'batch'
 def setup_module():
   assert jax.local_device_count() == N_DEV, (
       f'run through tests/test_multi_device.py ({N_DEV} fake devices), '
-      f'got {jax.local_device_count()}')
+      f'got {jax.local_device_count()}'
+  )
 
 
 def _x(shape, seed=0):
@@ -45,11 +45,21 @@ def _merge(x):
 # BatchNorm statistics over the mapped axis.
 # ----------------------------------------------------------------------------
 
+
 def _bn_cases():
   lam = functools.partial(LambdaLayer, key_depth=4, heads=2, position='conv', scope_size=3)
-  resnet = functools.partial(models.create, 'resnet20', stage_sizes=(1, 1, 1), width=8,
-                             stage_pattern='C,L,A', aa_heads=2, aa_min_key_depth_per_head=0,
-                             lambda_key_depth=4, lambda_heads=2, lambda_scope_size=3)
+  resnet = functools.partial(
+      models.create,
+      'resnet20',
+      stage_sizes=(1, 1, 1),
+      width=8,
+      stage_pattern='C,L,A',
+      aa_heads=2,
+      aa_min_key_depth_per_head=0,
+      lambda_key_depth=4,
+      lambda_heads=2,
+      lambda_scope_size=3,
+  )
   return {
       'lambda_layer': (lambda axis: lam(bn_axis_name=axis), (8, 6, 6, 8)),
       'resnet_conv_lambda_aa': (lambda axis: resnet(bn_axis_name=axis), (8, 8, 8, 3)),
@@ -68,19 +78,21 @@ def test_pmap_batch_norm_with_axis_name_equals_one_device(case):
     return module.apply(v, xs, train=True, mutable=['batch_stats'])
 
   mapped = make(AXIS)
-  y_map, state_map = jax.pmap(functools.partial(step, mapped), axis_name=AXIS,
-                              in_axes=(None, 0))(variables, _split(x))
+  y_map, state_map = jax.pmap(functools.partial(step, mapped), axis_name=AXIS, in_axes=(None, 0))(
+      variables, _split(x)
+  )
   for i in range(N_DEV):  # every replica holds the global batch statistics
-    chex.assert_trees_all_close(jax.tree.map(lambda s: s[i], state_map), state_one,
-                                rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda s: s[i], state_map), state_one, rtol=1e-5, atol=1e-6
+    )
   chex.assert_trees_all_close(_merge(y_map), y_one, rtol=1e-5, atol=1e-5)
 
   # Without the axis name each replica normalises with its own statistics:
   # the replicas' running averages differ (what the field is for).
-  _, state_local = jax.pmap(functools.partial(step, single), axis_name=AXIS,
-                            in_axes=(None, 0))(variables, _split(x))
-  spread = max(float(jnp.max(jnp.abs(s[0] - s[1])))
-               for s in jax.tree.leaves(state_local))
+  _, state_local = jax.pmap(functools.partial(step, single), axis_name=AXIS, in_axes=(None, 0))(
+      variables, _split(x)
+  )
+  spread = max(float(jnp.max(jnp.abs(s[0] - s[1]))) for s in jax.tree.leaves(state_local))
   assert spread > 1e-3
 
 
@@ -88,16 +100,23 @@ def test_pmap_batch_norm_with_axis_name_equals_one_device(case):
 # Each of the four layers under pmap and shard_map: forward and gradient.
 # ----------------------------------------------------------------------------
 
+
 def _layer_cases():
   """name -> (module, input shape, apply kwargs); no BatchNorm in train mode here."""
   return {
       'context_pool': (ContextPool(causal=True), (8, 16, 8), {}),
       'context_pool_grid': (ContextPool(strides=2), (8, 6, 6, 4), {}),
       'area_attention': (AreaAttention(num_heads=2, max_area_width=3), (8, 10, 8), {}),
-      'lambda_layer': (LambdaLayer(key_depth=4, heads=2, position='conv', scope_size=3),
-                       (8, 6, 6, 8), {}),
-      'augmented_conv': (AugmentedConv2D(features=8, key_ratio=0.5, value_ratio=0.5,
-                                         num_heads=2), (8, 6, 6, 4), {}),
+      'lambda_layer': (
+          LambdaLayer(key_depth=4, heads=2, position='conv', scope_size=3),
+          (8, 6, 6, 8),
+          {},
+      ),
+      'augmented_conv': (
+          AugmentedConv2D(features=8, key_ratio=0.5, value_ratio=0.5, num_heads=2),
+          (8, 6, 6, 4),
+          {},
+      ),
   }
 
 
@@ -116,21 +135,22 @@ def test_layer_runs_and_differentiates_like_one_device(case, transform):
 
   def local(p, xs):
     (loss, y), grads = jax.value_and_grad(
-        lambda q: _loss(module, {'params': q, **rest}, xs), has_aux=True)(p)
+        lambda q: _loss(module, {'params': q, **rest}, xs), has_aux=True
+    )(p)
     if transform == 'pmap':  # shard_map sums the gradient of replicated inputs itself
       grads = jax.lax.psum(grads, AXIS)
     return y, jax.lax.psum(loss, AXIS), grads
 
-  (loss_one, y_one), grads_one = jax.jit(jax.value_and_grad(
-      lambda q: _loss(module, {'params': q, **rest}, x), has_aux=True))(params)
+  (loss_one, y_one), grads_one = jax.jit(
+      jax.value_and_grad(lambda q: _loss(module, {'params': q, **rest}, x), has_aux=True)
+  )(params)
 
   if transform == 'pmap':
     y, loss, grads = jax.pmap(local, axis_name=AXIS, in_axes=(None, 0))(params, _split(x))
     y, loss, grads = _merge(y), loss[0], jax.tree.map(lambda g: g[0], grads)
   else:
     mesh = Mesh(np.asarray(jax.devices()), (AXIS,))
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS)),
-                       out_specs=(P(AXIS), P(), P()))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(AXIS), P(), P()))
     y, loss, grads = jax.jit(fn)(params, x)
   chex.assert_tree_all_finite(grads)
   chex.assert_trees_all_close(y, y_one, rtol=1e-5, atol=1e-5)
