@@ -1,0 +1,674 @@
+r"""ContextPool against its baselines on the character LM: a resumable study.
+
+Trains the character-LM family of ``configs/default.py`` on this machine's CPU,
+one run per (corpus, arm, depth, steps, seed), and reports what held and what
+did not (issue 17; README "Results").
+
+  python -m benchmarks.lm_study --study_dir ~/lm_study                  # run (resumable)
+  python -m benchmarks.lm_study --study_dir ~/lm_study --groups costs   # GFLOPs and paired step time
+  python -m benchmarks.lm_study --study_dir ~/lm_study --report benchmarks/results
+
+**Resumable.** Each run trains in its own subprocess in ``<study_dir>/runs/<key>``
+and, when it finishes, writes ``<study_dir>/results/<key>.json`` (final
+validation and test BPC, learning curves, wall time); a rerun skips every key
+with a result and resumes an interrupted run from its last checkpoint (the
+trainer's own resume, every ``eval_every`` steps). Stop the study at any time
+(Ctrl-C, SIGTERM: the running trainer saves its step) and start it again.
+
+**Paired by seed.** Every arm of a comparison runs with the same seeds; a seed
+fixes the data order and the initialisation of every parameter whose path and
+shape the arms share (flax folds the module path into the key), so differences
+are paired per seed.
+
+**Groups** (``--groups``; each a list of runs, duplicates run once):
+
+* ``depth``: ``baseline`` vs ``cp`` at every ``--depths`` on every corpus;
+* ``ablation``: at ``--ablation_depth`` on ``--ablation_corpus``, area (basic)
+  and local attention, ContextPool's ablation rows (Tables 1 and 3: uniform and
+  non-local weights; no locality, fixed window, random sparse; MLP and
+  self-attention mappings) and the defaults the README's decisions chose (A1
+  ``size_norm``, A3 ``residual``, ``context_pool_position``) against their
+  alternatives;
+* ``long``: ``baseline`` vs ``cp`` at ``--ablation_depth`` trained
+  ``--long_steps``, so "faster early" and "better at the end" can be told apart;
+* ``costs``: per (arm, depth) compiled GFLOPs of the trainer's step and its
+  step time paired with the baseline's at the same depth (``benchmarks.harness``;
+  run it on a quiet machine).
+
+**Corpora** (both offline on a fresh machine): ``code``, the running Python's
+standard-library sources (``configs/default.py``'s corpus); ``text``, English
+prose: the Python Language Reference and library topics that CPython ships as
+``pydoc_data/topics.py`` (the text ``help('topics')`` shows; ~0.46 MB; PSF
+licence), written out as a plain text file by :func:`write_text_corpus`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Optional, Sequence
+
+from absl import app
+from absl import flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# ----------------------------------------------------------------------------
+# What is compared.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One model variant: ``family`` groups arms in plots; ``context_pool`` None =
+  the LM without ContextPool, else overrides of the default config's
+  ContextPool fields; ``model`` overrides other model fields."""
+
+  family: str
+  context_pool: Optional[dict[str, Any]] = None
+  model: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+ARMS = {
+    'baseline': Arm('transformer'),
+    'cp': Arm('contextpool', {}),
+    # Other adaptive-context baselines (area attention paper's basic form; its
+    # local-attention baseline), at the model's default area/window sizes.
+    'area': Arm('area', model=dict(attention='area')),
+    'local': Arm('local', model=dict(attention='local')),
+    # Table 1: pooling weights; Table 3: locality and mapping.
+    'cp_uniform': Arm('contextpool', dict(weights='uniform')),
+    'cp_nonlocal': Arm('contextpool', dict(weights='nonlocal')),
+    'cp_no_locality': Arm('contextpool', dict(locality='none')),
+    'cp_fixed_window': Arm('contextpool', dict(locality='fixed_window')),
+    'cp_random_sparse': Arm('contextpool', dict(locality='random_sparse')),
+    'cp_mlp': Arm('contextpool', dict(mapping='mlp')),
+    'cp_attention': Arm('contextpool', dict(mapping='attention')),
+    # The README decisions' alternatives (A1, A3, position).
+    'cp_softmax_size': Arm('contextpool', dict(size_norm='softmax')),
+    'cp_residual': Arm('contextpool', dict(residual=True)),
+    'cp_at_output': Arm('contextpool', {}, dict(context_pool_position='output')),
+}
+ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp'))
+CORPORA = ('code', 'text')
+GROUPS = ('depth', 'ablation', 'long', 'costs')
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  corpus: str
+  arm: str
+  depth: int
+  steps: int
+  seed: int
+
+  @property
+  def key(self) -> str:
+    return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """The study's model and schedule sizes (flags ``--size_<field>``). Half the
+  default LM's width (256 -> 128) so that the whole study (78 runs at 3 seeds)
+  fits in hours on a 2-core CPU; the schedule and data are the default's."""
+
+  emb_dim: int = 128
+  mlp_dim: int = 512
+  num_heads: int = 4
+  seq_len: int = 256
+  batch_size: int = 16
+  steps: int = 1000
+  long_steps: int = 4000
+  eval_every: int = 100
+  eval_max_bytes: int = 32 * 1024
+  max_bytes: int = 4 * 2**20
+
+
+def plan(
+    groups: Sequence[str],
+    *,
+    corpora: Sequence[str],
+    depths: Sequence[int],
+    seeds: Sequence[int],
+    sizes: Sizes,
+    ablation_corpus: str,
+    ablation_depth: int,
+    ablation_arms: Sequence[str] = ABLATION_ARMS,
+) -> list[Run]:
+  """The training runs of ``groups``, in the order they run (seed-major, so a
+  stopped study has complete comparisons for its first seeds), without duplicates."""
+  runs: list[Run] = []
+  for seed in seeds:
+    if 'depth' in groups:
+      runs += [
+          Run(c, a, d, sizes.steps, seed)
+          for c in corpora
+          for d in depths
+          for a in ('baseline', 'cp')
+      ]
+    if 'ablation' in groups:
+      runs += [
+          Run(ablation_corpus, a, ablation_depth, sizes.steps, seed)
+          for a in ('baseline', 'cp', *ablation_arms)
+      ]
+    if 'long' in groups:
+      runs += [
+          Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed)
+          for a in ('baseline', 'cp')
+      ]
+  return list(dict.fromkeys(runs))
+
+
+# ----------------------------------------------------------------------------
+# Corpora and configs.
+# ----------------------------------------------------------------------------
+
+
+def write_text_corpus(directory: pathlib.Path) -> pathlib.Path:
+  """CPython's ``pydoc_data.topics`` (the Language Reference and library topics
+  as plain English text, in topic order) written to ``directory``; returns the
+  file. Rewritten only when its content would change."""
+  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+
+  text = '\n\n'.join(topics.topics[k].strip('\n') for k in sorted(topics.topics)) + '\n'
+  path = directory / 'python_reference_topics.txt'
+  if not path.exists() or path.read_text(encoding='utf-8') != text:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix('.tmp')
+    tmp.write_text(text, encoding='utf-8')
+    os.replace(tmp, path)
+  return path
+
+
+def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
+  """``configs/default.py`` with the run's arm, depth, seed, corpus and sizes."""
+  if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+  from configs import default  # pylint: disable=g-import-not-at-top
+
+  arm = ARMS[run.arm]
+  c = default.get_config('baseline' if arm.context_pool is None else '')
+  with c.unlocked():
+    if arm.context_pool is not None:
+      c.model.context_pool.update(arm.context_pool)
+    c.model.update(
+        dict(
+            num_layers=run.depth,
+            emb_dim=sizes.emb_dim,
+            mlp_dim=sizes.mlp_dim,
+            num_heads=sizes.num_heads,
+            **arm.model,
+        )
+    )
+    c.seed = run.seed
+    c.batch_size = sizes.batch_size
+    c.num_train_steps = run.steps
+    c.eval_every_steps = sizes.eval_every
+    c.checkpoint_every_steps = sizes.eval_every
+    c.log_every_steps = sizes.eval_every
+    c.keep_checkpoints = 1
+    c.eval_splits = ('validation', 'test')
+    c.progress_bar = False
+    c.log_pool_sizes = False
+    c.dataset.seq_len = sizes.seq_len
+    c.dataset.eval_context = sizes.seq_len
+    c.dataset.eval_step = sizes.seq_len // 2
+    c.dataset.eval_max_bytes = sizes.eval_max_bytes
+    c.dataset.max_bytes = sizes.max_bytes
+    # Prepared corpora are shared by every run of the study.
+    c.dataset.data_dir = str(study_dir / 'tfds')
+    if run.corpus == 'text':
+      c.dataset.files = (str(write_text_corpus(study_dir / 'corpora')),)
+  return c
+
+
+# ----------------------------------------------------------------------------
+# Running.
+# ----------------------------------------------------------------------------
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _curve(lines: Iterable[dict[str, Any]], split: str, field: str) -> list[tuple[int, float]]:
+  """``[(step, value)]`` of one split, the last entry per step (a resumed run
+  may repeat a step)."""
+  by_step = {l['step']: l[field] for l in lines if l['split'] == split and field in l}
+  return sorted(by_step.items())
+
+
+def result_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
+  return study_dir / 'results' / f'{run.key}.json'
+
+
+def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]:
+  """Trains (or resumes) ``run`` in this process and records its result."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+  workdir = study_dir / 'runs' / run.key
+  t0 = time.time()
+  out = trainer.train_and_evaluate(make_config(run, sizes, study_dir), str(workdir))
+  if out.get('preempted'):
+    raise SystemExit(143)
+  lines = _read_jsonl(workdir / 'metrics.jsonl')
+  rates = [v for _, v in _curve(lines, 'train', 'steps_per_sec')]
+  result = dict(
+      dataclasses.asdict(run),
+      key=run.key,
+      family=ARMS[run.arm].family,
+      val_bpc=out['eval_validation']['bpc'],
+      test_bpc=out['eval_test']['bpc'],
+      train_loss=out['train_history'][-1]['loss'],
+      val_curve=_curve(lines, 'eval_validation', 'bpc'),
+      test_curve=_curve(lines, 'eval_test', 'bpc'),
+      train_curve=_curve(lines, 'train', 'loss'),
+      steps_per_sec_median=statistics.median(rates) if rates else None,
+      wall_s_last_session=time.time() - t0,
+      sizes=dataclasses.asdict(sizes),
+  )
+  path = result_path(study_dir, run)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix('.tmp')
+  tmp.write_text(json.dumps(result, indent=1))
+  os.replace(tmp, path)
+  shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)  # only needed to resume
+  return result
+
+
+def check_sizes(study_dir: pathlib.Path, sizes: Sizes) -> None:
+  """Records the sizes of a new study; refuses to add runs of other sizes to it."""
+  path = study_dir / 'sizes.json'
+  if path.exists():
+    recorded = json.loads(path.read_text())
+    diff = {k: (v, getattr(sizes, k)) for k, v in recorded.items() if getattr(sizes, k) != v}
+    if diff:
+      raise app.UsageError(
+          f'{study_dir} holds a study with other sizes ((recorded, given): {diff}); pass the '
+          'recorded --size_* flags or use another --study_dir.'
+      )
+  else:
+    study_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(sizes), indent=1))
+
+
+def run_all(
+    runs: Sequence[Run],
+    sizes: Sizes,
+    study_dir: pathlib.Path,
+    *,
+    in_process: bool = False,
+    log=print,
+) -> list[Run]:
+  """Trains every run without a result (each in a subprocess unless
+  ``in_process``); returns the runs trained now."""
+  trained = []
+  for i, run in enumerate(runs):
+    if result_path(study_dir, run).exists():
+      continue
+    log(f'[{i + 1}/{len(runs)}] {run.key}')
+    if in_process:
+      train_one(run, sizes, study_dir)
+    else:
+      cmd = [sys.executable, '-m', 'benchmarks.lm_study', f'--study_dir={study_dir}']
+      cmd += [f'--train_one={run.key}'] + _size_flags(sizes)
+      proc = subprocess.run(cmd, cwd=ROOT, check=False)
+      if proc.returncode:
+        raise SystemExit(f'{run.key} exited with {proc.returncode}; rerun to resume.')
+    trained.append(run)
+  return trained
+
+
+def parse_key(key: str) -> Run:
+  corpus, rest = key.split('-', 1)
+  arm, depth, steps, seed = rest.rsplit('-', 3)
+  return Run(corpus, arm, int(depth[1:]), int(steps[1:]), int(seed[1:]))
+
+
+# ----------------------------------------------------------------------------
+# Costs: the trainer's step, compiled and paired with the baseline's.
+# ----------------------------------------------------------------------------
+
+
+def cost_pairs(runs: Sequence[Run]) -> list[tuple[str, int]]:
+  """The (arm, depth) pairs of ``runs``, each with its depth's baseline."""
+  pairs = [(r.arm, r.depth) for r in runs] + [('baseline', r.depth) for r in runs]
+  return sorted(set(pairs), key=lambda p: (p[1], list(ARMS).index(p[0])))
+
+
+def measure_costs(
+    pairs: Sequence[tuple[str, int]], sizes: Sizes, study_dir: pathlib.Path, log=print
+) -> None:
+  """``<study_dir>/costs/<arm>-L<depth>.json``: params, GFLOPs and temp memory
+  of the trainer's step at the study's sizes, and its step time paired with the
+  baseline's at the same depth (``step_ratio``). Skips recorded ones."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from benchmarks import harness  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import objectives, optim, tasks  # pylint: disable=g-import-not-at-top
+
+  def workload(arm: str, depth: int) -> harness.Workload:
+    config = make_config(Run('code', arm, depth, sizes.steps, 0), sizes, study_dir)
+    n = config.dataset.seq_len
+
+    def make_batch(key):
+      tokens = jax.random.randint(key, (config.batch_size, n + 1), 0, 256, jnp.int32)
+      return {'tokens': tokens, 'weights': jnp.ones((config.batch_size, n), jnp.float32)}
+
+    return harness.Workload(
+        module=tasks.build_model(config),
+        objective=objectives.make_objective(config, None),
+        make_batch=make_batch,
+        optimizer=optim.make_optimizer(config.optimizer, config.num_train_steps),
+    )
+
+  out = study_dir / 'costs'
+  out.mkdir(parents=True, exist_ok=True)
+  for depth in sorted({d for _, d in pairs}):
+    todo = [a for a, d in pairs if d == depth and not (out / f'{a}-L{depth}.json').exists()]
+    if not todo:
+      continue
+    base_row, base = harness.measure_row(
+        'baseline', lambda: workload('baseline', depth), repeats=20, log=log
+    )
+    for arm in todo:
+      if arm == 'baseline':
+        row = dict(base_row, step_ratio=1.0)
+      else:
+        row = harness.measure(
+            arm, lambda arm=arm: workload(arm, depth), repeats=20, baseline=base, log=log
+        )
+      row.update(arm=arm, depth=depth, family=ARMS[arm].family)
+      (out / f'{arm}-L{depth}.json').write_text(json.dumps(row, indent=1))
+    base.close()
+
+
+# ----------------------------------------------------------------------------
+# Report.
+# ----------------------------------------------------------------------------
+
+# Two-sided 95% Student-t quantiles by degrees of freedom (for paired differences).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def load_results(study_dir: pathlib.Path) -> list[dict[str, Any]]:
+  return [json.loads(p.read_text()) for p in sorted((study_dir / 'results').glob('*.json'))]
+
+
+def load_costs(study_dir: pathlib.Path) -> dict[tuple[str, int], dict[str, Any]]:
+  rows = [json.loads(p.read_text()) for p in sorted((study_dir / 'costs').glob('*.json'))]
+  return {(r['arm'], r['depth']): r for r in rows}
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> Optional[dict[str, Any]]:
+  """Per-seed differences ``a - b`` over the seeds both have: mean, std, the
+  95% t-interval half-width and whether it excludes 0 (None under 2 seeds)."""
+  seeds = sorted(set(a) & set(b))
+  if len(seeds) < 2:
+    return None
+  d = [a[s] - b[s] for s in seeds]
+  mean, std = statistics.mean(d), statistics.stdev(d)
+  half = _T95.get(len(d) - 1, 1.96) * std / math.sqrt(len(d))
+  return dict(seeds=seeds, diffs=d, mean=mean, std=std, half=half, significant=abs(mean) > half)
+
+
+def _mean_std(values: Sequence[float]) -> str:
+  if not values:
+    return '-'
+  if len(values) == 1:
+    return f'{values[0]:.3f}'
+  return f'{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}'
+
+
+def _diff_cell(p: Optional[dict[str, Any]]) -> str:
+  if p is None:
+    return '-'
+  verdict = 'yes' if p['significant'] else 'no'
+  per_seed = ', '.join(f'{x:+.3f}' for x in p['diffs'])
+  return f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({per_seed}) | {verdict}'
+
+
+def _by_seed(results, **match) -> dict[int, dict[str, Any]]:
+  return {r['seed']: r for r in results if all(r[k] == v for k, v in match.items())}
+
+
+def corpus_report(
+    results: Sequence[dict[str, Any]], costs: dict[tuple[str, int], dict[str, Any]], corpus: str
+) -> str:
+  """The markdown tables of one corpus."""
+  rs = [r for r in results if r['corpus'] == corpus]
+  lines = [f'## Corpus `{corpus}`', '']
+  groups = sorted({(r['steps'], r['depth']) for r in rs})
+  lines += [
+      '| steps | depth | arm | seeds | val BPC | test BPC | arm − baseline (val, 95% CI, per seed) |'
+      ' beyond seed noise | GFLOPs/step | step time vs baseline |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
+  ]
+  for steps, depth in groups:
+    arms = [
+        a
+        for a in ARMS
+        if any(r['arm'] == a for r in rs if (r['steps'], r['depth']) == (steps, depth))
+    ]
+    base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
+    for arm in arms:
+      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      diff = (
+          None
+          if arm == 'baseline'
+          else paired(
+              {s: r['val_bpc'] for s, r in mine.items()}, {s: r['val_bpc'] for s, r in base.items()}
+          )
+      )
+      cost = costs.get((arm, depth), {})
+      gflops = f'{cost["gflops"]:.2f}' if cost.get('gflops') else '-'
+      ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
+      lines.append(
+          f'| {steps} | {depth} | {arm} | {len(mine)} | '
+          f'{_mean_std([r["val_bpc"] for r in mine.values()])} | '
+          f'{_mean_std([r["test_bpc"] for r in mine.values()])} | '
+          f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
+      )
+  lines += ['', '### Learning curves (validation BPC, mean over seeds)', '']
+  for steps, depth in groups:
+    curves = {}
+    for arm in ARMS:
+      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      if not mine:
+        continue
+      by_step: dict[int, list[float]] = {}
+      for r in mine.values():
+        for step, v in r['val_curve']:
+          by_step.setdefault(step, []).append(v)
+      curves[arm] = {s: statistics.mean(v) for s, v in by_step.items()}
+    if not curves:
+      continue
+    all_steps = sorted({s for c in curves.values() for s in c})
+    shown = all_steps if len(all_steps) <= 10 else all_steps[:: math.ceil(len(all_steps) / 10)]
+    if all_steps[-1] not in shown:
+      shown.append(all_steps[-1])
+    lines += [
+        f'{steps} steps, depth {depth}:',
+        '',
+        '| arm | ' + ' | '.join(str(s) for s in shown) + ' |',
+        '| --- |' + ' --- |' * len(shown),
+    ]
+    for arm, c in curves.items():
+      lines.append(
+          f'| {arm} | ' + ' | '.join(f'{c[s]:.3f}' if s in c else '-' for s in shown) + ' |'
+      )
+    lines.append('')
+  return '\n'.join(lines)
+
+
+RUN_FIELDS = (
+    'key',
+    'corpus',
+    'arm',
+    'family',
+    'depth',
+    'steps',
+    'seed',
+    'val_bpc',
+    'test_bpc',
+    'train_loss',
+    'steps_per_sec_median',
+)
+
+
+def write_report(study_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """``lm_study_<corpus>.md``, ``lm_study_runs.csv`` and ``lm_study_cost.png``
+  (BPC vs step time and vs GFLOPs per family over depths) in ``out_dir``."""
+  results, costs = load_results(study_dir), load_costs(study_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  written = []
+  path = out_dir / 'lm_study_runs.csv'
+  with open(path, 'w', newline='') as f:
+    w = csv.DictWriter(f, fieldnames=RUN_FIELDS, extrasaction='ignore')
+    w.writeheader()
+    w.writerows(sorted(results, key=lambda r: r['key']))
+  written.append(path)
+  for corpus in sorted({r['corpus'] for r in results}):
+    path = out_dir / f'lm_study_{corpus}.md'
+    path.write_text(corpus_report(results, costs, corpus) + '\n')
+    written.append(path)
+  if costs and results:
+    written.append(_plot(results, costs, out_dir / 'lm_study_cost.png'))
+  return written
+
+
+def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  corpora = sorted({r['corpus'] for r in results})
+  fig, axes = plt.subplots(len(corpora), 2, figsize=(10, 4 * len(corpora)), squeeze=False)
+  steps = min(r['steps'] for r in results)
+  for row, corpus in zip(axes, corpora):
+    for family_arm in ('baseline', 'cp'):
+      pts = []
+      for (arm, depth), cost in sorted(costs.items(), key=lambda kv: kv[0][1]):
+        if arm != family_arm:
+          continue
+        vals = [
+            r['val_bpc']
+            for r in results
+            if (r['corpus'], r['arm'], r['depth'], r['steps']) == (corpus, arm, depth, steps)
+        ]
+        if vals and cost.get('step_ms'):
+          err = statistics.stdev(vals) if len(vals) > 1 else 0.0
+          pts.append((cost['step_ms'], cost['gflops'], statistics.mean(vals), err, depth))
+      if not pts:
+        continue
+      for ax, xi, label in ((row[0], 0, 'step time (ms, CPU)'), (row[1], 1, 'GFLOPs per step')):
+        ax.errorbar(
+            [p[xi] for p in pts],
+            [p[2] for p in pts],
+            yerr=[p[3] for p in pts],
+            marker='o',
+            capsize=3,
+            label=ARMS[family_arm].family,
+        )
+        for p in pts:
+          ax.annotate(f'L={p[4]}', (p[xi], p[2]), textcoords='offset points', xytext=(4, 4))
+        ax.set_xlabel(label)
+        ax.set_ylabel(f'validation BPC ({corpus}, {steps} steps)')
+        ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+# ----------------------------------------------------------------------------
+# Command line.
+# ----------------------------------------------------------------------------
+
+_STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Where runs, results and costs are kept.')
+_GROUPS = flags.DEFINE_list('groups', ['depth', 'ablation', 'long'], f'Any of {GROUPS}.')
+_CORPORA = flags.DEFINE_list('corpora', list(CORPORA), 'Corpora of the depth group.')
+_DEPTHS = flags.DEFINE_list('depths', ['1', '2', '4'], 'Depths of the depth group.')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every group.')
+_ABL_CORPUS = flags.DEFINE_enum('ablation_corpus', 'code', CORPORA, 'Corpus of ablation/long.')
+_ABL_DEPTH = flags.DEFINE_integer('ablation_depth', 2, 'Depth of the ablation and long groups.')
+_REPORT = flags.DEFINE_string('report', None, 'Write the report to this directory and stop.')
+_TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key.')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
+_SIZE_FLAGS = {
+    f.name: flags.DEFINE_integer(f'size_{f.name}', f.default, f'Sizes.{f.name}')
+    for f in dataclasses.fields(Sizes)
+}
+
+
+def _size_flags(sizes: Sizes) -> list[str]:
+  return [f'--size_{k}={v}' for k, v in dataclasses.asdict(sizes).items()]
+
+
+def _check_choices(name: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+  bad = [v for v in values if v not in allowed]
+  if bad:
+    raise app.UsageError(f'--{name}: {bad} not in {list(allowed)}.')
+
+
+def main(argv):
+  del argv
+  if not _STUDY_DIR.value:
+    raise app.UsageError('--study_dir is required.')
+  study_dir = pathlib.Path(_STUDY_DIR.value).expanduser().resolve()
+  sizes = Sizes(**{k: f.value for k, f in _SIZE_FLAGS.items()})
+  if _TRAIN_ONE.value:
+    train_one(parse_key(_TRAIN_ONE.value), sizes, study_dir)
+    return
+  if _REPORT.value:
+    for path in write_report(study_dir, pathlib.Path(_REPORT.value)):
+      print(f'wrote {path}')
+    return
+  _check_choices('groups', _GROUPS.value, GROUPS)
+  _check_choices('corpora', _CORPORA.value, CORPORA)
+  depths, seeds = [int(d) for d in _DEPTHS.value], [int(s) for s in _SEEDS.value]
+  runs = plan(
+      _GROUPS.value,
+      corpora=_CORPORA.value,
+      depths=depths,
+      seeds=seeds,
+      sizes=sizes,
+      ablation_corpus=_ABL_CORPUS.value,
+      ablation_depth=_ABL_DEPTH.value,
+  )
+  if _DRY_RUN.value:
+    for run in runs:
+      print(('done ' if result_path(study_dir, run).exists() else 'todo ') + run.key)
+    return
+  check_sizes(study_dir, sizes)
+  run_all(runs, sizes, study_dir)
+  if 'costs' in _GROUPS.value:
+    everything = plan(
+        GROUPS,
+        corpora=_CORPORA.value,
+        depths=depths,
+        seeds=seeds[:1],
+        sizes=sizes,
+        ablation_corpus=_ABL_CORPUS.value,
+        ablation_depth=_ABL_DEPTH.value,
+    )
+    measure_costs(cost_pairs(everything), sizes, study_dir)
+
+
+if __name__ == '__main__':
+  app.run(main)

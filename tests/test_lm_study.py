@@ -1,0 +1,125 @@
+"""The LM study runner (benchmarks/lm_study.py): plans, records, resumes, reports."""
+
+import json
+import pathlib
+
+import pytest
+
+from benchmarks import lm_study
+
+TINY = lm_study.Sizes(
+    emb_dim=16,
+    mlp_dim=32,
+    num_heads=2,
+    seq_len=16,
+    batch_size=4,
+    steps=4,
+    long_steps=6,
+    eval_every=2,
+    eval_max_bytes=512,
+    max_bytes=64 * 1024,
+)
+
+
+def test_plan_pairs_every_arm_by_seed_without_duplicates():
+  runs = lm_study.plan(
+      ['depth', 'ablation', 'long'],
+      corpora=['code', 'text'],
+      depths=[1, 2],
+      seeds=[0, 1],
+      sizes=TINY,
+      ablation_corpus='code',
+      ablation_depth=2,
+  )
+  keys = [r.key for r in runs]
+  assert len(keys) == len(set(keys))
+  # depth: 2 corpora x 2 depths x 2 arms; ablation adds its arms at depth 2 on
+  # code (baseline and cp there are the depth group's); long: 2 arms.
+  per_seed = 2 * 2 * 2 + len(lm_study.ABLATION_ARMS) + 2
+  assert len(runs) == 2 * per_seed
+  for seed in (0, 1):
+    mine = {(r.corpus, r.arm, r.depth, r.steps) for r in runs if r.seed == seed}
+    other = {(r.corpus, r.arm, r.depth, r.steps) for r in runs if r.seed == 1 - seed}
+    assert mine == other
+  assert all(lm_study.parse_key(r.key) == r for r in runs)
+
+
+def test_text_corpus_is_the_python_reference_topics(tmp_path):
+  from pydoc_data import topics
+
+  path = lm_study.write_text_corpus(tmp_path)
+  text = path.read_text(encoding='utf-8')
+  assert len(text) > 100_000
+  for name in ('assert', 'lambda', 'while'):
+    assert topics.topics[name].strip('\n') in text
+  mtime = path.stat().st_mtime_ns
+  assert lm_study.write_text_corpus(tmp_path).stat().st_mtime_ns == mtime  # not rewritten
+
+
+def test_arms_build_configs_that_differ_only_where_they_say(tmp_path):
+  base = lm_study.make_config(lm_study.Run('code', 'baseline', 2, 4, 0), TINY, tmp_path)
+  cp = lm_study.make_config(lm_study.Run('code', 'cp', 2, 4, 0), TINY, tmp_path)
+  uniform = lm_study.make_config(lm_study.Run('text', 'cp_uniform', 1, 4, 3), TINY, tmp_path)
+  assert base.model.context_pool is None and base.model.name == 'transformer_lm'
+  assert cp.model.context_pool.weights == 'learned'
+  assert uniform.model.context_pool.weights == 'uniform' and uniform.model.num_layers == 1
+  assert uniform.seed == 3 and uniform.dataset.files[0].endswith('python_reference_topics.txt')
+  assert base.model.emb_dim == cp.model.emb_dim == TINY.emb_dim
+  assert base.dataset.data_dir == cp.dataset.data_dir  # corpora prepared once per study
+
+
+def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
+  study = tmp_path / 'study'
+  runs = [
+      lm_study.Run('code', arm, 1, TINY.steps, seed)
+      for seed in (0, 1)
+      for arm in ('baseline', 'cp')
+  ]
+  trained = lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None)
+  assert trained == runs
+  results = lm_study.load_results(study)
+  assert len(results) == 4
+  for r in results:
+    assert [s for s, _ in r['val_curve']] == [2, 4]  # a learning curve, every eval_every
+    assert r['val_bpc'] == r['val_curve'][-1][1] and 0 < r['test_bpc'] < 16
+    assert not (study / 'runs' / r['key'] / 'checkpoints').exists()
+  # A rerun trains nothing (the trainer is never called).
+  monkeypatch.setattr(lm_study, 'train_one', lambda *a: pytest.fail('retrained a recorded run'))
+  assert lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None) == []
+
+  lm_study.measure_costs([('baseline', 1), ('cp', 1)], TINY, study, log=lambda s: None)
+  costs = lm_study.load_costs(study)
+  assert costs[('cp', 1)]['gflops'] > costs[('baseline', 1)]['gflops'] > 0
+  assert costs[('baseline', 1)]['step_ratio'] == 1.0 and costs[('cp', 1)]['step_ratio'] > 0
+
+  out = tmp_path / 'report'
+  written = {p.name for p in lm_study.write_report(study, out)}
+  assert written == {'lm_study_runs.csv', 'lm_study_code.md', 'lm_study_cost.png'}
+  md = (out / 'lm_study_code.md').read_text()
+  by_key = {r['key']: r for r in results}
+  diffs = [
+      by_key[f'code-cp-L1-n4-s{s}']['val_bpc'] - by_key[f'code-baseline-L1-n4-s{s}']['val_bpc']
+      for s in (0, 1)
+  ]
+  assert f'({diffs[0]:+.3f}, {diffs[1]:+.3f})' in md  # paired per seed
+  assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
+
+
+def test_paired_difference_interval():
+  p = lm_study.paired({0: 1.0, 1: 1.2, 2: 1.1}, {0: 0.5, 1: 0.6, 2: 0.7})
+  assert p['diffs'] == pytest.approx([0.5, 0.6, 0.4])
+  # mean 0.5, std 0.1, t(2) = 4.303: half-width 4.303 * 0.1 / sqrt(3).
+  assert p['mean'] == pytest.approx(0.5) and p['half'] == pytest.approx(4.303 * 0.1 / 3**0.5)
+  assert p['significant']
+  assert not lm_study.paired({0: 1.0, 1: 0.0}, {0: 0.5, 1: 0.5})['significant']
+  assert lm_study.paired({0: 1.0}, {0: 0.5}) is None
+
+
+def test_sizes_of_a_study_cannot_change(tmp_path):
+  from absl import app
+
+  lm_study.check_sizes(tmp_path, TINY)
+  assert json.loads((tmp_path / 'sizes.json').read_text())['steps'] == TINY.steps
+  lm_study.check_sizes(tmp_path, TINY)
+  with pytest.raises(app.UsageError, match='steps'):
+    lm_study.check_sizes(tmp_path, lm_study.Sizes(**{**TINY.__dict__, 'steps': 8}))
