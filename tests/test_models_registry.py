@@ -47,7 +47,9 @@ def test_every_model_passes_its_fields_down_as_one_frozen_config():
   for name in models.available():
     model = models.create(name)
     config = model.config
-    assert dataclasses.is_dataclass(config), name
+    assert isinstance(
+        config, (models.TransformerConfig, models.ResNetConfig, models.ViTConfig)
+    ), name
     with pytest.raises(dataclasses.FrozenInstanceError):
       config.dtype = None
     names = [f.name for f in dataclasses.fields(config)]
