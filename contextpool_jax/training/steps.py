@@ -130,15 +130,20 @@ def make_train_step(
         grad_fn, state.params, state.model_state, batch, rng, grad_accum_steps
     )
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    new_state = state.replace(
+
+    def update(state):
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      return state.replace(params=params, opt_state=opt_state, model_state=model_state)
+
+    # A conditional, not a select of new and old values: the update then writes
+    # the (donated) parameters and optimizer state in place; a select keeps
+    # both, ~2x the parameter memory more (measured: +205 MiB on a 31M-param
+    # Transformer, benchmarks/results).
+    new_state = jax.lax.cond(ok, update, lambda state: state, state)
+    new_state = new_state.replace(
         step=state.step + 1,
-        params=keep(params, state.params),
-        opt_state=keep(opt_state, state.opt_state),
-        model_state=keep(model_state, state.model_state),
         bad_step=jnp.where((state.bad_step < 0) & ~ok, state.step, state.bad_step),
     )
     metrics = dict(
