@@ -16,7 +16,8 @@ default"; without a default the entry is required.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Iterable, Sequence
+import os
+from typing import Any, Iterable, Optional, Sequence
 
 from contextpool_jax.errors import ConfigError
 
@@ -176,6 +177,17 @@ def read_str(config: Any, path: str, *, default: Any = REQUIRED) -> Any:
   if not isinstance(value, str) or not value:
     raise _bad(path, value, 'a non-empty string')
   return value
+
+
+def read_dir(config: Any, path: str) -> Optional[str]:
+  """A directory setting: a path string, or None for the library's default
+  (``''`` and an absent entry also mean the default, never the current directory)."""
+  value = lookup(config, path, None)
+  if value is None or value == '':
+    return None
+  if not isinstance(value, (str, os.PathLike)):
+    raise _bad(path, value, 'a directory path (a string), or None / "" for the default')
+  return os.fspath(value)
 
 
 def read_choice(config: Any, path: str, allowed: Iterable[Any], *, default: Any = REQUIRED) -> Any:

@@ -1,7 +1,7 @@
 """Every config is valid, and every config family trains a few steps at reduced size.
 
 Data: synthetic enwik8/text8 zips in ``manual_dir`` (small split sizes),
-``tfds.testing.mock_data`` for cifar10 / imagenet2012, and a mocked WMT'14 data
+``tfds.testing.mock_data`` for cifar10 / imagenet2012, scikit-learn's digits (real, offline), and a mocked WMT'14 data
 source with small sentence pairs. Reduced size means the same config with a
 small model and batch (set as overrides, like a user would on the command line).
 """
@@ -34,6 +34,7 @@ CONFIGS = {
     'text8': ['stage1', 'stage3,baseline'],
     'imagenet_vit': ['vit_b16', 'cp_vit_b16'],
     'cifar10_resnet': ['resnet44', 'cp_resnet44', 'cp_resnet46', 'resnet20'],
+    'digits_resnet': ['resnet20', 'cp_resnet20', 'cp_resnet32'],
     'imagenet_resnet': [
         'resnet50',
         'cp_resnet50',
@@ -167,6 +168,16 @@ def test_cifar10_resnet_config_trains(tmp_path):
   config.dataset.update(eval_batch_size=8)
   with _mock_images():
     result = _run(config, tmp_path)
+  assert 0.0 <= result['eval_test']['top1'] <= 1.0
+
+
+def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
+  # The real digits (offline, inside scikit-learn), prepared on first use in data_dir.
+  config = _shrink(_load('digits_resnet', 'cp_resnet20'))
+  config.batch_size = 8
+  config.dataset.data_dir = str(tmp_path / 'tfds')
+  result = _run(config, tmp_path)
+  assert 0.0 <= result['eval_validation']['top1'] <= 1.0
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
 
 

@@ -1,4 +1,4 @@
-"""Image classification input: CIFAR-10 and ImageNet (ILSVRC-2012) through TFDS + grain.
+"""Image classification input: CIFAR-10, ImageNet (ILSVRC-2012) and digits through TFDS + grain.
 
 Implements the contract of :mod:`contextpool_jax.data` for ``config.task ==
 'classification'``. Examples are read with ``tfds.data_source`` (array_record
@@ -28,6 +28,12 @@ Augmentation:
 * CIFAR-10 (He et al. 2016, Sec. 4.2): pad 4 pixels of zeros on each side, take
   a random 32x32 window of the 40x40 image, flip horizontally with probability
   1/2. Evaluation uses the image as is.
+* ``sklearn_digits`` (scikit-learn's 8x8 handwritten digits, offline:
+  :mod:`contextpool_jax.data.image_builders`, prepared on first use): the CIFAR
+  scheme with 1 pixel of padding and no flip (a mirrored digit is another
+  glyph); then, like any image whose size is not ``image_size``, resized
+  (default 16: ResNets' last stage then has a 4x4 map to pool, where an 8x8
+  input leaves 2x2).
 * ImageNet (Szegedy et al. 2015, "Inception"; as in ViT/DeiT): random resized
   crop covering ``crop_area_min``..1 of the image area with aspect ratio in
   [3/4, 4/3] (10 tries, then the largest central crop of an allowed ratio),
@@ -47,7 +53,9 @@ Normalisation: ``(pixel - mean) / std`` per channel, on 0..255 values:
 * CIFAR-10: the training set's statistics, mean (0.4914, 0.4822, 0.4465),
   std (0.2470, 0.2435, 0.2616) (times 255);
 * ImageNet: the usual torchvision/DeiT values, mean (0.485, 0.456, 0.406),
-  std (0.229, 0.224, 0.225) (times 255).
+  std (0.229, 0.224, 0.225) (times 255);
+* digits: the training split's pixel mean 77.93 and std 95.99 (0..255 scale,
+  the same for the three replicated grey channels).
 
 ``config.dataset.mean``/``std`` (three numbers on the 0..255 scale) override them
 (e.g. 127.5/127.5 for the original ViT's [-1, 1] inputs).
@@ -55,7 +63,8 @@ Normalisation: ``(pixel - mean) / std`` per channel, on 0..255 values:
 Config fields (``config.dataset``; ``None`` or absent = the default):
 
 ================================  ==================================================
-``name``                          ``'cifar10'`` or ``'imagenet2012'`` (required)
+``name``                          ``'cifar10'``, ``'imagenet2012'`` or
+                                  ``'sklearn_digits'`` (required)
 ``data_dir``                      TFDS data dir (default: TFDS's, ``$TFDS_DATA_DIR``
                                   or ``~/tensorflow_datasets``)
 ``image_size``                    32 (CIFAR-10) / 224 (ImageNet); CIFAR images are
@@ -63,7 +72,9 @@ Config fields (``config.dataset``; ``None`` or absent = the default):
 ``train_split``, ``eval_split``   ``'train'``; ``'test'`` (CIFAR) / ``'validation'``
                                   (ImageNet); TFDS slicing (``'train[:1%]'``) works
 ``eval_batch_size``               global; 1000 (CIFAR) / 256 (ImageNet)
-``crop_padding``                  4 (CIFAR zero padding per side)
+``crop_padding``                  4 (CIFAR zero padding per side; digits: 1)
+``flip``                          random horizontal flips (default: True;
+                                  digits: False)
 ``crop_area_min``                 0.08 (ImageNet; in (0, 1])
 ``eval_crop_fraction``            0.875 (ImageNet)
 ``interpolation``                 ``'bilinear'`` or ``'bicubic'`` (DeiT uses bicubic)
@@ -100,7 +111,7 @@ from contextpool_jax import checks
 from contextpool_jax.data import randaugment, tfds_splits
 from contextpool_jax.errors import ConfigError
 
-DATASETS = ('cifar10', 'imagenet2012')
+DATASETS = ('cifar10', 'imagenet2012', 'sklearn_digits')
 
 # Per-channel (mean, std), 0..255 scale.
 NORMALIZATION = {
@@ -112,12 +123,18 @@ NORMALIZATION = {
         tuple(255 * v for v in (0.485, 0.456, 0.406)),
         tuple(255 * v for v in (0.229, 0.224, 0.225)),
     ),
+    'sklearn_digits': ((77.93,) * 3, (95.99,) * 3),
 }
 
 _DATASET_DEFAULTS = {
     'cifar10': dict(image_size=32, eval_split='test', eval_batch_size=1000),
     'imagenet2012': dict(image_size=224, eval_split='validation', eval_batch_size=256),
+    'sklearn_digits': dict(
+        image_size=16, eval_split='validation', eval_batch_size=300, crop_padding=1, flip=False
+    ),
 }
+# Augmented by padding, a random crop of the input size and (optionally) a flip.
+_PAD_CROP = ('cifar10', 'sklearn_digits')
 
 _INTERPOLATION = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resampling.BICUBIC}
 
@@ -140,6 +157,7 @@ class ImageInputSpec:
   eval_split: str
   eval_batch_size: int
   crop_padding: int = 4
+  flip: bool = True
   crop_area_min: float = 0.08
   eval_crop_fraction: float = 0.875
   interpolation: str = 'bilinear'
@@ -182,16 +200,16 @@ def resolve_spec(config: Any) -> ImageInputSpec:
   number = lambda field, default, lo, hi, lo_open=False: checks.read_float(
       config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default
   )
-  data_dir = checks.lookup(config, 'dataset.data_dir', None)
   mean, std = NORMALIZATION[name]
   return ImageInputSpec(
       name=name,
-      data_dir=None if data_dir is None else str(data_dir),
+      data_dir=checks.read_dir(config, 'dataset.data_dir'),
       image_size=integer('image_size', dd['image_size'], 1),
       train_split=checks.read_str(config, 'dataset.train_split', default='train'),
       eval_split=checks.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
       eval_batch_size=integer('eval_batch_size', dd['eval_batch_size'], 1),
-      crop_padding=integer('crop_padding', 4, 0),
+      crop_padding=integer('crop_padding', dd.get('crop_padding', 4), 0),
+      flip=checks.read_bool(config, 'dataset.flip', default=dd.get('flip', True)),
       crop_area_min=number('crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
       eval_crop_fraction=number('eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
       interpolation=checks.read_choice(
@@ -254,6 +272,10 @@ def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None)
     ValueError: the dataset is prepared but ``split`` is not one of its splits
       or selects no example; the message names ``setting`` and the splits.
   """
+  if spec.name == 'sklearn_digits':  # offline and small: prepared on first use
+    from contextpool_jax.data import image_builders  # pylint: disable=g-import-not-at-top
+
+    image_builders.prepare(spec.data_dir)
   return tfds_splits.open_split(
       spec.name,
       split,
@@ -284,13 +306,15 @@ def _rgb(image: np.ndarray) -> np.ndarray:
   return image.astype(np.uint8, copy=False)
 
 
-def pad_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
+def pad_crop_flip(
+    image: np.ndarray, rng: np.random.Generator, padding: int = 4, flip: bool = True
+) -> np.ndarray:
   """CIFAR augmentation (He et al. 2016): zero-pad, random crop of the input size, flip."""
   h, w = image.shape[:2]
   padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
   y, x = rng.integers(0, 2 * padding + 1, size=2)
   out = padded[y : y + h, x : x + w]
-  if rng.random() < 0.5:
+  if flip and rng.random() < 0.5:
     out = out[:, ::-1]
   return np.ascontiguousarray(out)
 
@@ -358,14 +382,14 @@ def train_example(example: dict, rng: np.random.Generator, spec: ImageInputSpec)
   """Decoded TFDS example -> ``{'image': float32 [s, s, 3], 'label': int32 []}``."""
   image = _rgb(example['image'])
   s = spec.image_size
-  if spec.name == 'cifar10':
-    image = pad_crop_flip(image, rng, spec.crop_padding)
+  if spec.name in _PAD_CROP:
+    image = pad_crop_flip(image, rng, spec.crop_padding, spec.flip)
   else:
     top, left, ch, cw = random_resized_crop_box(
         rng, image.shape[0], image.shape[1], (spec.crop_area_min, 1.0)
     )
     image = _resize_box(image, (left, top, left + cw, top + ch), s, spec.interpolation)
-    if rng.random() < 0.5:
+    if spec.flip and rng.random() < 0.5:
       image = np.ascontiguousarray(image[:, ::-1])
   if spec.randaugment_num_ops:
     image = randaugment.randaugment(

@@ -211,13 +211,6 @@ def _opt(entry: str) -> Any:
   return OPTIONAL_DEFAULTS[entry]
 
 
-def _optional_dir(config, entry: str) -> Optional[str]:
-  value = checks.lookup(config, f'dataset.{entry}', _opt(entry)) or None
-  if value is not None and not isinstance(value, str):
-    raise ConfigError(f'config.dataset.{entry} must be a str or None, got {value!r}.')
-  return value
-
-
 def resolve_spec(config) -> LMDataSpec:
   """Reads and checks every LM data setting; ConfigError names a bad one."""
   context = checks.read_int(config, 'dataset.eval_context', minimum=1)
@@ -234,8 +227,8 @@ def resolve_spec(config) -> LMDataSpec:
     )
   return LMDataSpec(
       name=checks.read_choice(config, 'dataset.name', DATASET_NAMES),
-      data_dir=_optional_dir(config, 'data_dir'),
-      manual_dir=_optional_dir(config, 'manual_dir'),
+      data_dir=checks.read_dir(config, 'dataset.data_dir'),
+      manual_dir=checks.read_dir(config, 'dataset.manual_dir'),
       files=_files(config),
       allow_binary=checks.read_bool(config, 'dataset.allow_binary', default=_opt('allow_binary')),
       max_bytes=checks.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),

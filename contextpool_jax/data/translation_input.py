@@ -138,7 +138,7 @@ def resolve_spec(config) -> TranslationDataSpec:
   boundaries = checks.lookup(config, d('bucket_boundaries'), None)
   return TranslationDataSpec(
       name=checks.read_str(config, d('name'), default=_DEFAULTS['name']),
-      data_dir=checks.lookup(config, d('data_dir'), None) or None,
+      data_dir=checks.read_dir(config, d('data_dir')),
       source_lang=checks.read_str(config, d('source_lang'), default=_DEFAULTS['source_lang']),
       target_lang=checks.read_str(config, d('target_lang'), default=_DEFAULTS['target_lang']),
       train_split=checks.read_str(config, d('train_split'), default=_DEFAULTS['train_split']),
