@@ -31,6 +31,9 @@ are paired per seed.
   alternatives;
 * ``long``: ``baseline`` vs ``cp`` at ``--ablation_depth`` trained
   ``--long_steps``, so "faster early" and "better at the end" can be told apart;
+* ``images``: ResNet vs CP-ResNet (``configs/digits_resnet.py``, depths
+  ``--image_depths``) on the one real image dataset that is offline,
+  scikit-learn's 8x8 digits; reported as classification error (%);
 * ``costs``: per (arm, depth) compiled GFLOPs of the trainer's step and its
   step time paired with the baseline's at the same depth (``benchmarks.harness``;
   run it on a quiet machine).
@@ -98,8 +101,12 @@ ARMS = {
     'cp_at_output': Arm('contextpool', {}, dict(context_pool_position='output')),
 }
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp'))
-CORPORA = ('code', 'text')
-GROUPS = ('depth', 'ablation', 'long', 'costs')
+CORPORA = ('code', 'text')  # the LM corpora
+IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
+GROUPS = ('depth', 'ablation', 'long', 'images', 'costs')
+# What each corpus reports (lower is better): bits per character, or the
+# classification error in percent.
+METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +138,7 @@ class Sizes:
   eval_every: int = 100
   eval_max_bytes: int = 32 * 1024
   max_bytes: int = 4 * 2**20
+  image_steps: int = 2000  # configs/digits_resnet.py's schedule
 
 
 def plan(
@@ -143,6 +151,7 @@ def plan(
     ablation_corpus: str,
     ablation_depth: int,
     ablation_arms: Sequence[str] = ABLATION_ARMS,
+    image_depths: Sequence[int] = (20,),
 ) -> list[Run]:
   """The training runs of ``groups``, in the order they run (seed-major, so a
   stopped study has complete comparisons for its first seeds), without duplicates."""
@@ -163,6 +172,12 @@ def plan(
     if 'long' in groups:
       runs += [
           Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed)
+          for a in ('baseline', 'cp')
+      ]
+    if 'images' in groups:
+      runs += [
+          Run(IMAGES, a, d, sizes.image_steps, seed)
+          for d in image_depths
           for a in ('baseline', 'cp')
       ]
   return list(dict.fromkeys(runs))
@@ -189,11 +204,34 @@ def write_text_corpus(directory: pathlib.Path) -> pathlib.Path:
   return path
 
 
+def _image_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
+  """``configs/digits_resnet.py``: ResNet-<depth>, with ContextPool for arm ``cp``."""
+  from configs import digits_resnet  # pylint: disable=g-import-not-at-top
+
+  if run.arm not in ('baseline', 'cp'):
+    raise ValueError(f'{run.key}: the images group has arms baseline and cp, not {run.arm!r}.')
+  c = digits_resnet.get_config(f'{"cp_" if run.arm == "cp" else ""}resnet{run.depth}')
+  c.num_train_steps = run.steps
+  c.eval_every_steps = c.checkpoint_every_steps = max(run.steps // 10, 1)  # 10-point curves
+  c.log_every_steps = c.eval_every_steps
+  c.dataset.data_dir = str(study_dir / 'tfds')
+  return c
+
+
 def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
-  """``configs/default.py`` with the run's arm, depth, seed, corpus and sizes."""
+  """``configs/default.py`` (``configs/digits_resnet.py`` for the images) with
+  the run's arm, depth, seed, corpus and sizes."""
   if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
   from configs import default  # pylint: disable=g-import-not-at-top
+
+  if run.corpus == IMAGES:
+    c = _image_config(run, sizes, study_dir)
+    c.seed = run.seed
+    c.keep_checkpoints = 1
+    c.progress_bar = False
+    c.log_pool_sizes = False
+    return c
 
   arm = ARMS[run.arm]
   c = default.get_config('baseline' if arm.context_pool is None else '')
@@ -265,20 +303,27 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
   if out.get('preempted'):
     raise SystemExit(143)
   lines = _read_jsonl(workdir / 'metrics.jsonl')
+  if run.corpus == IMAGES:  # error in percent from top-1 accuracy
+    lines = [dict(l, error=100 * (1 - l['top1'])) if 'top1' in l else l for l in lines]
+    for split in ('validation', 'test'):
+      out[f'eval_{split}']['error'] = 100 * (1 - out[f'eval_{split}']['top1'])
+  metric = METRICS[run.corpus]
   rates = [v for _, v in _curve(lines, 'train', 'steps_per_sec')]
   result = dict(
       dataclasses.asdict(run),
       key=run.key,
-      family=ARMS[run.arm].family,
-      val_bpc=out['eval_validation']['bpc'],
-      test_bpc=out['eval_test']['bpc'],
+      family='resnet' if run.corpus == IMAGES else ARMS[run.arm].family,
+      metric=metric,
       train_loss=out['train_history'][-1]['loss'],
-      val_curve=_curve(lines, 'eval_validation', 'bpc'),
-      test_curve=_curve(lines, 'eval_test', 'bpc'),
+      val_loss=out['eval_validation']['loss'],
+      test_loss=out['eval_test']['loss'],
+      val_curve=_curve(lines, 'eval_validation', metric),
+      test_curve=_curve(lines, 'eval_test', metric),
       train_curve=_curve(lines, 'train', 'loss'),
       steps_per_sec_median=statistics.median(rates) if rates else None,
       wall_s_last_session=time.time() - t0,
       sizes=dataclasses.asdict(sizes),
+      **{f'{split}_{metric}': out[f'eval_{name}'][metric] for split, name in _SPLITS},
   )
   path = result_path(study_dir, run)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +332,9 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
   os.replace(tmp, path)
   shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)  # only needed to resume
   return result
+
+
+_SPLITS = (('val', 'validation'), ('test', 'test'))
 
 
 def check_sizes(study_dir: pathlib.Path, sizes: Sizes) -> None:
@@ -344,7 +392,8 @@ def parse_key(key: str) -> Run:
 
 
 def cost_pairs(runs: Sequence[Run]) -> list[tuple[str, int]]:
-  """The (arm, depth) pairs of ``runs``, each with its depth's baseline."""
+  """The (arm, depth) pairs of the LM ``runs``, each with its depth's baseline."""
+  runs = [r for r in runs if r.corpus in CORPORA]
   pairs = [(r.arm, r.depth) for r in runs] + [('baseline', r.depth) for r in runs]
   return sorted(set(pairs), key=lambda p: (p[1], list(ARMS).index(p[0])))
 
@@ -451,11 +500,14 @@ def corpus_report(
 ) -> str:
   """The markdown tables of one corpus."""
   rs = [r for r in results if r['corpus'] == corpus]
+  metric = METRICS[corpus]
+  name = {'bpc': 'BPC', 'error': 'error %'}[metric]
+  val, test = f'val_{metric}', f'test_{metric}'
   lines = [f'## Corpus `{corpus}`', '']
   groups = sorted({(r['steps'], r['depth']) for r in rs})
   lines += [
-      '| steps | depth | arm | seeds | val BPC | test BPC | arm − baseline (val, 95% CI, per seed) |'
-      ' beyond seed noise | GFLOPs/step | step time vs baseline |',
+      f'| steps | depth | arm | seeds | val {name} | test {name} | arm − baseline (val, 95% CI,'
+      ' per seed) | beyond seed noise | GFLOPs/step | step time vs baseline |',
       '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   ]
   for steps, depth in groups:
@@ -470,20 +522,18 @@ def corpus_report(
       diff = (
           None
           if arm == 'baseline'
-          else paired(
-              {s: r['val_bpc'] for s, r in mine.items()}, {s: r['val_bpc'] for s, r in base.items()}
-          )
+          else paired({s: r[val] for s, r in mine.items()}, {s: r[val] for s, r in base.items()})
       )
       cost = costs.get((arm, depth), {})
       gflops = f'{cost["gflops"]:.2f}' if cost.get('gflops') else '-'
       ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
       lines.append(
           f'| {steps} | {depth} | {arm} | {len(mine)} | '
-          f'{_mean_std([r["val_bpc"] for r in mine.values()])} | '
-          f'{_mean_std([r["test_bpc"] for r in mine.values()])} | '
+          f'{_mean_std([r[val] for r in mine.values()])} | '
+          f'{_mean_std([r[test] for r in mine.values()])} | '
           f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
       )
-  lines += ['', '### Learning curves (validation BPC, mean over seeds)', '']
+  lines += ['', f'### Learning curves (validation {name}, mean over seeds)', '']
   for steps, depth in groups:
     curves = {}
     for arm in ARMS:
@@ -523,8 +573,13 @@ RUN_FIELDS = (
     'depth',
     'steps',
     'seed',
+    'metric',
     'val_bpc',
     'test_bpc',
+    'val_error',
+    'test_error',
+    'val_loss',
+    'test_loss',
     'train_loss',
     'steps_per_sec_median',
 )
@@ -546,7 +601,7 @@ def write_report(study_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib
     path = out_dir / f'lm_study_{corpus}.md'
     path.write_text(corpus_report(results, costs, corpus) + '\n')
     written.append(path)
-  if costs and results:
+  if costs and any(r['corpus'] in CORPORA for r in results):
     written.append(_plot(results, costs, out_dir / 'lm_study_cost.png'))
   return written
 
@@ -557,9 +612,9 @@ def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  corpora = sorted({r['corpus'] for r in results})
+  corpora = sorted({r['corpus'] for r in results} & set(CORPORA))  # costs: the LMs'
   fig, axes = plt.subplots(len(corpora), 2, figsize=(10, 4 * len(corpora)), squeeze=False)
-  steps = min(r['steps'] for r in results)
+  steps = min(r['steps'] for r in results if r['corpus'] in CORPORA)
   for row, corpus in zip(axes, corpora):
     for family_arm in ('baseline', 'cp'):
       pts = []
@@ -601,12 +656,13 @@ def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
 # ----------------------------------------------------------------------------
 
 _STUDY_DIR = flags.DEFINE_string('study_dir', None, 'Where runs, results and costs are kept.')
-_GROUPS = flags.DEFINE_list('groups', ['depth', 'ablation', 'long'], f'Any of {GROUPS}.')
+_GROUPS = flags.DEFINE_list('groups', ['depth', 'ablation', 'long', 'images'], f'Any of {GROUPS}.')
 _CORPORA = flags.DEFINE_list('corpora', list(CORPORA), 'Corpora of the depth group.')
 _DEPTHS = flags.DEFINE_list('depths', ['1', '2', '4'], 'Depths of the depth group.')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every group.')
 _ABL_CORPUS = flags.DEFINE_enum('ablation_corpus', 'code', CORPORA, 'Corpus of ablation/long.')
 _ABL_DEPTH = flags.DEFINE_integer('ablation_depth', 2, 'Depth of the ablation and long groups.')
+_IMAGE_DEPTHS = flags.DEFINE_list('image_depths', ['20'], 'ResNet depths of the images group.')
 _REPORT = flags.DEFINE_string('report', None, 'Write the report to this directory and stop.')
 _TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key.')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
@@ -650,6 +706,7 @@ def main(argv):
       sizes=sizes,
       ablation_corpus=_ABL_CORPUS.value,
       ablation_depth=_ABL_DEPTH.value,
+      image_depths=[int(d) for d in _IMAGE_DEPTHS.value],
   )
   if _DRY_RUN.value:
     for run in runs:

@@ -123,3 +123,35 @@ def test_sizes_of_a_study_cannot_change(tmp_path):
   lm_study.check_sizes(tmp_path, TINY)
   with pytest.raises(app.UsageError, match='steps'):
     lm_study.check_sizes(tmp_path, lm_study.Sizes(**{**TINY.__dict__, 'steps': 8}))
+
+
+def test_images_group_trains_resnets_on_the_digits_and_reports_error(tmp_path):
+  sizes = lm_study.Sizes(**{**TINY.__dict__, 'image_steps': 4})
+  runs = lm_study.plan(
+      ['images'],
+      corpora=['code'],
+      depths=[1],
+      seeds=[0, 1],
+      sizes=sizes,
+      ablation_corpus='code',
+      ablation_depth=2,
+      image_depths=[20],
+  )
+  assert [r.key for r in runs] == [
+      f'digits-{a}-L20-n4-s{s}' for s in (0, 1) for a in ('baseline', 'cp')
+  ]
+  assert lm_study.cost_pairs(runs) == []  # costs are measured for the LMs only
+  cp = lm_study.make_config(runs[1], sizes, tmp_path)
+  assert cp.model.name == 'cp_resnet20' and cp.dataset.name == 'sklearn_digits'
+  assert lm_study.make_config(runs[0], sizes, tmp_path).model.name == 'resnet20'
+
+  study = tmp_path / 'study'
+  lm_study.run_all(runs[:2], sizes, study, in_process=True, log=lambda s: None)
+  results = lm_study.load_results(study)
+  for r in results:
+    assert r['metric'] == 'error' and 0 <= r['val_error'] <= 100 and 0 <= r['test_error'] <= 100
+    assert [s for s, _ in r['val_curve']] == [1, 2, 3, 4]
+    assert r['val_error'] == r['val_curve'][-1][1] and r['val_loss'] > 0
+  written = {p.name for p in lm_study.write_report(study, tmp_path / 'report')}
+  assert written == {'lm_study_runs.csv', 'lm_study_digits.md'}
+  assert 'val error %' in (tmp_path / 'report' / 'lm_study_digits.md').read_text()
