@@ -450,9 +450,6 @@ def measure_costs(
 # Report.
 # ----------------------------------------------------------------------------
 
-# Two-sided 95% Student-t quantiles by degrees of freedom (for paired differences).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
 
 def load_results(study_dir: pathlib.Path) -> list[dict[str, Any]]:
   return [json.loads(p.read_text()) for p in sorted((study_dir / 'results').glob('*.json'))]
@@ -471,7 +468,9 @@ def paired(a: dict[int, float], b: dict[int, float]) -> Optional[dict[str, Any]]
     return None
   d = [a[s] - b[s] for s in seeds]
   mean, std = statistics.mean(d), statistics.stdev(d)
-  half = _T95.get(len(d) - 1, 1.96) * std / math.sqrt(len(d))
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+
+  half = float(stats.t.ppf(0.975, len(d) - 1)) * std / math.sqrt(len(d))  # 95% Student-t
   return dict(seeds=seeds, diffs=d, mean=mean, std=std, half=half, significant=abs(mean) > half)
 
 

@@ -109,7 +109,9 @@ def test_paired_difference_interval():
   p = lm_study.paired({0: 1.0, 1: 1.2, 2: 1.1}, {0: 0.5, 1: 0.6, 2: 0.7})
   assert p['diffs'] == pytest.approx([0.5, 0.6, 0.4])
   # mean 0.5, std 0.1, t(2) = 4.303: half-width 4.303 * 0.1 / sqrt(3).
-  assert p['mean'] == pytest.approx(0.5) and p['half'] == pytest.approx(4.303 * 0.1 / 3**0.5)
+  assert p['mean'] == pytest.approx(0.5) and p['half'] == pytest.approx(
+      4.303 * 0.1 / 3**0.5, rel=1e-4
+  )
   assert p['significant']
   assert not lm_study.paired({0: 1.0, 1: 0.0}, {0: 0.5, 1: 0.5})['significant']
   assert lm_study.paired({0: 1.0}, {0: 0.5}) is None
