@@ -31,3 +31,18 @@ Batch formats:
 
 class DatasetNotFoundError(FileNotFoundError):
   """A dataset is not prepared; the message says how to prepare it."""
+
+
+def builder_code_path(cls):
+  """``code_path`` of a TFDS builder defined inside this package: the file that
+  defines it (TFDS's own probes ``importlib_resources``, a backport installed
+  only on Python < 3.9). TFDS reads it to look up the (absent) checksums. Use as
+  ``code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))``."""
+  import inspect  # pylint: disable=g-import-not-at-top
+
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  try:
+    return epath.Path(inspect.getfile(cls))
+  except (TypeError, OSError):
+    return None

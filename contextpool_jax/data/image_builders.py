@@ -26,14 +26,12 @@ Prepared on first use by the image pipeline
 
 from __future__ import annotations
 
-import inspect
 from typing import Optional
 
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 
 NAME = 'sklearn_digits'
 NUM_CLASSES = 10
@@ -77,14 +75,7 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Stratified 70/15/15 split, seed 0; pixels scaled to 0..255.'}
 
-  # As text_builders: TFDS's `code_path` probe for builders inside a package.
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path | None:
-    try:
-      return epath.Path(inspect.getfile(cls))
-    except (TypeError, OSError):
-      return None
+  code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

@@ -47,7 +47,6 @@ import dataclasses
 import functools
 import glob
 import hashlib
-import inspect
 import json
 import os
 import sysconfig
@@ -55,11 +54,10 @@ import warnings
 from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 import zipfile
 
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contextpool_jax.data import DatasetNotFoundError
+from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 from contextpool_jax.errors import DataError
 
 VOCAB_SIZE = 256
@@ -179,16 +177,7 @@ class _ByteCorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   _HOMEPAGE = None
   _DESCRIPTION = ''
 
-  # TFDS's own `code_path` probes `importlib_resources` (a backport that is
-  # only installed on Python < 3.9) for builders defined inside a package;
-  # this is its plain-file fallback. Used to look up the (absent) checksums.
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path | None:
-    try:
-      return epath.Path(inspect.getfile(cls))
-    except (TypeError, OSError):
-      return None
+  code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
