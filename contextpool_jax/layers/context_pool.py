@@ -63,7 +63,11 @@ travel as one :class:`PoolInputs`:
   example is
   O((m + n) d + block_size^2).
   Causal pooling skips the key blocks above the diagonal, a fixed window the
-  key blocks out of its reach. Every weights x locality x mapping variant is
+  key blocks out of its reach, and the Gaussian locality (with weights that do
+  not depend on the query) at run time the key blocks whose every logit is
+  more than ``gaussian_skip_nats`` (18) below the running maximum of every
+  centre of the query block, visiting the nearest key blocks first (a
+  bounded approximation: each row loses at most ``n exp(-18)`` of its mass). Every weights x locality x mapping variant is
   supported and gives the dense result up to float32 rounding; the hard
   adaptive window is exact too (its straight-through gradient only needs the
   final row max, which the backward pass has).
@@ -111,6 +115,9 @@ IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
 # n = 2048 blockwise 2.1x (causal) and 1.4x (not) faster. So: 32 x 32 grids
 # and shorter stay dense, the enwik8/text8 stages (2048-8192) are blockwise.
 AUTO_BLOCKWISE_THRESHOLD = 1024
+# Default ContextPool.gaussian_skip_nats: exp(-18) = 1.5e-8 is below float32's
+# half-ulp (6e-8), so a skipped term is below the rounding of its row's largest.
+GAUSSIAN_SKIP_NATS = 18.0
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     'relu': nn.relu,
     'gelu': nn.gelu,
@@ -1167,6 +1174,15 @@ class ContextPool(nn.Module):
     block_size: query and key block length of ``'blockwise'`` (clipped to the
       number of outputs / inputs; other lengths are padded internally and the
       padding masked). Temporaries are O(batch * block_size^2).
+    gaussian_skip_nats: ``'blockwise'`` with ``locality='gaussian'`` and
+      query-independent weights only: a key block whose largest possible
+      logit (``max_j a_j - min_i d^2 / (2 sigma_i^2)`` over the query block's
+      centres) lies more than this many nats below every centre's running
+      maximum is skipped at run time, in the forward and backward passes (key
+      blocks are visited nearest first). Each skipped term is below
+      ``exp(-gaussian_skip_nats)`` times its row's largest, so a row loses at
+      most ``n exp(-gaussian_skip_nats)`` of its softmax mass (the default 18:
+      1.5e-8 per term, below float32 rounding). None: never skip.
     dtype: compute dtype (None: the input's); the pooling softmax is always
       computed in float32.
     param_dtype: parameter dtype.
@@ -1192,6 +1208,7 @@ class ContextPool(nn.Module):
   dropout_rate: float = 0.0
   implementation: str = 'auto'
   block_size: int = 512
+  gaussian_skip_nats: Optional[float] = GAUSSIAN_SKIP_NATS
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -1206,6 +1223,7 @@ class ContextPool(nn.Module):
     v.check_choice(_OWNER, 'activation', self.activation, tuple(ACTIVATIONS))
     v.check_choice(_OWNER, 'implementation', self.implementation, IMPLEMENTATIONS)
     v.check_positive(_OWNER, 'block_size', self.block_size, integer=True)
+    v.check_positive(_OWNER, 'gaussian_skip_nats', self.gaussian_skip_nats, allow_none=True)
     v.check_positive(_OWNER, 'ratio', self.ratio, allow_none=True)
     v.check_positive(_OWNER, 'kernel_size', self.kernel_size, integer=True)
     v.check_positive(_OWNER, 'hidden_features', self.hidden_features, integer=True)
@@ -1418,7 +1436,7 @@ class ContextPool(nn.Module):
     if implementation == 'dense':
       y = _pool_dense(rule, inputs)
     else:
-      y = _pool_blockwise(rule, self.block_size, inputs)
+      y = _pool_blockwise(rule, self.block_size, inputs, self.gaussian_skip_nats)
 
     x_centres = tokens[:, q_index]
     if self.residual:
