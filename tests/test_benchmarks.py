@@ -154,3 +154,19 @@ def test_sizes_and_table_names():
   ]
   with pytest.raises(ValueError, match='unknown table'):
     tables.resolve(['nope'])
+
+
+def test_gaussian_skip_scales_learned_sizes_as_r_n_s():
+  """benchmarks.gaussian_skip: the learned s and a cycled to length n, sigma_i = r (i + 1) s_i."""
+  import numpy as np
+
+  from benchmarks import gaussian_skip
+
+  s, a = np.array([0.1, 0.5, 1.0]), np.array([-1.0, -2.0, -3.0])
+  inputs = gaussian_skip.pool_inputs({'s': s, 'a': a}, 0.1, 7, 4)
+  want_s = np.array([0.1, 0.5, 1.0, 0.1, 0.5, 1.0, 0.1])
+  np.testing.assert_allclose(
+      np.asarray(inputs.centres.sigma[0]), 0.1 * np.arange(1, 8) * want_s, rtol=1e-6
+  )
+  np.testing.assert_allclose(np.asarray(inputs.context.log_w[0]), np.resize(a, 7))
+  assert inputs.context.x.shape == (1, 7, 4)

@@ -406,12 +406,132 @@ def test_forward_mode_autodiff_raises_with_blockwise_only():
         ('block_size', 0),
         ('block_size', 2.5),
         ('block_size', True),
+        ('gaussian_skip_nats', 0.0),
+        ('gaussian_skip_nats', 'high'),
     ],
 )
 def test_invalid_implementation_config_raises(field, value):
   with pytest.raises(ValueError) as err:
     ContextPool(**{field: value}).init(jax.random.key(0), _x((1, 6, D)))
   assert f'ContextPool.{field}={value!r}' in str(err.value)
+
+
+# ----------------------------------------------------------------------------
+# Gaussian block skipping: bounded against the dense path.
+# ----------------------------------------------------------------------------
+
+
+def _skip_case(spatial, causal, lengths, seed=0, features=None, max_sigma=4.0):
+  """A rule and PoolInputs with small random sigmas (so that far key blocks
+  can be skipped) and learned-style log weights, right-padded to ``lengths``."""
+  n = int(np.prod(spatial))
+  keys = jax.random.split(jax.random.key(seed), 3)
+  valid = _right_pad_mask(n, lengths)
+  rule = ContextPool(causal=causal).pool_rule(spatial, dropout=False)
+  x = _x((len(lengths), n, D), seed + 1) if features is None else features
+  centres = cp.Centres(
+      index=np.arange(n),
+      valid=valid,
+      sigma=0.3 + max_sigma * jax.random.uniform(keys[0], (len(lengths), n)),
+  )
+  context = cp.Context(
+      index=jnp.arange(n),
+      valid=valid,
+      x=x,
+      log_w=2.0 * jax.random.normal(keys[1], (len(lengths), n)),
+  )
+  return rule, cp.PoolInputs(centres, context)
+
+
+def _pool(rule, inputs, nats, block_size=16):
+  if nats == 'dense':
+    return cp._pool_dense(rule, inputs)
+  return cp._pool_blockwise(rule, block_size, inputs, nats)
+
+
+# (spatial, causal, largest sigma): on the 15 x 20 grid a block of 16 spans
+# whole rows, so only rows far away can be skipped: smaller sigmas there.
+SKIP_CASES = [((300,), False, 4.0), ((300,), True, 4.0), ((15, 20), False, 1.0)]
+
+
+@pytest.mark.parametrize('spatial,causal,max_sigma', SKIP_CASES)
+@pytest.mark.parametrize('nats', [8.0, cp.GAUSSIAN_SKIP_NATS])
+def test_gaussian_skipping_loses_at_most_n_exp_minus_nats_of_each_row(
+    spatial, causal, max_sigma, nats
+):
+  """Features = one-hot of the key block: the dense output is each row's mass per
+  block, the skipping output is zero on the blocks it skipped; their dense mass
+  is at most n exp(-nats), in float32 and with padding."""
+  n, block = int(np.prod(spatial)), 16
+  one_hot = jax.nn.one_hot(jnp.arange(n) // block, -(-n // block), dtype=jnp.float32)
+  rule, inputs = _skip_case(
+      spatial, causal, [n, 250], features=jnp.stack([one_hot] * 2), max_sigma=max_sigma
+  )
+  visited, planned = cp.blockwise_visits(rule, block, inputs, nats)
+  # Not vacuous (on the grid, a block of whole rows is skipped less often).
+  assert int(visited) < (planned // 2 if len(spatial) == 1 else planned), (int(visited), planned)
+  mass = np.asarray(_pool(rule, inputs, 'dense'), np.float64)
+  kept = np.asarray(_pool(rule, inputs, nats, block), np.float64)
+  real = np.asarray(inputs.centres.valid)
+  skipped_mass = np.where(kept == 0.0, mass, 0.0).sum(-1)[real]
+  assert skipped_mass.max() <= n * np.exp(-nats) + 1e-6, skipped_mass.max()
+  chex.assert_trees_all_close(kept.sum(-1)[real], np.ones(real.sum()), atol=2e-6)
+
+
+@pytest.mark.parametrize('spatial,causal,max_sigma', SKIP_CASES)
+def test_gaussian_skipping_outputs_and_gradients_match_dense(spatial, causal, max_sigma):
+  """Outputs within the bound 2 max|x| n exp(-nats) (+ float32 rounding) at a
+  small margin; at the default margin, outputs and gradients (sigma, a, x)
+  within the float32 tolerances of blockwise == dense."""
+  n = int(np.prod(spatial))
+  rule, inputs = _skip_case(spatial, causal, [n, 250], max_sigma=max_sigma)
+  y_dense = _pool(rule, inputs, 'dense')
+  nats = 6.0
+  y_small = _pool(rule, inputs, nats)
+  bound = 2.0 * float(jnp.abs(inputs.context.x).max()) * n * np.exp(-nats) + 2e-6
+  assert float(jnp.abs(y_small - y_dense).max()) <= bound
+  chex.assert_trees_all_close(
+      _pool(rule, inputs, cp.GAUSSIAN_SKIP_NATS), y_dense, atol=2e-6, rtol=0
+  )
+
+  probe = jax.random.normal(jax.random.key(99), y_dense.shape)
+
+  def grads(nats):
+    def loss(sigma, log_w, x):
+      c = inputs.centres._replace(sigma=sigma)
+      k = inputs.context._replace(log_w=log_w, x=x)
+      return jnp.sum(jnp.sin(_pool(rule, cp.PoolInputs(c, k), nats)) * probe)
+
+    return jax.grad(loss, (0, 1, 2))(inputs.centres.sigma, inputs.context.log_w, inputs.context.x)
+
+  _assert_grads_close(grads(cp.GAUSSIAN_SKIP_NATS), grads('dense'))
+
+
+def test_module_skips_by_default_and_matches_dense():
+  """The module field: small sigmas (ratio 0.02) and blocks of 8, with padding;
+  padding does not change the real tokens' outputs."""
+  x = _x(SEQ)
+  mask = _right_pad_mask(37, [37, 23])
+  assert ContextPool().gaussian_skip_nats == cp.GAUSSIAN_SKIP_NATS
+  params, y = _check_blockwise_matches_dense(x, mask, ratio=0.02, spread=3.0, causal=True)
+  alone = ContextPool(implementation='blockwise', block_size=8, ratio=0.02, causal=True)
+  y_alone = alone.apply(params, x[1:, :23])
+  chex.assert_trees_all_close(y[1:, :23], y_alone, atol=2e-6, rtol=0)
+
+
+def test_gaussian_skipping_never_reads_later_inputs():
+  """Causal: changing the inputs after t (their weights a_j included) leaves the
+  outputs up to t exactly unchanged, with a skipping margin small enough to
+  skip most blocks."""
+  n, t = 64, 37
+  module = ContextPool(
+      implementation='blockwise', block_size=8, causal=True, ratio=0.05, gaussian_skip_nats=2.0
+  )
+  x = _x((1, n, 2))
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x))
+  x_later = x.at[:, t + 1 :].set(10.0 * _x((1, n - t - 1, 2), 5))
+  apply = jax.jit(module.apply)
+  chex.assert_trees_all_equal(apply(params, x)[:, : t + 1], apply(params, x_later)[:, : t + 1])
 
 
 # ----------------------------------------------------------------------------

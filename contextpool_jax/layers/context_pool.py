@@ -63,7 +63,11 @@ travel as one :class:`PoolInputs`:
   example is
   O((m + n) d + block_size^2).
   Causal pooling skips the key blocks above the diagonal, a fixed window the
-  key blocks out of its reach. Every weights x locality x mapping variant is
+  key blocks out of its reach, and the Gaussian locality (with weights that do
+  not depend on the query) at run time the key blocks whose every logit is
+  more than ``gaussian_skip_nats`` (18) below the running maximum of every
+  centre of the query block, visiting the nearest key blocks first (a
+  bounded approximation: each row loses at most ``n exp(-18)`` of its mass). Every weights x locality x mapping variant is
   supported and gives the dense result up to float32 rounding; the hard
   adaptive window is exact too (its straight-through gradient only needs the
   final row max, which the backward pass has).
@@ -111,6 +115,9 @@ IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
 # n = 2048 blockwise 2.1x (causal) and 1.4x (not) faster. So: 32 x 32 grids
 # and shorter stay dense, the enwik8/text8 stages (2048-8192) are blockwise.
 AUTO_BLOCKWISE_THRESHOLD = 1024
+# Default ContextPool.gaussian_skip_nats: exp(-18) = 1.5e-8 is below float32's
+# half-ulp (6e-8), so a skipped term is below the rounding of its row's largest.
+GAUSSIAN_SKIP_NATS = 18.0
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     'relu': nn.relu,
     'gelu': nn.gelu,
@@ -627,14 +634,18 @@ def _pool_dense(rule: PoolRule, inputs: PoolInputs) -> Array:
 class _BlockSpec(NamedTuple):
   """Static description of a blockwise pooling (a ``custom_vjp`` nondiff arg).
 
-  ``k_ranges[q]`` is the half-open range of key blocks query block q reads
-  (causal: none above the diagonal; fixed window: none out of reach).
+  ``k_order[q]``: the key blocks query block q reads, in the order it reads
+  them (:func:`_key_block_order`; causal: none above the diagonal; fixed
+  window: none out of reach).
+  ``skip_nats``: None, or the Gaussian skipping margin (see
+  :func:`_skip_block`).
   """
 
   rule: PoolRule
   block_q: int
   block_k: int
-  k_ranges: tuple[tuple[int, int], ...]
+  k_order: tuple[tuple[int, ...], ...]
+  skip_nats: Optional[float] = None
 
 
 # The fields pool_block differentiates (the features x are differentiated by hand).
@@ -698,40 +709,140 @@ def _differentiable_block(
   )
 
 
-def _loop_bounds(spec: _BlockSpec, qb: Array) -> tuple[Any, Any]:
-  """Key block range of query block ``qb``: Python ints when all blocks agree."""
-  lo, hi = np.asarray(spec.k_ranges, np.int32).T
-  if (lo == lo[0]).all() and (hi == hi[0]).all():
-    return int(lo[0]), int(hi[0])
-  return jnp.asarray(lo)[qb], jnp.asarray(hi)[qb]
+def _visit_table(spec: _BlockSpec) -> tuple[Array, Any]:
+  """``(order [q_blocks, L] int32, counts)``: query block q visits key blocks
+  ``order[q, :counts[q]]``, in that order (:func:`_key_block_order`); ``counts``
+  is a Python int when every query block visits as many."""
+  counts = np.array([len(o) for o in spec.k_order], np.int32)
+  order = np.zeros((len(spec.k_order), max(1, counts.max())), np.int32)
+  for qb, blocks in enumerate(spec.k_order):
+    order[qb, : len(blocks)] = blocks
+  if (counts == counts[0]).all():
+    return jnp.asarray(order), int(counts[0])
+  return jnp.asarray(order), jnp.asarray(counts)
 
 
-def _pool_blockwise(rule: PoolRule, block_size: int, inputs: PoolInputs) -> Array:
+def _skips(spec: _BlockSpec) -> bool:
+  """Whether the Gaussian block skipping is on (:func:`_skip_block`)."""
+  return spec.skip_nats is not None
+
+
+def _block_max_log_w(context: Context, block_k: int) -> Array:
+  """``max_j a_j`` over the real inputs of each key block, ``[batch, n_pad / block_k]``
+  float32: ``a_j = 0`` for uniform weights; ``-inf`` for a block without a real input."""
+  batch, n_pad = context.valid.shape
+  a = jnp.zeros((batch, n_pad), jnp.float32) if context.log_w is None else context.log_w
+  a = jnp.where(context.valid, a.astype(jnp.float32), -jnp.inf)
+  return jnp.max(a.reshape(batch, n_pad // block_k, block_k), axis=-1)
+
+
+def _key_block_boxes(spatial: Sequence[int], block_k: int, num_k_blocks: int) -> np.ndarray:
+  """Bounding box of each key block's real positions on the grid: ``[num_k_blocks,
+  ndim, 2]`` float32 (lowest, highest coordinate per axis)."""
+  n = math.prod(spatial)
+  boxes = np.zeros((num_k_blocks, len(spatial), 2), np.float32)
+  for kb in range(num_k_blocks):
+    index = np.arange(kb * block_k, min((kb + 1) * block_k, n))
+    coords = np.stack(_grid_coordinates(index, spatial))  # [ndim, positions]
+    boxes[kb, :, 0], boxes[kb, :, 1] = coords.min(axis=1), coords.max(axis=1)
+  return boxes
+
+
+def _skip_block(
+    spec: _BlockSpec,
+    q: Centres,
+    kb: Array,
+    row_max: Array,
+    max_log_w: Array,
+    boxes: Array,
+) -> Array:
+  """Gaussian block skipping: whether key block ``kb`` is left out for the query
+  block ``q`` (a scalar bool, for the whole batch).
+
+  Every logit of the block (``locality='gaussian'``, query-independent
+  weights) is at most ``u_i = max_j a_j - dmin_i^2 / (2 sigma_i^2)``, ``dmin_i``
+  the distance from centre i to the block's bounding box (``boxes [k_blocks,
+  ndim, 2]``, ``max_log_w [batch, k_blocks]`` from :func:`_block_max_log_w`).
+  The block is skipped when ``u_i < row_max_i - skip_nats`` for every real
+  centre of every example (``row_max [batch, Bq]``: the running maximum in the
+  forward pass, the final one in the backward pass, which is larger, so the
+  backward skips at least the blocks the forward skipped). Each skipped term
+  is then below ``exp(-skip_nats)`` times the row's largest term, which is
+  never skipped, so the skipped share of a row's softmax mass is at most
+  ``n exp(-skip_nats)`` (n inputs) and each output moves by at most
+  ``2 max_j |x_j| n exp(-skip_nats)``. Causal: a key block reaching past the
+  query block's first centre is never skipped, so that the decision never
+  reads a later input.
+  """
+  coords = _grid_coordinates(jnp.asarray(q.index), spec.rule.spatial)
+  box = boxes[kb]  # [ndim, 2]
+  gaps = [
+      jnp.maximum(
+          jnp.maximum(box[a, 0] - c.astype(jnp.float32), c.astype(jnp.float32) - box[a, 1]), 0.0
+      )
+      for a, c in enumerate(coords)
+  ]
+  d2 = functools.reduce(operator.add, [jnp.square(g) for g in gaps])  # [Bq]
+  bound = max_log_w[:, kb][:, None] - d2[None, :] / (2.0 * jnp.square(q.sigma) + _MIN_TWO_VARIANCE)
+  skip = jnp.all(~q.valid | (bound < row_max - spec.skip_nats))
+  if spec.rule.causal:
+    skip = skip & ((kb + 1) * spec.block_k - 1 <= jnp.min(jnp.asarray(q.index)))
+  return skip
+
+
+def _pool_blockwise(
+    rule: PoolRule, block_size: int, inputs: PoolInputs, skip_nats: Optional[float] = None
+) -> Array:
   """``implementation='blockwise'``: :func:`_blockwise_pool` on the inputs padded
   to whole blocks. Returns ``[batch, m, features]`` in x's dtype.
 
   The context is the whole input in order (``context.index = arange(n)``) and
   ``centres.index`` is static (numpy): the key blocks each query block reads
-  are computed from them at trace time.
+  are computed from them at trace time. ``skip_nats``: the Gaussian block
+  skipping margin (:func:`_skip_block`), used with ``locality='gaussian'``
+  and query-independent weights only; None: no skipping.
   """
+  spec, padded = _blockwise_setup(rule, block_size, inputs, skip_nats)
+  m = len(inputs.centres.index)
+  return _blockwise_pool(spec, padded)[:, :m].astype(inputs.context.x.dtype)
+
+
+def _blockwise_setup(
+    rule: PoolRule, block_size: int, inputs: PoolInputs, skip_nats: Optional[float]
+) -> tuple[_BlockSpec, PoolInputs]:
+  """The :class:`_BlockSpec` of a blockwise pooling and its inputs padded to whole blocks."""
   centres, context = inputs.centres, inputs.context
   m, n = len(centres.index), len(context.index)
   block_q, block_k = min(block_size, m), min(block_size, n)
   m_pad, n_pad = -(-m // block_q) * block_q, -(-n // block_k) * block_k
+  if rule.locality != 'gaussian' or centres.theta is not None:
+    skip_nats = None  # only the Gaussian bound with query-independent weights
+  q_index = np.asarray(centres.index)
+  ranges = _key_block_ranges(q_index, block_q, block_k, n_pad // block_k, rule.causal, _reach(rule))
   spec = _BlockSpec(
       rule=rule,
       block_q=block_q,
       block_k=block_k,
-      k_ranges=_key_block_ranges(
-          np.asarray(centres.index), block_q, block_k, n_pad // block_k, rule.causal, _reach(rule)
-      ),
+      k_order=_key_block_order(q_index, block_q, block_k, ranges, skip_nats is not None),
+      skip_nats=None if skip_nats is None else float(skip_nats),
   )
   padded = PoolInputs(
       _pad_positions(centres, m_pad, {'sigma': 1.0}),
       _pad_positions(context, n_pad, {}),
       inputs.dropout_seeds,
   )
-  return _blockwise_pool(spec, padded)[:, :m].astype(context.x.dtype)
+  return spec, padded
+
+
+def blockwise_visits(
+    rule: PoolRule, block_size: int, inputs: PoolInputs, skip_nats: Optional[float] = None
+) -> tuple[Array, int]:
+  """``(visited, planned)``: the number of (query block, key block) pairs the
+  blockwise forward pass computes, and the number it would without the
+  Gaussian skipping (after the static causal / window skipping). For
+  benchmarks and tests; the arguments are :func:`_pool_blockwise`'s."""
+  spec, padded = _blockwise_setup(rule, block_size, inputs, skip_nats)
+  return _forward_pass(spec, padded)[3], sum(len(o) for o in spec.k_order)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -745,18 +856,29 @@ def _blockwise_pool(spec: _BlockSpec, inputs: PoolInputs) -> Array:
 
 
 def _blockwise_forward(spec, inputs):
+  y, row_max, row_sum, _ = _forward_pass(spec, inputs)
+  return y, (inputs, y, row_max, row_sum)
+
+
+def _forward_pass(spec, inputs):
+  """The online softmax: ``(y, row_max, row_sum, visited)``, ``visited`` the
+  number of key blocks computed (int32)."""
   centres, context, dropout_seeds = inputs
   batch, m_pad = centres.valid.shape
   features = context.x.shape[-1]
   bq, bk = spec.block_q, spec.block_k
+  order, counts = _visit_table(spec)
+  if _skips(spec):
+    max_log_w = _block_max_log_w(context, bk)
+    boxes = jnp.asarray(_key_block_boxes(spec.rule.spatial, bk, context.valid.shape[1] // bk))
 
   def query_block(qb, carry):
-    y_all, max_all, sum_all = carry
+    y_all, max_all, sum_all, visited = carry
     q0 = qb * bq
     q = _positions(centres, q0, bq)
 
-    def key_block(kb, state):
-      row_max, row_sum, acc = state
+    def visit(kb, state):
+      row_max, row_sum, acc, visited = state
       k = _positions(context, kb * bk, bk)
       block = pool_block(spec.rule, q, k, dropout_seeds)
       # Forward values: the hard window is exactly in_window (the STE only
@@ -773,26 +895,34 @@ def _blockwise_forward(spec, inputs):
       acc = acc * rescale[..., None] + jnp.einsum(
           'bmn,bnd->bmd', e.astype(k.x.dtype), k.x, preferred_element_type=jnp.float32
       )
-      return new_max, row_sum, acc
+      return new_max, row_sum, acc, visited + 1
+
+    def key_block(t, state):
+      kb = order[qb, t]
+      if not _skips(spec):
+        return visit(kb, state)
+      skip = _skip_block(spec, q, kb, state[0], max_log_w, boxes)
+      return jax.lax.cond(skip, lambda s: s, functools.partial(visit, kb), state)
 
     init = (
         jnp.full((batch, bq), _NEG, jnp.float32),
         jnp.zeros((batch, bq), jnp.float32),
         jnp.zeros((batch, bq, features), jnp.float32),
+        visited,
     )
-    lo, hi = _loop_bounds(spec, qb)
-    row_max, row_sum, acc = jax.lax.fori_loop(lo, hi, key_block, init)
+    count = counts if isinstance(counts, int) else counts[qb]
+    row_max, row_sum, acc, visited = jax.lax.fori_loop(0, count, key_block, init)
     y = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]
     put = lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1)
-    return put(y_all, y), put(max_all, row_max), put(sum_all, row_sum)
+    return put(y_all, y), put(max_all, row_max), put(sum_all, row_sum), visited
 
   init = (
       jnp.zeros((batch, m_pad, features), jnp.float32),
       jnp.zeros((batch, m_pad), jnp.float32),
       jnp.zeros((batch, m_pad), jnp.float32),
+      jnp.zeros((), jnp.int32),
   )
-  y, row_max, row_sum = jax.lax.fori_loop(0, m_pad // bq, query_block, init)
-  return y, (inputs, y, row_max, row_sum)
+  return jax.lax.fori_loop(0, m_pad // bq, query_block, init)
 
 
 def _blockwise_backward(spec, residuals, dy):
@@ -800,6 +930,10 @@ def _blockwise_backward(spec, residuals, dy):
   centres, context, dropout_seeds = inputs
   x = context.x
   bq, bk, rate = spec.block_q, spec.block_k, spec.rule.dropout_rate
+  order, counts = _visit_table(spec)
+  if _skips(spec):
+    max_log_w = _block_max_log_w(context, bk)
+    boxes = jnp.asarray(_key_block_boxes(spec.rule.spatial, bk, x.shape[1] // bk))
   dy = dy.astype(jnp.float32)
   # sum_j p_ij dp_ij = dy_i . y_i (dropout included: y is the dropped-out output).
   delta = jnp.sum(dy * y, axis=-1)
@@ -814,10 +948,9 @@ def _blockwise_backward(spec, residuals, dy):
     dy_x = dy_q.astype(x.dtype)
     delta_q, max_q, denom_q = (_slice(a, q0, bq) for a in (delta, row_max, denom))
 
-    def key_block(kb, state):
-      dq, dk_all, dx_all = state
-      k0 = kb * bk
-      k = _positions(context, k0, bk)
+    def block_grads(kb):
+      """Gradients of one (query block, key block): (d centres, d context, dx block)."""
+      k = _positions(context, kb * bk, bk)
       (logits, soft), logits_vjp, (allowed, in_window, keep) = _differentiable_block(
           spec.rule, q, k, dropout_seeds
       )
@@ -837,15 +970,30 @@ def _blockwise_backward(spec, residuals, dy):
       d_logits = de * e  # e = exp(logits - max) where it is not 0
       d_soft = None if soft is None else de * ex  # the STE: e = ex * window
       dq_blk, dk_blk = logits_vjp((d_logits, d_soft))
-      dq = jax.tree.map(lambda a, u: a + u.astype(jnp.float32), dq, dq_blk)
-      add = lambda a, u: jax.lax.dynamic_update_slice_in_dim(
-          a, _slice(a, k0, bk) + u.astype(jnp.float32), k0, 1
-      )
+      f32 = lambda tree: jax.tree.map(lambda u: u.astype(jnp.float32), tree)
+      return f32(dq_blk), f32(dk_blk), dx
+
+    def key_block(t, state):
+      dq, dk_all, dx_all = state
+      kb = order[qb, t]
+      if _skips(spec):
+        # The blocks the forward pass skipped (and possibly more: the final
+        # row max is at least the running one) add nothing here either.
+        skip = _skip_block(spec, q, kb, max_q, max_log_w, boxes)
+        grads = jax.lax.cond(
+            skip, lambda kb: zeros(jax.eval_shape(block_grads, kb)), block_grads, kb
+        )
+      else:
+        grads = block_grads(kb)
+      dq_blk, dk_blk, dx = grads
+      k0 = kb * bk
+      dq = jax.tree.map(jnp.add, dq, dq_blk)
+      add = lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, _slice(a, k0, bk) + u, k0, 1)
       return dq, jax.tree.map(add, dk_all, dk_blk), add(dx_all, dx)
 
-    lo, hi = _loop_bounds(spec, qb)
+    count = counts if isinstance(counts, int) else counts[qb]
     dq, dk_all, dx_all = jax.lax.fori_loop(
-        lo, hi, key_block, (zeros(_fields(q, _CENTRE_GRADS)), dk_all, dx_all)
+        0, count, key_block, (zeros(_fields(q, _CENTRE_GRADS)), dk_all, dx_all)
     )
     dq_all = jax.tree.map(lambda a, u: jax.lax.dynamic_update_slice_in_dim(a, u, q0, 1), dq_all, dq)
     return dq_all, dk_all, dx_all
@@ -899,6 +1047,29 @@ def _key_block_ranges(
       hi = min(hi, (int(idx.max()) + reach) // block_k + 1)
     ranges.append((lo, hi))
   return tuple(ranges)
+
+
+def _key_block_order(
+    q_index: np.ndarray,
+    block_q: int,
+    block_k: int,
+    ranges: Sequence[tuple[int, int]],
+    near_first: bool,
+) -> tuple[tuple[int, ...], ...]:
+  """The key blocks each query block visits, in order (see :class:`_BlockSpec`):
+  its range (:func:`_key_block_ranges`) in ascending order, or, ``near_first``
+  (Gaussian skipping), by distance from the block holding the query block's
+  median centre (causal: the diagonal block; ties: the earlier block first),
+  so that the running maxima are good early and far blocks can be skipped."""
+  order = []
+  for qb, (lo, hi) in enumerate(ranges):
+    blocks = range(lo, hi)
+    if near_first:
+      idx = q_index[qb * block_q : (qb + 1) * block_q]
+      home = int(np.median(idx)) // block_k
+      blocks = sorted(blocks, key=lambda kb: (abs(kb - home), kb))
+    order.append(tuple(blocks))
+  return tuple(order)
 
 
 # ----------------------------------------------------------------------------
@@ -1003,6 +1174,15 @@ class ContextPool(nn.Module):
     block_size: query and key block length of ``'blockwise'`` (clipped to the
       number of outputs / inputs; other lengths are padded internally and the
       padding masked). Temporaries are O(batch * block_size^2).
+    gaussian_skip_nats: ``'blockwise'`` with ``locality='gaussian'`` and
+      query-independent weights only: a key block whose largest possible
+      logit (``max_j a_j - min_i d^2 / (2 sigma_i^2)`` over the query block's
+      centres) lies more than this many nats below every centre's running
+      maximum is skipped at run time, in the forward and backward passes (key
+      blocks are visited nearest first). Each skipped term is below
+      ``exp(-gaussian_skip_nats)`` times its row's largest, so a row loses at
+      most ``n exp(-gaussian_skip_nats)`` of its softmax mass (the default 18:
+      1.5e-8 per term, below float32 rounding). None: never skip.
     dtype: compute dtype (None: the input's); the pooling softmax is always
       computed in float32.
     param_dtype: parameter dtype.
@@ -1028,6 +1208,7 @@ class ContextPool(nn.Module):
   dropout_rate: float = 0.0
   implementation: str = 'auto'
   block_size: int = 512
+  gaussian_skip_nats: Optional[float] = GAUSSIAN_SKIP_NATS
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -1042,6 +1223,7 @@ class ContextPool(nn.Module):
     v.check_choice(_OWNER, 'activation', self.activation, tuple(ACTIVATIONS))
     v.check_choice(_OWNER, 'implementation', self.implementation, IMPLEMENTATIONS)
     v.check_positive(_OWNER, 'block_size', self.block_size, integer=True)
+    v.check_positive(_OWNER, 'gaussian_skip_nats', self.gaussian_skip_nats, allow_none=True)
     v.check_positive(_OWNER, 'ratio', self.ratio, allow_none=True)
     v.check_positive(_OWNER, 'kernel_size', self.kernel_size, integer=True)
     v.check_positive(_OWNER, 'hidden_features', self.hidden_features, integer=True)
@@ -1254,7 +1436,7 @@ class ContextPool(nn.Module):
     if implementation == 'dense':
       y = _pool_dense(rule, inputs)
     else:
-      y = _pool_blockwise(rule, self.block_size, inputs)
+      y = _pool_blockwise(rule, self.block_size, inputs, self.gaussian_skip_nats)
 
     x_centres = tokens[:, q_index]
     if self.residual:
