@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from contextpool_jax.layers import lambda_layer as lambda_lib
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 import ref_lambda_layer as ref
 
@@ -483,3 +484,135 @@ def test_empty_batch_gives_empty_outputs_and_zero_gradients(position):
       variables['params']
   )
   chex.assert_trees_all_equal(grads, jax.tree.map(jnp.zeros_like, grads))
+
+
+# ----------------------------------------------------------------------------
+# The 'rows' algorithm (direct sum row by row) against the reference and the
+# correlation, values and gradients.
+
+ROWS_CASES = [
+    ((2, 5, 4, D), 1, None),  # H > W: rows scanned directly
+    ((2, 3, 6, D), 2, None),  # W > H: the transposed grid is scanned
+    ((1, 4, 4, D), 3, (6, 7)),  # table larger than the input: centre cropped
+]
+
+
+@pytest.mark.parametrize('shape,intra_depth,context_size', ROWS_CASES)
+def test_rows_matches_reference(shape, intra_depth, context_size):
+  module = LambdaLayer(
+      key_depth=K,
+      heads=HEADS,
+      intra_depth=intra_depth,
+      context_size=context_size,
+      position_algorithm='rows',
+  )
+  x = _x(shape, seed=21)
+  variables = _init(module, x, 3)
+  y_eval, y_train, _ = _apply_both(module, variables, x)
+  np.testing.assert_allclose(y_eval, _reference(module, variables, x, False), **TOL)
+  np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
+  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
+  np.testing.assert_allclose(y_eval, y_corr, **TOL)
+
+
+@pytest.mark.parametrize('shape', [(2, 5, 4, D), (2, 3, 6, D)])
+def test_rows_grad_matches_reference_grad(shape):
+  module = LambdaLayer(key_depth=K, heads=HEADS, intra_depth=2, position_algorithm='rows')
+  x = _x(shape, seed=22)
+  variables = _init(module, x, 4)
+  w = _x(x.shape[:-1] + (D,), seed=23)
+
+  def loss(fn):
+    return lambda params, z: jnp.sum(w * fn({**variables, 'params': params}, z))
+
+  def ours(v, z):
+    return module.apply(v, z, train=True, mutable=['batch_stats'])[0]
+
+  def theirs(v, z):
+    with jax.default_matmul_precision('highest'):
+      return ref.lambda_layer(v, z, train=True, xp=jnp)[0]
+
+  g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(variables['params'], x)
+  g_ref = jax.jit(jax.grad(loss(theirs), argnums=(0, 1)))(variables['params'], x)
+  chex.assert_trees_all_close(g, g_ref, rtol=2e-3, atol=2e-4)
+  chex.assert_tree_all_finite(g)
+  assert float(jnp.abs(g[0]['position_embedding']).sum()) > 0
+
+
+@pytest.mark.parametrize('shape', [(2, 5, 4, 3, 2), (1, 3, 6, 2, 1), (0, 3, 3, 2, 1)])
+def test_position_lambdas_rows_equals_correlation_with_vjp(shape):
+  """The pure functions agree in float64, values and both cotangents."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(24)
+    _, height, width, _, depth_u = shape
+    values = jnp.asarray(rng.normal(size=shape))
+    table = jnp.asarray(rng.normal(size=(2 * height + 1, 2 * width - 1, 3, depth_u)))
+    out = lambda_lib.position_lambdas(values, table)
+    chex.assert_trees_all_close(
+        lambda_lib.position_lambdas_rows(values, table), out, rtol=1e-12, atol=1e-12
+    )
+    w = jnp.asarray(rng.normal(size=out.shape))
+    grads = [
+        jax.grad(lambda v, t, f=f: jnp.sum(w * f(v, t)), argnums=(0, 1))(values, table)
+        for f in (lambda_lib.position_lambdas, lambda_lib.position_lambdas_rows)
+    ]
+    chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
+def test_rows_bfloat16_and_vmap():
+  module = LambdaLayer(key_depth=K, heads=HEADS, position_algorithm='rows', dtype=jnp.bfloat16)
+  x = _x(SHAPES['2d'], seed=25)
+  variables = _init(module, x, 5)
+  y = _apply(module, variables, x)
+  assert y.dtype == jnp.bfloat16
+  y32 = _apply(module.clone(dtype=None), variables, x)
+  scale = float(jnp.abs(y32).max())
+  np.testing.assert_allclose(np.asarray(y, np.float32), y32, atol=0.05 * scale)
+  xs = jnp.stack([x, -x])
+  ys = jax.jit(jax.vmap(lambda z: module.clone(dtype=None).apply(variables, z)))(xs)
+  for i in range(xs.shape[0]):
+    np.testing.assert_allclose(ys[i], _apply(module.clone(dtype=None), variables, xs[i]), **TOL)
+
+
+def test_auto_picks_rows_only_where_its_table_is_below_n_by_m():
+  choose = lambda_lib.choose_position_algorithm
+  assert choose('global', (56, 56), 16, 1) == 'rows'
+  assert choose('global', (12, 10), 16, 1) == 'correlation'  # table > n * m
+  assert choose('global', (3136,), 16, 1) == 'correlation'  # sequences
+  assert choose('conv', (56, 56), 16, 1) == 'correlation'
+  for spatial, k, u in [((56, 56), 16, 1), ((40, 8), 4, 1), ((12, 10), 16, 1), ((8, 40), 4, 2)]:
+    n = spatial[0] * spatial[1]
+    assert (choose('global', spatial, k, u) == 'rows') == (
+        lambda_lib.rows_table_size(spatial, k, u) < n * n
+    )
+
+
+def test_auto_rows_has_no_n_by_m_intermediate_and_matches_correlation():
+  module = LambdaLayer(key_depth=4, heads=HEADS)
+  x = _x((1, 8, 40, D), seed=26)  # W > H; |T| = 79 * 8 * 8 * 4 < (8 * 40)^2
+  assert lambda_lib.choose_position_algorithm('global', (8, 40), 4, 1) == 'rows'
+  variables = _init(module, x, 6)
+  n = 8 * 40
+
+  def loss(params):
+    y, _ = module.apply({**variables, 'params': params}, x, train=True, mutable=['batch_stats'])
+    return jnp.sum(y**2)
+
+  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(variables['params']).jaxpr
+  assert _max_intermediate(jaxpr) < n * n
+  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
+  np.testing.assert_allclose(_apply(module, variables, x), y_corr, **TOL)
+
+
+@pytest.mark.parametrize(
+    'kwargs,shape,pattern',
+    [
+        ({'position_algorithm': 'fft'}, (2, 5, 4, D), r"position_algorithm='fft'.*'auto'"),
+        ({'position_algorithm': 'rows', 'position': 'conv'}, (2, 5, 4, D), r"position='conv'"),
+        ({'position_algorithm': 'rows'}, (2, 7, D), r'rows.*1 spatial axes'),
+    ],
+)
+def test_bad_position_algorithm(kwargs, shape, pattern):
+  module = LambdaLayer(**{'key_depth': K, 'heads': HEADS, 'scope_size': 3, **kwargs})
+  with pytest.raises(ValueError, match=pattern):
+    _trace(module, shape)

@@ -1,0 +1,66 @@
+"""benchmarks/peers.py without its peers: the worker protocol, records, errors.
+
+The peers themselves (TensorFlow + tensor2tensor, PyTorch + timm) are never
+installed for the tests; the protocol runs against this interpreter.
+"""
+
+import math
+import sys
+
+import pytest
+
+from benchmarks import peers
+
+
+def _fake(name, framework, fb, f=1.0):
+  cand = peers.Candidate(name, framework, lambda cmd: 0.0, lambda: (2.0**20, 'test'), {'v': 1})
+  cand.times = {'fb': list(fb), 'f': [f]}
+  return cand
+
+
+def test_worker_error_is_reported_as_a_failed_candidate():
+  cand = peers._peer('bogus peer', 'TF', sys.executable, {'kind': 'no_such_worker'})
+  assert 'FAILED' in cand.name and 'no_such_worker' in cand.name
+  assert math.isnan(cand.step('fb'))
+  cand.close()
+
+
+def test_area_ratios_are_to_the_same_framework_and_mode():
+  t2t_xla, std_xla, t2t_graph, std_graph, ours, std_jax = [3, 5, 4], [1, 2], [9], [3], [8], [2]
+  cands = [
+      _fake('tensor2tensor area_attention.py, TF + XLA', 'TF', t2t_xla),
+      _fake('standard attention, TF + XLA', 'TF', std_xla),
+      _fake('tensor2tensor area_attention.py, TF graph mode', 'TF', t2t_graph),
+      _fake('standard attention, TF graph mode', 'TF', std_graph),
+      _fake('ours: dot_product_area_attention', 'JAX', ours),
+      _fake('standard attention, JAX', 'JAX', std_jax),
+  ]
+  recs = {r['name']: r for r in peers.row_records('area', cands)}
+  assert recs['tensor2tensor area_attention.py, TF + XLA']['ratio'] == pytest.approx(4 / 1.5)
+  assert recs['tensor2tensor area_attention.py, TF graph mode']['ratio'] == pytest.approx(9 / 3)
+  assert recs['ours: dot_product_area_attention']['ratio'] == pytest.approx(8 / 2)
+  assert all('ratio' not in r for n, r in recs.items() if n.startswith('standard'))
+  text = peers.markdown(list(recs.values()), repeats=3)
+  for name, rec in recs.items():
+    assert name in text
+    if 'ratio' in rec:
+      assert f'{rec["ratio"]:.2f}x' in text
+
+
+def test_lambda_rows_have_no_ratio():
+  recs = peers.row_records(
+      'lambda_global', [_fake('timm', 'PyTorch', [5]), _fake('ours', 'JAX', [4])]
+  )
+  assert [r['fb_ms'] for r in recs] == [5, 4]
+  assert all('ratio' not in r for r in recs)
+  assert all(r['memory_mib'] == 1.0 for r in recs)
+
+
+def test_unknown_row_raises_before_anything_runs():
+  with pytest.raises(ValueError, match=r"--rows='area,nope'.*\['nope'\].*'lambda_global'"):
+    peers.main(['--rows', 'area,nope', '--no_install'])
+
+
+def test_missing_env_without_install_raises(tmp_path):
+  with pytest.raises(RuntimeError, match='missing or out of date'):
+    peers.ensure_env(tmp_path, 'torch', install=False, log=print)
