@@ -13,9 +13,16 @@ tokens) or greedily (``temperature == 0``), reproducibly for a ``seed``. The mod
 sees at most the last ``context`` tokens (the trained ``config.dataset.seq_len``:
 sinusoidal positions do not extrapolate), a sliding window once the text is longer.
 
-There is no KV cache yet: every step re-runs the model on the whole window.
-:func:`next_token_logits` is that step, the only place the model is called; a cached
-implementation replaces it (same inputs and outputs).
+With ``cache=True`` (default) generation is incremental: the model's ``'cache'``
+(``model.apply(..., decode=True, mutable=['cache'])``: attention keys and values,
+area features, ContextPool's streaming state) holds the first ``context``
+positions, and each step feeds one token (:func:`cached_next_token_logits`),
+the prompt included. Beyond ``context`` tokens the window slides, which a cache
+of absolute positions cannot do (every kept token would move to a new position):
+the remaining steps fall back to the uncached step, so the output is exactly
+the uncached sampler's, only faster for the first ``context`` positions.
+:func:`next_token_logits` is the uncached step (``cache=False``): it re-runs the
+model on the whole window.
 
 Translation (``config.task == 'translation'``): :func:`translate` encodes the
 sentences with the workdir's SentencePiece model and decodes with
@@ -53,6 +60,15 @@ def next_token_logits(model, variables: dict, window: Array, position: Array) ->
   return lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False).astype(jnp.float32)
 
 
+def cached_next_token_logits(model, variables: dict, cache, token: Array):
+  """float32 logits ``[batch, vocab]`` predicting the token after ``token [batch]``,
+  fed at the cache's next position, and the updated cache."""
+  logits, state = model.apply(
+      {**variables, 'cache': cache}, token[:, None], train=False, decode=True, mutable=['cache']
+  )
+  return logits[:, 0].astype(jnp.float32), state['cache']
+
+
 def choose_tokens(logits: Array, rng: Array, *, temperature: float, top_k: int) -> Array:
   """int32 ``[batch]``: argmax for ``temperature == 0``, else a sample of
   ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits
@@ -71,12 +87,34 @@ def choose_tokens(logits: Array, rng: Array, *, temperature: float, top_k: int) 
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
-def _sample(model, variables, prompt, rng, *, length, context, temperature, top_k, logits_fn):
-  """The generation loop (one compiled ``fori_loop``); ``[batch, length]``."""
+def _sample(
+    model, variables, prompt, rng, *, length, context, temperature, top_k, logits_fn, cache
+):
+  """The generation loops (compiled ``fori_loop``s); ``[batch, length]``."""
   batch, prompt_len = prompt.shape
   total = prompt_len + length
   width = min(context, total)
   tokens = jnp.zeros((batch, total), jnp.int32).at[:, :prompt_len].set(prompt)
+  first = prompt_len  # the first token the uncached loop generates
+  if cache:
+    # Feed positions 0 .. end - 1 (the prompt, then each new token) into a cache
+    # of `width` positions: tokens up to index `end` (the token at index t
+    # always comes from the logits of position t - 1).
+    end = min(width, total - 1)
+    _, state = model.apply(
+        variables, jnp.zeros((batch, width), jnp.int32), decode=True, mutable=['cache']
+    )
+
+    def cached_step(t, carry):
+      tokens, c = carry
+      logits, c = cached_next_token_logits(model, variables, c, tokens[:, t])
+      key = jax.random.fold_in(rng, t + 1)
+      token = choose_tokens(logits, key, temperature=temperature, top_k=top_k)
+      token = jnp.where(t + 1 < prompt_len, tokens[:, t + 1], token)  # keep the prompt
+      return lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1), c
+
+    tokens, _ = lax.fori_loop(0, end, cached_step, (tokens, state['cache']))
+    first = max(prompt_len, end + 1)
 
   def step(t, tokens):
     start = jnp.maximum(t - width, 0)  # sliding window of the last `width` tokens
@@ -85,7 +123,7 @@ def _sample(model, variables, prompt, rng, *, length, context, temperature, top_
     token = choose_tokens(logits, jax.random.fold_in(rng, t), temperature=temperature, top_k=top_k)
     return lax.dynamic_update_index_in_dim(tokens, token, t, axis=1)
 
-  tokens = lax.fori_loop(prompt_len, total, step, tokens)
+  tokens = lax.fori_loop(first, total, step, tokens)
   return tokens[:, prompt_len:]
 
 
@@ -100,6 +138,7 @@ def sample_tokens(
     top_k: int = 0,
     seed: int = 0,
     logits_fn: Callable[..., Array] = next_token_logits,
+    cache: bool = True,
 ) -> Array:
   """Generates ``length`` tokens after ``prompt``: int32 ``[batch, length]``.
 
@@ -113,7 +152,10 @@ def sample_tokens(
     temperature: 0 (greedy) or > 0.
     top_k: 0 (no restriction) or the number of most likely tokens to sample from.
     seed: the sample is a function of (model, prompt, arguments, seed).
-    logits_fn: the step, :func:`next_token_logits` or a drop-in replacement.
+    logits_fn: the uncached step, :func:`next_token_logits` or a drop-in
+      replacement (with ``cache``: only beyond ``context`` tokens).
+    cache: incremental decoding for the first ``context`` positions (module
+      docstring); the same tokens as ``cache=False``.
   """
   prompt = jnp.asarray(prompt)
   _check(
@@ -136,6 +178,7 @@ def sample_tokens(
           temperature=float(temperature),
           top_k=top_k,
           logits_fn=logits_fn,
+          cache=cache,
       )
   )
   return fn(variables, prompt.astype(jnp.int32), jax.random.key(seed))

@@ -285,7 +285,9 @@ class BigramToy(nn.Module):
   def encode(self, inputs):
     return inputs[:, 0]
 
-  def decode(self, encoded, inputs, decoder_inputs):
+  def decode(self, encoded, inputs, decoder_inputs, decode=False):
+    # A bigram needs no cache: a decode=True step reads the same table.
+    del decode
     return self.variables['params']['table'][encoded[:, None], decoder_inputs]
 
 
@@ -483,9 +485,16 @@ class CopyToy(nn.Module):
   def encode(self, inputs):
     return inputs
 
-  def decode(self, encoded, inputs, decoder_inputs):
-    width = decoder_inputs.shape[1]
-    src = jnp.pad(inputs, ((0, 0), (0, max(0, width - inputs.shape[1]))))[:, :width]
+  @nn.compact
+  def decode(self, encoded, inputs, decoder_inputs, decode=False):
+    start = 0
+    if decode:  # a cached step (decoding.init_cache) reads the source at its position
+      initialized = self.has_variable('cache', 'index')
+      index = self.variable('cache', 'index', lambda: jnp.array(0, jnp.int32))
+      if initialized:
+        start, index.value = index.value, index.value + 1
+    positions = start + jnp.arange(decoder_inputs.shape[1])
+    src = jnp.take(inputs, positions, axis=1, mode='fill', fill_value=0)
     return 10.0 * jax.nn.one_hot(jnp.where(src == 0, 1, src), self.vocab)
 
 

@@ -797,6 +797,11 @@ class AreaAttention(nn.Module):
     kernel_init: projection kernel initializer.
     bias_init: projection bias initializer.
     use_bias: biases in the projections and the Eq. 9 MLP.
+    decode: incremental decoding of causal 1D self-attention: the first call,
+      on the full ``[batch, max_len, features]``, creates the ``'cache'``
+      collection and returns the ordinary output; every later call takes one
+      query ``[batch, 1, features]`` (``mask=None``, ``deterministic=True``)
+      and attends over the areas ending at or before it (:meth:`_decode_step`).
   """
 
   num_heads: int
@@ -818,6 +823,7 @@ class AreaAttention(nn.Module):
   kernel_init: Initializer = nn.initializers.lecun_normal()
   bias_init: Initializer = nn.initializers.zeros_init()
   use_bias: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(
@@ -956,6 +962,21 @@ class AreaAttention(nn.Module):
       sample_rng = self.make_rng('dropout')
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
+    if self.decode:  # a cached step, or the call that creates the cache
+      self._check_decode(x_q, x_kv, memory_height, mask, deterministic)
+      cache = self._area_cache(key, value)
+      if cache is not None:
+        out = self._decode_step(cache, query, key, value, learned_key)
+        return nn.DenseGeneral(
+            features=out_features,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            bias_init=self.bias_init,
+            use_bias=self.use_bias,
+            name='out',
+        )(out).reshape(q_shape[:-1] + (out_features,))
     out = _area_attention(
         query,
         key,
@@ -987,3 +1008,97 @@ class AreaAttention(nn.Module):
         name='out',
     )(out)
     return out.reshape(q_shape[:-1] + (out_features,))
+
+  # -- incremental decoding (decode=True) ------------------------------------
+
+  def _check_decode(self, x_q, x_kv, memory_height, mask, deterministic) -> None:
+    """Raises unless this is causal 1D self-attention at inference."""
+    owner = 'AreaAttention'
+    if not self.causal or memory_height != 1 or self.max_area_height != 1:
+      raise ConfigError(
+          f'{owner}.decode=True needs causal=True on a 1D memory (memory_height=1, '
+          f'max_area_height=1); got causal={self.causal!r}, memory_height='
+          f'{memory_height!r}, max_area_height={self.max_area_height!r}.'
+      )
+    if mask is not None or not deterministic or x_q.shape[1] != x_kv.shape[1]:
+      raise ValueError(
+          f'{owner}: decode=True is self-attention at inference: mask=None, '
+          f'deterministic=True and as many queries as keys; got mask '
+          f'{None if mask is None else jnp.shape(mask)}, deterministic={deterministic!r}, '
+          f'{x_q.shape[1]} queries and {x_kv.shape[1]} keys.'
+      )
+
+  def _area_cache(self, key: Array, value: Array) -> dict[str, Any] | None:
+    """The ``'cache'`` of ``decode=True`` (W = ``max_area_width``, L = max_len),
+    created by the first call (returns None then), else returned:
+
+    * ``cached_key`` / ``cached_value`` ``[batch, W - 1 + L, heads, depth]``:
+      the item keys / values, position t at ``W - 1 + t`` (W - 1 leading
+      zeros, so the last W items are always a slice);
+    * ``cached_area_key`` / ``cached_area_value`` ``[batch, L, W, heads, depth]``: the key
+      and value of the area of width w ending at t in ``[:, t, w - 1]``;
+    * ``cache_index``: the next position t.
+    """
+    width = self.max_area_width
+    initialized = self.has_variable('cache', 'cache_index')
+    b, length = key.shape[:2]
+    items = lambda a: (lambda: jnp.zeros((b, width - 1 + length) + a.shape[2:], a.dtype))
+    areas = lambda a: (lambda: jnp.zeros((b, length, width) + a.shape[2:], a.dtype))
+    cache = {
+        'cached_key': self.variable('cache', 'cached_key', items(key)),
+        'cached_value': self.variable('cache', 'cached_value', items(value)),
+        'cached_area_key': self.variable('cache', 'cached_area_key', areas(key)),
+        'cached_area_value': self.variable('cache', 'cached_area_value', areas(value)),
+        'cache_index': self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32)),
+    }
+    return cache if initialized else None
+
+  def _decode_step(self, cache, query, key, value, learned_key) -> Array:
+    """Area attention of the query at t = ``cache_index`` (``[batch, 1, heads,
+    depth]``), its key and value appended to the cache.
+
+    The W areas that end at t (widths 1..W) get their features from the last W
+    cached items, by the same :func:`compute_area_features` on a memory of W
+    items (the areas of that memory whose last item is t), and their keys by
+    the same key mode (Eq. 3 / Eq. 9); they are stored, and the query attends
+    over every cached area ending at or before t that starts at or after 0
+    (the causal area mask, :func:`_area_mask`). O(t W) work per step.
+    """
+    width = self.max_area_width
+    t = cache['cache_index'].value
+    put = lambda name, new, at: jax.lax.dynamic_update_slice_in_dim(
+        cache[name].value, new, at, axis=1
+    )
+    cache['cached_key'].value = put('cached_key', key, width - 1 + t)
+    cache['cached_value'].value = put('cached_value', value, width - 1 + t)
+    last = lambda name: jax.lax.dynamic_slice_in_dim(cache[name].value, t, width, axis=1)
+    layout = area_layout(width, max_area_width=width)
+    ending = np.flatnonzero(layout.last_index == width - 1)  # widths 1..W, in order
+    pick = lambda a: None if a is None else a[:, ending]
+
+    def features(items, names):
+      feats = compute_area_features(items, layout, features=names, std_epsilon=self.std_epsilon)
+      return AreaFeatures(*(pick(a) for a in feats[:4]), feats.height[ending], feats.width[ending])
+
+    key_feats = features(last('cached_key'), _key_features(self.key_mode))
+    area_keys = _base_area_key(key_feats, self.key_mode, None)
+    if learned_key is not None:
+      area_keys = learned_key(area_keys, key_feats)
+    area_values = getattr(features(last('cached_value'), (self.value_mode,)), self.value_mode)
+    cache['cached_area_key'].value = put('cached_area_key', area_keys[:, None].astype(key.dtype), t)
+    cache['cached_area_value'].value = put('cached_area_value', area_values[:, None], t)
+    cache['cache_index'].value = t + 1
+
+    b, length = cache['cached_area_key'].value.shape[:2]
+    start = jnp.arange(length)[:, None] - jnp.arange(width)[None, :]  # [L, W]
+    allowed = (jnp.arange(length)[:, None] <= t) & (start >= 0)
+    flat = lambda a: a.reshape((b, length * width) + a.shape[3:])
+    return _attend(
+        query,
+        flat(cache['cached_area_key'].value),
+        flat(cache['cached_area_value'].value),
+        allowed.reshape(1, 1, 1, length * width),
+        scale=None,
+        dropout_rate=0.0,
+        dropout_rng=None,
+    )

@@ -1183,6 +1183,13 @@ class ContextPool(nn.Module):
       ``exp(-gaussian_skip_nats)`` times its row's largest, so a row loses at
       most ``n exp(-gaussian_skip_nats)`` of its softmax mass (the default 18:
       1.5e-8 per term, below float32 rounding). None: never skip.
+    decode: streaming (incremental decoding; needs ``causal``): the first call,
+      on the full ``[batch, max_len, features]``, creates the ``'cache'``
+      collection and returns the ordinary output; every later call takes one
+      position ``[batch, 1, features]`` (mask ``[batch, 1]``) and returns its
+      pooled feature from the cached x_{<=t}, a_{<=t} (phi_{<=t} for non-local
+      weights), the running size statistics and the last k - 1 inputs of each
+      mapping convolution (:meth:`_decode_step`): nothing is recomputed.
     dtype: compute dtype (None: the input's); the pooling softmax is always
       computed in float32.
     param_dtype: parameter dtype.
@@ -1209,6 +1216,7 @@ class ContextPool(nn.Module):
   implementation: str = 'auto'
   block_size: int = 512
   gaussian_skip_nats: Optional[float] = GAUSSIAN_SKIP_NATS
+  decode: bool = False
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -1246,11 +1254,16 @@ class ContextPool(nn.Module):
       raise ConfigError(
           f'{_OWNER}.random_seed={self.random_seed!r} is invalid; ' 'expected an int.'
       )
-    for name in ('residual', 'causal'):
+    for name in ('residual', 'causal', 'decode'):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(
             f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; ' 'expected True or False.'
         )
+    if self.decode and not self.causal:
+      raise ConfigError(
+          f'{_OWNER}.decode=True needs causal=True (streaming reads x_<=t only); '
+          f'got causal={self.causal!r}.'
+      )
 
   def _check_inputs(self, x: Array, mask: Optional[Array]) -> tuple[int, ...]:
     self.check_config()
@@ -1317,6 +1330,7 @@ class ContextPool(nn.Module):
           out_features=self.hidden_features,
           dtype=dtype,
           param_dtype=self.param_dtype,
+          decode=self.decode,  # its own key/value cache (see _decode_step)
           name='mapping_attention',
       )(tokens, tokens, mask=attn_mask)
       out = dense(channels, 'mapping_dense')(h)
@@ -1358,6 +1372,10 @@ class ContextPool(nn.Module):
   @nn.compact
   def __call__(self, x: Array, mask: Optional[Array] = None, deterministic: bool = True) -> Array:
     strides = self._check_inputs(x, mask)
+    if self.decode:  # streaming: a step, or the call that creates the cache
+      if self.has_variable('cache', 'cache_index'):
+        return self._decode_step(x, mask, deterministic)
+      self._stream_cache(x.shape[0], x.shape[1], x.shape[-1], self.dtype or x.dtype)
     dtype = self.dtype if self.dtype is not None else jnp.result_type(x)
     x = x.astype(dtype)
     batch, spatial, features = x.shape[0], tuple(x.shape[1:-1]), x.shape[-1]
@@ -1444,3 +1462,172 @@ class ContextPool(nn.Module):
     # Padded positions are passed through unchanged.
     y = _mask_features(centres.valid[..., None], y, x_centres)
     return y.reshape(batch, *out_spatial, features)
+
+  # -- streaming (decode=True) -----------------------------------------------
+
+  def _stream_cache(
+      self, batch: int, length: Optional[int], features: int, dtype: Dtype
+  ) -> dict[str, Any]:
+    """The ``'cache'`` variables of ``decode=True``, created on the first call
+    (``length`` = max_len; later calls pass None). Per example:
+
+    * ``x [max_len, features]``, ``valid [max_len]``: the inputs x_j, j <= t;
+    * ``log_w [max_len]`` float32: a_j (learned / unnormalised weights);
+    * ``phi [max_len, k]``: the non-local keys (``weights='nonlocal'``);
+    * ``count``, ``size_lse`` float32: the number of real tokens <= t (n in
+      sigma = r n s) and, for the softmax size norm, the running logsumexp of
+      the raw sizes (the prefix softmax's denominator);
+    * ``conv_inputs [k - 1, features]``, ``conv_hidden [k - 1,
+      hidden_features]``: the last k - 1 (masked) inputs of each mapping
+      convolution (``mapping='cnn'``);
+
+    and ``cache_index``, the next position t. The attention mapping keeps its
+    own (flax) key/value cache.
+    """
+    uses_weight = self.weights in ('learned', 'unnormalized')
+    uses_size = self.locality in ('gaussian', 'adaptive_window')
+    zeros = lambda shape, dt: (lambda: jnp.zeros((batch,) + shape, dt))
+    names = {
+        'cache_index': lambda: jnp.array(0, jnp.int32),
+        'x': zeros((length, features), dtype),
+        'valid': zeros((length,), bool),
+    }
+    if uses_weight:
+      names['log_w'] = zeros((length,), jnp.float32)
+    if self.weights == 'nonlocal':
+      names['phi'] = zeros((length, self.nonlocal_features or features), dtype)
+    if uses_size:
+      names['count'] = zeros((), jnp.float32)
+      if self.size_norm == 'softmax':
+        names['size_lse'] = lambda: jnp.full((batch,), _NEG, jnp.float32)
+    if self.mapping == 'cnn':
+      names['conv_inputs'] = zeros((self.kernel_size - 1, features), dtype)
+      names['conv_hidden'] = zeros((self.kernel_size - 1, self.hidden_features), dtype)
+    return {name: self.variable('cache', name, init) for name, init in names.items()}
+
+  def _mapping_step(
+      self, x: Array, valid: Array, channels: int, dtype: Dtype, cache: dict[str, Any]
+  ) -> Array:
+    """m(X) at the new position: ``x [batch, 1, features]`` -> ``[batch, channels]``
+    float32, equal to :meth:`_mapping`'s output there. The causal convolutions
+    read the cached last k - 1 inputs (``'VALID'`` over a window of k, the same
+    parameters), the mlp reads the token, the attention mapping attends over its
+    cache with the cached validity."""
+    act = ACTIVATIONS[self.activation]
+    keep = valid[..., None]  # [b, 1, 1]
+    x = _mask_features(keep, x, 0.0)
+    dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype, name=name)
+    if self.mapping == 'cnn':
+      conv = lambda f, name: nn.Conv(
+          f,
+          (self.kernel_size,),
+          padding='VALID',
+          dtype=dtype,
+          param_dtype=self.param_dtype,
+          name=name,
+      )
+      window = jnp.concatenate([cache['conv_inputs'].value, x.astype(dtype)], axis=1)
+      h = _mask_features(keep, act(conv(self.hidden_features, 'mapping_conv_0')(window)), 0.0)
+      hidden = jnp.concatenate([cache['conv_hidden'].value, h.astype(dtype)], axis=1)
+      out = conv(channels, 'mapping_conv_1')(hidden)
+      cache['conv_inputs'].value = window[:, 1:]
+      cache['conv_hidden'].value = hidden[:, 1:]
+    elif self.mapping == 'mlp':
+      out = dense(channels, 'mapping_dense_1')(
+          act(dense(self.hidden_features, 'mapping_dense_0')(x))
+      )
+    else:  # 'attention': flax's cache masks j > t; the cached validity masks padding.
+      attn_mask = valid[:, None, :, None] & cache['valid'].value[:, None, None, :]
+      h = nn.MultiHeadDotProductAttention(
+          num_heads=1,
+          qkv_features=self.hidden_features,
+          out_features=self.hidden_features,
+          dtype=dtype,
+          param_dtype=self.param_dtype,
+          decode=True,
+          name='mapping_attention',
+      )(x, x, mask=attn_mask)
+      out = dense(channels, 'mapping_dense')(h)
+    return out.reshape(x.shape[0], channels).astype(jnp.float32)
+
+  def _decode_step(self, x: Array, mask: Optional[Array], deterministic: bool) -> Array:
+    """One streaming step: the pooled feature ``[batch, 1, features]`` of position
+    t = ``cache_index`` from ``x [batch, 1, features]`` (mask ``[batch, 1]``).
+
+    Eq. 4 for the one centre t over the cached inputs j <= t, by the same
+    :func:`pool_block` and dense pooling as the full forward: a_t (and phi_t,
+    theta_t) from the new token's mapping output, and sigma_t = r n_t s_t
+    (:func:`pooling_sigma`) from the running count n_t of real tokens and, for
+    the softmax size norm, the running logsumexp of the raw sizes. O(t) work.
+    """
+    if x.shape[1] != 1:
+      raise ValueError(
+          f'{_OWNER}: a decode=True step takes one position [batch, 1, features]; '
+          f'got x of shape {x.shape}.'
+      )
+    if not deterministic and self.dropout_rate > 0.0:
+      raise ValueError(
+          f'{_OWNER}: decode=True steps are inference; got deterministic=False with '
+          f'dropout_rate={self.dropout_rate!r}.'
+      )
+    dtype = self.dtype if self.dtype is not None else jnp.result_type(x)
+    x = x.astype(dtype)
+    batch, features = x.shape[0], x.shape[-1]
+    valid = (
+        jnp.ones((batch, 1), bool)
+        if mask is None
+        else jnp.asarray(mask).reshape(batch, 1).astype(bool)
+    )
+    cache = self._stream_cache(batch, None, features, dtype)
+    t = cache['cache_index'].value
+    length = cache['x'].value.shape[1]
+    put = lambda name, new: jax.lax.dynamic_update_slice_in_dim(
+        cache[name].value, new.astype(cache[name].value.dtype), t, axis=1
+    )
+    cache['x'].value = put('x', x)
+    cache['valid'].value = put('valid', valid)
+
+    uses_weight = self.weights in ('learned', 'unnormalized')
+    uses_size = self.locality in ('gaussian', 'adaptive_window')
+    channels = int(uses_weight) + int(uses_size)
+    raw = self._mapping_step(x, valid, channels, dtype, cache) if channels else None
+
+    theta = None
+    if uses_weight:
+      a = raw[:, :1] if self.weights == 'learned' else _log_softplus(raw[:, :1])
+      cache['log_w'].value = put('log_w', a)
+    elif self.weights == 'nonlocal':  # Eq. 3, as in __call__
+      k = self.nonlocal_features or features
+      proj = lambda name: nn.DenseGeneral(
+          k, use_bias=False, dtype=dtype, param_dtype=self.param_dtype, name=name
+      )
+      theta = proj('nonlocal_theta')(x)
+      cache['phi'].value = put('phi', proj('nonlocal_phi')(x))
+
+    sigma = None
+    if uses_size:  # pooling_sigma's causal prefix statistics, one step on
+      z = jnp.where(valid, raw[:, -1:], _NEG)
+      count = cache['count'].value + valid[:, 0].astype(jnp.float32)
+      cache['count'].value = count
+      if self.size_norm == 'sigmoid':
+        s = jax.nn.sigmoid(z)
+      else:
+        lse = jnp.logaddexp(cache['size_lse'].value, z[:, 0])
+        cache['size_lse'].value = lse
+        s = jnp.exp(z - lse[:, None])
+      ratio = self.ratio if self.ratio is not None else DEFAULT_RATIO[1]
+      sigma = ratio * count[:, None] * jnp.where(valid, s, 0.0)
+
+    centres = Centres(index=t[None].astype(jnp.int32), valid=valid, sigma=sigma, theta=theta)
+    context = Context(
+        index=jnp.arange(length, dtype=jnp.int32),
+        valid=cache['valid'].value,
+        x=cache['x'].value,
+        log_w=cache['log_w'].value if uses_weight else None,
+        phi=cache['phi'].value if self.weights == 'nonlocal' else None,
+    )
+    y = _pool_dense(self.pool_rule((length,), dropout=False), PoolInputs(centres, context))
+    cache['cache_index'].value = t + 1
+    if self.residual:
+      y = x + y
+    return _mask_features(valid[..., None], y, x)

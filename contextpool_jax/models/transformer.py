@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
@@ -184,15 +185,27 @@ class MultiHeadAttention(nn.Module):
   attention); local attention passes ``local_window_size``. Every attention of
   the family is this module (built in :meth:`TransformerLayer.make_attention`).
 
+  Incremental decoding (``decode=True``, causal self-attention only), in
+  Flax's usual form: a first call on the full-length ``[batch, max_len,
+  features]`` input creates the ``'cache'`` collection (``cached_key``,
+  ``cached_value`` ``[batch, max_len, heads, head_dim]``, ``cache_index``) and
+  computes the ordinary output; every later call takes one token ``[batch, 1,
+  features]``, writes its key and value at ``cache_index`` and attends over
+  the cached keys ``j <= cache_index`` (local: also ``j >= cache_index -
+  local_window``). Decoded tokens are all real, so ``mask`` must be None.
+  Area attention delegates to :class:`AreaAttention`'s own cache.
+
   Attributes:
     config: heads, windows, area options, ``attention_dropout_rate``, dtypes.
     kind: ``'standard' | 'local' | 'area'``, this call site's.
     causal: mask keys after the query.
+    decode: incremental decoding with a key/value cache (see above).
   """
 
   config: TransformerConfig
   kind: str = 'standard'
   causal: bool = False
+  decode: bool = False
 
   @nn.compact
   def __call__(
@@ -200,6 +213,16 @@ class MultiHeadAttention(nn.Module):
   ) -> Array:
     cfg = self.config
     features = inputs_q.shape[-1]
+    if self.decode and not self.causal:
+      raise ConfigError(
+          f'MultiHeadAttention.decode=True needs causal=True (a cache of '
+          f'decoded tokens); got causal={self.causal!r}.'
+      )
+    if self.decode and mask is not None:
+      raise ValueError(
+          'MultiHeadAttention: decode=True takes mask=None (decoded tokens are '
+          f'all real); got a mask of shape {jnp.shape(mask)}.'
+      )
     if self.kind == 'area':
       return AreaAttention(
           num_heads=cfg.num_heads,
@@ -207,6 +230,7 @@ class MultiHeadAttention(nn.Module):
           key_mode=cfg.area_key_mode,
           causal=self.causal,
           dropout_rate=cfg.attention_dropout_rate,
+          decode=self.decode,
           dtype=cfg.dtype,
           param_dtype=cfg.param_dtype,
           name='area',
@@ -227,12 +251,17 @@ class MultiHeadAttention(nn.Module):
     q = dense(name='query')(inputs_q)
     k = dense(name='key')(inputs_kv)
     val = dense(name='value')(inputs_kv)
-    if self.causal:
-      cm = causal_mask(inputs_q.shape[1])
-      mask = cm if mask is None else mask & cm
     window = None
     if self.kind == 'local':
       window = (cfg.local_window, 0 if self.causal else cfg.local_window)
+    if self.decode and self.has_variable('cache', 'cache_index'):
+      k, val, mask = self._cached_keys_values(k, val, window)
+      window = None  # in the step's mask
+    elif self.causal:
+      if self.decode:  # the first call: create the cache for this length
+        self._cached_keys_values(k, val, window)
+      cm = causal_mask(inputs_q.shape[1])
+      mask = cm if mask is None else mask & cm
     rate = cfg.attention_dropout_rate
     if rate > 0.0 and not deterministic:
       # jax.nn.dot_product_attention has no dropout on the probabilities.
@@ -247,6 +276,38 @@ class MultiHeadAttention(nn.Module):
         kernel_init=_KERNEL_INIT,
         name='out',
     )(y)
+
+  def _cached_keys_values(
+      self, k: Array, val: Array, window: Optional[tuple[int, int]]
+  ) -> tuple[Array, Array, Array]:
+    """The cache of ``decode=True`` (class docstring).
+
+    Creates ``cached_key`` / ``cached_value`` shaped as ``k`` / ``val`` (the
+    first, full-length call) or, once they exist, writes this step's ``[batch,
+    1, heads, head_dim]`` key and value at ``cache_index`` and returns the
+    cached keys, values and the step's ``[1, 1, 1, max_len]`` mask: ``j <=
+    index`` and, for a local window, ``j >= index - window[0]``.
+    """
+    initialized = self.has_variable('cache', 'cache_index')
+    cached_k = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable('cache', 'cached_value', jnp.zeros, val.shape, val.dtype)
+    index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return k, val, None
+    if k.shape[1] != 1:
+      raise ValueError(
+          f'MultiHeadAttention: a decoding step takes one token; got inputs of '
+          f'length {k.shape[1]} (the cache holds {cached_k.value.shape[1]}).'
+      )
+    i = index.value
+    cached_k.value = lax.dynamic_update_slice_in_dim(cached_k.value, k, i, axis=1)
+    cached_v.value = lax.dynamic_update_slice_in_dim(cached_v.value, val, i, axis=1)
+    index.value = i + 1
+    j = jnp.arange(cached_k.value.shape[1])
+    allowed = j <= i
+    if window is not None:
+      allowed = allowed & (j >= i - window[0])
+    return cached_k.value, cached_v.value, allowed[None, None, None, :]
 
 
 def _attention_with_dropout(q, k, val, mask, window, rate, rng):
@@ -305,16 +366,23 @@ class TransformerLayer(nn.Module):
       ``'area'`` in the first ``num_area_layers`` layers, see there).
     causal: decoder or LM layer (causal self-attention and ContextPool).
     deterministic: no dropout.
+    decode: incremental decoding (causal layers only): the self-attention and
+      ContextPool keep a ``'cache'`` (:class:`MultiHeadAttention`,
+      :class:`~contextpool_jax.layers.context_pool.ContextPool`); after the
+      cache-creating call on the full length, ``x`` is one token ``[batch, 1,
+      emb_dim]``, a real one (``x_valid`` True).
   """
 
   config: TransformerConfig
   attention_kind: str = 'standard'
   causal: bool = False
   deterministic: bool = True
+  decode: bool = False
 
   def make_attention(self, kind: str, causal: bool, name: str) -> MultiHeadAttention:
     """The layer's attention modules (self and cross), all built here."""
-    return MultiHeadAttention(self.config, kind=kind, causal=causal, name=name)
+    decode = self.decode and name == 'self_attention'
+    return MultiHeadAttention(self.config, kind=kind, causal=causal, decode=decode, name=name)
 
   @nn.compact
   def __call__(
@@ -333,13 +401,15 @@ class TransformerLayer(nn.Module):
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
         name='context_pool',
-        **({'causal': True} if self.causal else {}),
+        **({'causal': True, 'decode': self.decode} if self.causal else {}),
     )
     h = norm(name='self_attention_norm')(x)
     if pool is not None and cfg.context_pool_position == 'attention_input':
       h = pool(h, x_valid, self.deterministic)  # attention reads pooled features
+    # Decoding: every cached token is real (a cache has no key mask).
+    self_mask = None if self.decode else padding_mask(x_valid, x_valid)
     h = self.make_attention(self.attention_kind, self.causal, 'self_attention')(
-        h, h, padding_mask(x_valid, x_valid), self.deterministic
+        h, h, self_mask, self.deterministic
     )
     x = x + drop(h)
     if memory is not None:
@@ -378,7 +448,9 @@ class TransformerStack(nn.Module):
   (parameters stacked on a leading axis), so one layer is compiled instead of
   n. ``remat`` recomputes each layer's activations in the backward pass.
 
-  ``__call__(x, valid, memory=None, memory_valid=None, train=False)``.
+  ``__call__(x, valid, memory=None, memory_valid=None, train=False,
+  decode=False)``; ``decode`` (causal stacks): incremental decoding with a
+  ``'cache'`` per layer (:class:`TransformerLayer`).
 
   Attributes:
     config: the model's :class:`TransformerConfig`.
@@ -396,10 +468,15 @@ class TransformerStack(nn.Module):
       memory: Optional[Array] = None,
       memory_valid: Optional[Array] = None,
       train: bool = False,
+      decode: bool = False,
   ) -> Array:
     cfg = self.config
+    if decode and not self.causal:
+      raise ConfigError('TransformerStack: decode=True needs a causal stack (causal=True).')
     layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
-    layer = functools.partial(layer_cls, cfg, causal=self.causal, deterministic=not train)
+    layer = functools.partial(
+        layer_cls, cfg, causal=self.causal, deterministic=not train, decode=decode
+    )
     args = (valid,) if memory is None else (valid, memory, memory_valid)
     num_area = min(cfg.num_area_layers, cfg.num_layers) if cfg.attention == 'area' else 0
     for i in range(num_area):
@@ -409,7 +486,7 @@ class TransformerStack(nn.Module):
     if cfg.scan_layers and rest > 1:
       scanned = nn.scan(
           _ScanBody,
-          variable_axes={'params': 0, 'intermediates': 0},
+          variable_axes={'params': 0, 'intermediates': 0, 'cache': 0},
           split_rngs={'params': True, 'dropout': True},
           in_axes=(nn.broadcast,) * len(args),
           length=rest,
@@ -429,8 +506,36 @@ def _check_tokens(owner: str, name: str, tokens: Array) -> None:
     raise ValueError(f'{owner}: {name} has dtype {tokens.dtype}; expected integer token ids.')
 
 
+class _DecodePositions(nn.Module):
+  """The position encodings of incremental decoding, ``[1, 1, dim]`` per step.
+
+  The cache-creating call (``tokens [batch, max_len]``) stores the table
+  :func:`sinusoidal_positions` ``[1, max_len, dim]`` (no batch axis: shared by
+  every row, the same numbers as the full forward) and ``cache_index``; each
+  later call returns the row of ``cache_index`` and advances it.
+  """
+
+  @nn.compact
+  def __call__(self, length: int, dim: int) -> Array:
+    initialized = self.has_variable('cache', 'cache_index')
+    table = self.variable(
+        'cache', 'positions', lambda: jnp.asarray(sinusoidal_positions(length, dim))[None]
+    )
+    index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return table.value
+    row = lax.dynamic_slice_in_dim(table.value, index.value, 1, axis=1)
+    index.value = index.value + 1
+    return row
+
+
 class _Embedder(nn.Module):
-  """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions."""
+  """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions.
+
+  ``__call__(tokens, decode=False)``: with ``decode``, the first call (the
+  full length) creates the position cache and later calls embed one token
+  ``[batch, 1]`` at the next position (:class:`_DecodePositions`).
+  """
 
   config: TransformerConfig
 
@@ -444,10 +549,13 @@ class _Embedder(nn.Module):
         embedding_init=nn.initializers.normal(stddev=cfg.emb_dim**-0.5),
         name='embedding',
     )
+    self.decode_positions = _DecodePositions(name='decode_positions')
 
-  def __call__(self, tokens: Array) -> Array:
+  def __call__(self, tokens: Array, decode: bool = False) -> Array:
     d = self.config.emb_dim
     x = self.embedding(tokens) * math.sqrt(d)
+    if decode:
+      return x + self.decode_positions(tokens.shape[1], d).astype(x.dtype)
     pe = sinusoidal_positions(tokens.shape[1], d)
     return x + jnp.asarray(pe, x.dtype)[None]
 
@@ -471,6 +579,13 @@ class Transformer(_TransformerFields):
   (teacher forcing), so logits[:, t] predicts targets[:, t]. For inference,
   ``encode(inputs)`` and ``decode(encoded, inputs, decoder_inputs)`` (the
   decoder reads ``decoder_inputs`` as given; start with 0 = BOS/pad).
+
+  Incremental decoding (Flax's usual form): ``decode(..., decode=True)`` with
+  ``mutable=['cache']``, first on ``decoder_inputs [batch, max_len]`` (any ids:
+  it creates the ``'cache'`` collection, see
+  :func:`contextpool_jax.training.decoding.init_cache`), then one token
+  ``[batch, 1]`` per call, returning that position's logits ``[batch, 1,
+  vocab]``; equal to the full forward's (tests/test_decoding_cache.py).
   """
 
   def setup(self):
@@ -488,17 +603,24 @@ class Transformer(_TransformerFields):
     return self.encoder(x, inputs != 0, train=train)
 
   def decode(
-      self, encoded: Array, inputs: Array, decoder_inputs: Array, train: bool = False
+      self,
+      encoded: Array,
+      inputs: Array,
+      decoder_inputs: Array,
+      train: bool = False,
+      decode: bool = False,
   ) -> Array:
     """Logits ``[batch, len, vocab]`` (float32) for every decoder input position.
 
     Every decoder input is a real token (the BOS at position 0 has id 0);
-    target padding only matters through the loss mask.
+    target padding only matters through the loss mask. ``decode``: one step
+    of incremental decoding (class docstring).
     """
     _check_tokens('Transformer', 'decoder_inputs', decoder_inputs)
     valid = jnp.ones(decoder_inputs.shape, bool)
-    x = self.embedding_dropout(self.embedder(decoder_inputs), deterministic=not train)
-    x = self.decoder(x, valid, encoded, inputs != 0, train=train)
+    x = self.embedder(decoder_inputs, decode=decode)
+    x = self.embedding_dropout(x, deterministic=not train)
+    x = self.decoder(x, valid, encoded, inputs != 0, train=train, decode=decode)
     return self.embedder.attend(x)
 
   def __call__(self, inputs: Array, targets: Array, train: bool = False) -> Array:
@@ -517,6 +639,10 @@ class TransformerLM(_TransformerFields):
   ``__call__(tokens, train=False) -> logits [batch, length, vocab]`` (float32),
   where logits[:, t] predicts tokens[:, t + 1]: every position only reads
   tokens <= t (attention, area attention and ContextPool are all causal).
+
+  Incremental decoding: ``__call__(tokens, decode=True)`` with
+  ``mutable=['cache']``, first on ``[batch, max_len]`` (creates the cache),
+  then one token ``[batch, 1]`` per call (as :meth:`Transformer.decode`).
   """
 
   vocab_size: int = 256
@@ -524,14 +650,14 @@ class TransformerLM(_TransformerFields):
   local_window: int = 256
 
   @nn.compact
-  def __call__(self, tokens: Array, train: bool = False) -> Array:
+  def __call__(self, tokens: Array, train: bool = False, decode: bool = False) -> Array:
     config = self.config
     config.check('TransformerLM')
     _check_tokens('TransformerLM', 'tokens', tokens)
     embedder = _Embedder(config, name='embedder')
-    x = nn.Dropout(config.dropout_rate)(embedder(tokens), deterministic=not train)
+    x = nn.Dropout(config.dropout_rate)(embedder(tokens, decode), deterministic=not train)
     x = TransformerStack(config, causal=True, name='decoder')(
-        x, jnp.ones(tokens.shape, bool), train=train
+        x, jnp.ones(tokens.shape, bool), train=train, decode=decode
     )
     return embedder.attend(x)
 

@@ -16,16 +16,30 @@ reads the BOS id 0). Any object with ``apply``, ``encode`` and ``decode`` works,
 e.g. a toy Flax module in tests; ``encoded`` may be any pytree with a leading
 batch axis.
 
-No incremental cache: ContextPool and area attention read the whole prefix, so
-step ``t`` re-runs ``decode`` on the decoded prefix padded to a static width
-and reads the logits at position ``t``. That is exact because the decoder is
-causal (position t only sees decoder inputs 0..t), so zeros after t change
-nothing. To save work the steps run in segments of static width
-``min_segment, 2 * min_segment, ...`` (step t uses the smallest width > t),
-each a ``lax.while_loop`` that stops as soon as every sequence has finished;
-``min_segment=None`` uses one width ``max_len``. Everything has static shapes:
-wrap in ``jax.jit`` with ``model``, ``max_len``, ``beam_size``, ``alpha``,
-``eos_id`` static (e.g. via ``functools.partial``).
+Two ways to get the logits of step t (argument ``cache``), with identical
+results up to float rounding (tests/test_decoding_cache.py):
+
+* ``cache=True`` (default): incremental decoding, Flax's usual form.
+  :func:`init_cache` creates the model's ``'cache'`` collection for
+  ``max_len`` positions (``decode(..., decode=True)`` on a ``[n, max_len]``
+  dummy), then every step feeds one token, ``decode(encoded, inputs, token
+  [n, 1], decode=True)`` with ``mutable=['cache']``: O(t) work at step t
+  (attention, local attention, area attention and ContextPool all keep what
+  they need, see :mod:`contextpool_jax.models.transformer`). The model's
+  ``decode`` method must take ``decode=``; a model without a cache (a toy)
+  may simply ignore it. Beam search reorders the cache rows with the beams.
+* ``cache=False``: the reference, no cache. Step ``t`` re-runs ``decode`` on
+  the decoded prefix padded to a static width and reads the logits at
+  position ``t``. That is exact because the decoder is causal (position t
+  only sees decoder inputs 0..t), so zeros after t change nothing. To save
+  work the steps run in segments of static width ``min_segment, 2 *
+  min_segment, ...`` (step t uses the smallest width > t); ``min_segment=None``
+  uses one width ``max_len``.
+
+Each segment (the cached path: one) is a ``lax.while_loop`` that stops as soon
+as every sequence has finished. Everything has static shapes: wrap in
+``jax.jit`` with ``model``, ``max_len``, ``beam_size``, ``alpha``, ``eos_id``,
+``cache`` static (e.g. via ``functools.partial``).
 
 Beam search (a decision): each step scores all ``k * vocab`` extensions of
 the ``k`` live hypotheses and takes the best ``2k``. Those among the best ``k``
@@ -90,6 +104,69 @@ def _step_logits(model, params, encoded, inputs, tokens: Array, t: Array, width:
   return lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False).astype(jnp.float32)
 
 
+def init_cache(model, params, encoded, inputs: Array, max_len: int) -> Any:
+  """The model's ``'cache'`` collection for ``inputs.shape[0]`` rows and ``max_len``
+  decoded tokens: ``decode(encoded, inputs, zeros [n, max_len], decode=True)``
+  with ``mutable=['cache']`` (the cache-creating call; under ``jax.jit`` only
+  the cache's initial values are computed). ``{}`` for a model without one."""
+  n = inputs.shape[0]
+  dummy = jnp.zeros((n, max_len), jnp.int32)
+  _, state = model.apply(
+      params, encoded, inputs, dummy, decode=True, method=model.decode, mutable=['cache']
+  )
+  return state.get('cache', {})
+
+
+def _cached_step_logits(model, params, encoded, inputs, cache, token: Array):
+  """float32 logits ``[n, vocab]`` after feeding ``token [n]`` at the cache's next
+  position, and the updated cache."""
+  logits, state = model.apply(
+      {**params, 'cache': cache},
+      encoded,
+      inputs,
+      token[:, None],
+      decode=True,
+      method=model.decode,
+      mutable=['cache'],
+  )
+  return logits[:, 0].astype(jnp.float32), state.get('cache', {})
+
+
+def _previous_token(tokens: Array, t: Array) -> Array:
+  """The decoder input of step t, ``[n]``: BOS (0) at t = 0, else ``tokens[:, t - 1]``."""
+  prev = lax.dynamic_index_in_dim(tokens, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
+  return jnp.where(t == 0, 0, prev)
+
+
+def cache_row_axes(model, params, encoded, inputs: Array, max_len: int) -> Any:
+  """The row (batch) axis of every leaf of :func:`init_cache`'s cache, -1 for a
+  leaf without one (step counters, the shared position table): the axis whose
+  size follows the number of rows, found from the cache's shapes for ``n`` and
+  ``n + 1`` rows (``jax.eval_shape``: nothing is computed). Layers scanned with
+  ``scan_layers`` put their layer axis first, so this is not always axis 0."""
+
+  def shapes(extra):
+    grow = lambda x: jax.ShapeDtypeStruct((x.shape[0] + extra,) + x.shape[1:], x.dtype)
+    return jax.eval_shape(
+        lambda e, i: init_cache(model, params, e, i, max_len),
+        jax.tree.map(grow, encoded),
+        grow(inputs),
+    )
+
+  def axis(a, b):
+    return next((i for i, (p, q) in enumerate(zip(a.shape, b.shape)) if p != q), -1)
+
+  return jax.tree.map(axis, shapes(0), shapes(1))
+
+
+def reorder_cache(cache: Any, rows: Array, row_axes: Any) -> Any:
+  """The cache of the rows ``rows [n]`` (int), in that order, along each leaf's
+  row axis (:func:`cache_row_axes`; leaves without one are kept)."""
+  return jax.tree.map(
+      lambda x, axis: x if axis < 0 else jnp.take(x, rows, axis=axis), cache, row_axes
+  )
+
+
 def _check(inputs, max_len):
   if inputs.ndim != 2:
     raise ValueError(f'inputs must be [batch, source_len] token ids; got shape {inputs.shape}.')
@@ -98,14 +175,37 @@ def _check(inputs, max_len):
 
 
 def greedy_decode(
-    model, params, inputs: Array, *, max_len: int, eos_id: int = 1, min_segment: Optional[int] = 16
+    model,
+    params,
+    inputs: Array,
+    *,
+    max_len: int,
+    eos_id: int = 1,
+    min_segment: Optional[int] = 16,
+    cache: bool = True,
 ) -> Array:
-  """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS."""
+  """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS.
+
+  ``cache``: incremental decoding (module docstring); False: the uncached
+  reference, in segments from ``min_segment`` (unused with the cache).
+  """
   _check(inputs, max_len)
   inputs = jnp.asarray(inputs)
   batch = inputs.shape[0]
   encoded = model.apply(params, inputs, method=model.encode)
   state = (jnp.int32(0), jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool))
+  if cache:
+
+    def cached_body(s):
+      t, tokens, done, c = s
+      logits, c = _cached_step_logits(model, params, encoded, inputs, c, _previous_token(tokens, t))
+      tok = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+      tokens = lax.dynamic_update_index_in_dim(tokens, tok, t, axis=1)
+      return t + 1, tokens, done | (tok == eos_id), c
+
+    state += (init_cache(model, params, encoded, inputs, max_len),)
+    cond = lambda s: (s[0] < max_len) & ~jnp.all(s[2])
+    return lax.while_loop(cond, cached_body, state)[1]
   for end, width in _segments(max_len, min_segment):
 
     def cond(s, end=end):
@@ -133,6 +233,7 @@ def beam_search(
     max_len: int,
     eos_id: int = 1,
     min_segment: Optional[int] = 16,
+    cache: bool = True,
 ) -> Array:
   """Beam search (module docstring): the best hypothesis, int32 ``[batch, max_len]``."""
   seqs, _ = beam_search_all(
@@ -144,6 +245,7 @@ def beam_search(
       max_len=max_len,
       eos_id=eos_id,
       min_segment=min_segment,
+      cache=cache,
   )
   return seqs[:, 0]
 
@@ -168,9 +270,14 @@ def beam_search_all(
     max_len: int,
     eos_id: int = 1,
     min_segment: Optional[int] = 16,
+    cache: bool = True,
 ) -> tuple[Array, Array]:
   """All finished hypotheses: ids ``[batch, beam_size, max_len]`` and scores
-  ``[batch, beam_size]`` (``logp / lp``), best first; empty slots score ``NEG_INF``."""
+  ``[batch, beam_size]`` (``logp / lp``), best first; empty slots score ``NEG_INF``.
+
+  ``cache``: incremental decoding, the ``b * beam_size`` cache rows reordered
+  with the surviving hypotheses at every step (module docstring); False: the
+  uncached reference, in segments from ``min_segment``."""
   _check(inputs, max_len)
   if not isinstance(beam_size, int) or beam_size < 1:
     raise ValueError(f'beam_size={beam_size!r} must be a positive int.')
@@ -193,9 +300,13 @@ def beam_search_all(
 
   def step(s, width):
     t = s['t']
-    logits = _step_logits(
-        model, params, encoded, tiled_inputs, s['alive_seq'].reshape(b * k, max_len), t, width
-    )
+    flat_seq = s['alive_seq'].reshape(b * k, max_len)
+    if cache:
+      logits, new_cache = _cached_step_logits(
+          model, params, encoded, tiled_inputs, s['cache'], _previous_token(flat_seq, t)
+      )
+    else:
+      logits = _step_logits(model, params, encoded, tiled_inputs, flat_seq, t, width)
     vocab = logits.shape[-1]
     if vocab < 2:
       raise ValueError(f'beam search needs a vocabulary of at least 2 ids; got {vocab}.')
@@ -219,7 +330,13 @@ def beam_search_all(
     done = s['done'] | (
         (num_fin >= k) & (fin_score[:, -1] >= alive_logp[:, 0] / length_penalty(t + 1, alpha))
     )
+    out = {}
+    if cache:  # row (i, j) continues the hypothesis of old beam parent[i, j]
+      parent = _gather_beams(top_idx // vocab, alive_idx)
+      rows = (jnp.arange(b)[:, None] * k + parent).reshape(b * k)
+      out['cache'] = reorder_cache(new_cache, rows, row_axes)
     return dict(
+        out,
         t=t + 1,
         alive_seq=_gather_beams(seq, alive_idx),
         alive_logp=alive_logp,
@@ -229,7 +346,10 @@ def beam_search_all(
         done=done,
     )
 
-  for end, width in _segments(max_len, min_segment):
+  if cache:
+    state['cache'] = init_cache(model, params, encoded, tiled_inputs, max_len)
+    row_axes = cache_row_axes(model, params, encoded, tiled_inputs, max_len)
+  for end, width in [(max_len, None)] if cache else _segments(max_len, min_segment):
     state = lax.while_loop(
         lambda s, end=end: (s['t'] < end) & ~jnp.all(s['done']),
         lambda s, width=width: step(s, width),

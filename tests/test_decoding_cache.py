@@ -1,0 +1,300 @@
+"""Incremental decoding: every cache gives the full forward's outputs, step by step.
+
+ContextPool streaming (every variant allowed to be causal), the Transformer
+decoder and the LM (standard, local, area attention, ContextPool), greedy and
+beam search with and without the cache, cache shapes and dtypes under jit,
+bfloat16.
+"""
+
+import functools
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.layers.context_pool import ContextPool
+
+B, N, D = 2, 11, 6
+CP_WEIGHTS = ('learned', 'unnormalized', 'uniform', 'nonlocal')
+CP_LOCALITIES = ('gaussian', 'none', 'fixed_window', 'adaptive_window', 'random_sparse')
+CP_MAPPINGS = ('cnn', 'mlp', 'attention')
+
+
+def _x(shape, seed=0, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def _stream(module, params, x, mask):
+  """Outputs ``[batch, n, features]`` of ``module`` (``decode=True``) fed one
+  position at a time after the cache-creating call on the whole ``x``."""
+  _, state = module.apply(params, x, mask, mutable=['cache'])
+
+  def step(cache, xm):
+    xt, mt = xm
+    y, state = module.apply({**params, 'cache': cache}, xt[:, None], mt[:, None], mutable=['cache'])
+    return state['cache'], y[:, 0]
+
+  _, ys = jax.lax.scan(step, state['cache'], (jnp.swapaxes(x, 0, 1), mask.T))
+  return jnp.swapaxes(ys, 0, 1)
+
+
+CP_CASES = list(itertools.product(CP_WEIGHTS, CP_LOCALITIES, CP_MAPPINGS))
+
+
+@pytest.mark.parametrize('weights,locality,mapping', CP_CASES)
+def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
+  x = _x((B, N, D))
+  # Padding inside and at the end: padded positions pass through, and never
+  # change a real position's output (the cache keeps their validity).
+  mask = jnp.ones((B, N), bool).at[0, 3].set(False).at[1, 8:].set(False)
+  fields = dict(weights=weights, locality=locality, mapping=mapping, causal=True, window=2)
+  fields.update(random_span=4, ratio=0.3, nonlocal_features=4, hidden_features=5)
+  full = ContextPool(**fields)
+  params = full.init(jax.random.key(1), x, mask)
+  params = jax.tree.map(lambda p: 3.0 * p, params)  # varied weights and sizes
+  want = full.apply(params, x, mask)
+  got = jax.jit(functools.partial(_stream, ContextPool(decode=True, **fields)))(params, x, mask)
+  chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(size_norm='softmax'),
+        dict(size_norm='softmax', locality='adaptive_window'),
+        dict(residual=True, kernel_size=1),
+        dict(kernel_size=5, activation='gelu'),
+    ],
+)
+def test_context_pool_stream_other_fields(fields):
+  x = _x((B, N, D), seed=3)
+  mask = jnp.ones((B, N), bool).at[1, 0].set(False)
+  full = ContextPool(causal=True, **fields)
+  params = jax.tree.map(lambda p: 3.0 * p, full.init(jax.random.key(2), x, mask))
+  want = full.apply(params, x, mask)
+  got = jax.jit(functools.partial(_stream, ContextPool(decode=True, causal=True, **fields)))(
+      params, x, mask
+  )
+  chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_context_pool_decode_needs_causal():
+  with pytest.raises(ConfigError, match='decode=True needs causal=True'):
+    ContextPool(decode=True).init(jax.random.key(0), _x((1, 4, 3)))
+
+
+# ----------------------------------------------------------------------------
+# The Transformer decoder and the LM: cached steps == the full forward.
+# ----------------------------------------------------------------------------
+
+from contextpool_jax.models import transformer as T  # pylint: disable=g-import-not-at-top
+from contextpool_jax.training import decoding  # pylint: disable=g-import-not-at-top
+
+TINY = dict(vocab_size=13, num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
+MODEL_CASES = {
+    'standard': dict(),
+    'local': dict(attention='local', local_window=2),
+    'area_mean': dict(attention='area', max_area_width=3, num_area_layers=1),
+    'area_concat': dict(
+        attention='area', max_area_width=3, num_area_layers=2, area_key_mode='concat'
+    ),
+    'area_max_sum': dict(attention='area', max_area_width=2, area_key_mode='max'),
+    'area_sample_sum': dict(attention='area', max_area_width=4, area_key_mode='sample_sum'),
+    'cp': dict(context_pool={}),
+    'cp_output': dict(context_pool={}, context_pool_position='output'),
+    'cp_nonlocal_attention_map': dict(
+        context_pool=dict(weights='nonlocal', mapping='attention', locality='fixed_window')
+    ),
+    'cp_area_local_softmax': dict(
+        attention='area',
+        context_pool=dict(size_norm='softmax', mapping='mlp'),
+        max_area_width=2,
+        num_area_layers=1,
+    ),
+    'scan_cp': dict(num_layers=3, scan_layers=True, context_pool={}),
+    'scan_local_remat': dict(num_layers=3, scan_layers=True, remat=True, attention='local'),
+}
+SOURCE = jnp.array([[3, 4, 5, 6, 1, 0, 0], [7, 1, 0, 0, 0, 0, 0]], jnp.int32)  # padded source
+
+
+def _spread_kernels(params, scale=3.0):
+  """Larger kernels, so the untrained model's outputs vary between tokens."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: scale * x if 'kernel' in jax.tree_util.keystr(path) else x, params
+  )
+
+
+def _cached_logits(apply_step, params, cache, tokens):
+  """Logits ``[batch, n, vocab]`` of ``apply_step(variables, token [b, 1])`` fed
+  ``tokens`` one at a time from ``cache``."""
+
+  def step(c, tok):
+    logits, state = apply_step({**params, 'cache': c}, tok[:, None])
+    return state['cache'], logits[:, 0]
+
+  _, out = jax.lax.scan(step, cache, tokens.T)
+  return jnp.swapaxes(out, 0, 1)
+
+
+@pytest.mark.parametrize('case', sorted(MODEL_CASES))
+def test_transformer_cached_decoding_equals_full_forward(case):
+  model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
+  dec_in = jax.random.randint(jax.random.key(5), (2, 9), 0, 13)
+  params = _spread_kernels(jax.jit(model.init)(jax.random.key(1), SOURCE, dec_in))
+
+  @jax.jit
+  def run(params):
+    encoded = model.apply(params, SOURCE, method=model.encode)
+    full = model.apply(params, encoded, SOURCE, dec_in, method=model.decode)
+    cache = decoding.init_cache(model, params, encoded, SOURCE, dec_in.shape[1])
+    step = lambda v, tok: model.apply(
+        v, encoded, SOURCE, tok, decode=True, method=model.decode, mutable=['cache']
+    )
+    return full, _cached_logits(step, params, cache, dec_in)
+
+  full, cached = run(params)
+  assert float(jnp.std(full)) > 0.1
+  chex.assert_trees_all_close(cached, full, atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize('case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp'])
+def test_lm_cached_decoding_equals_full_forward(case):
+  model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
+  tokens = jax.random.randint(jax.random.key(7), (2, 10), 0, 13)
+  params = _spread_kernels(jax.jit(model.init)(jax.random.key(2), tokens))
+
+  @jax.jit
+  def run(params):
+    full = model.apply(params, tokens)
+    _, state = model.apply(params, jnp.zeros_like(tokens), decode=True, mutable=['cache'])
+    step = lambda v, tok: model.apply(v, tok, decode=True, mutable=['cache'])
+    return full, _cached_logits(step, params, state['cache'], tokens)
+
+  full, cached = run(params)
+  chex.assert_trees_all_close(cached, full, atol=5e-5, rtol=5e-5)
+
+
+# ----------------------------------------------------------------------------
+# Greedy and beam search: the same ids with and without the cache.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
+def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
+  model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
+  params = jax.jit(model.init)(jax.random.key(9), SOURCE, jnp.ones((2, 4), jnp.int32))
+  params = _spread_kernels(params, 5.0)
+  for search in (
+      functools.partial(decoding.greedy_decode, model, max_len=8, eos_id=1),
+      functools.partial(decoding.beam_search, model, beam_size=3, alpha=0.6, max_len=8, eos_id=1),
+  ):
+    cached = jax.jit(functools.partial(search, cache=True))(params, SOURCE)
+    reference = jax.jit(functools.partial(search, cache=False, min_segment=2))(params, SOURCE)
+    np.testing.assert_array_equal(cached, reference)
+    assert len(set(np.asarray(reference).ravel().tolist()) - {0, 1}) >= 2  # not trivial
+
+
+# ----------------------------------------------------------------------------
+# Cache shapes and dtypes under jit; bfloat16.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_cache_shapes_and_dtypes_under_jit(dtype):
+  cfg = {**TINY, **MODEL_CASES['cp_area_local_softmax'], 'dtype': dtype}
+  model = T.Transformer(**cfg)
+  params = model.init(jax.random.key(0), SOURCE, jnp.ones((2, 3), jnp.int32))
+  max_len, head_dim = 6, TINY['emb_dim'] // TINY['num_heads']
+
+  @jax.jit
+  def first_step(params):
+    encoded = model.apply(params, SOURCE, method=model.encode)
+    cache = decoding.init_cache(model, params, encoded, SOURCE, max_len)
+    return cache, decoding._cached_step_logits(
+        model, params, encoded, SOURCE, cache, jnp.zeros((2,), jnp.int32)
+    )
+
+  cache, (logits, cache1) = first_step(params)
+  chex.assert_trees_all_equal_shapes_and_dtypes(cache, cache1)
+  chex.assert_shape(logits, (2, TINY['vocab_size']))
+  assert logits.dtype == jnp.float32
+  chex.assert_tree_all_finite(logits)
+  dec = cache['decoder']
+  area = dec['layer_0']['self_attention']['area']  # W = 2
+  chex.assert_shape(area['cached_key'], (2, 1 + max_len, TINY['num_heads'], head_dim))
+  chex.assert_shape(area['cached_area_key'], (2, max_len, 2, TINY['num_heads'], head_dim))
+  std = dec['layer_1']['self_attention']
+  chex.assert_shape(std['cached_key'], (2, max_len, TINY['num_heads'], head_dim))
+  pool = dec['layer_0']['context_pool']
+  chex.assert_shape(pool['x'], (2, max_len, TINY['emb_dim']))
+  chex.assert_shape(pool['size_lse'], (2,))
+  for leaf in (area['cached_key'], area['cached_area_value'], std['cached_value'], pool['x']):
+    assert leaf.dtype == dtype
+  assert pool['log_w'].dtype == jnp.float32 and pool['valid'].dtype == jnp.bool_
+  assert (
+      int(std['cache_index']) == 0
+      and int(cache1['decoder']['layer_1']['self_attention']['cache_index']) == 1
+  )
+  chex.assert_shape(
+      cache['embedder']['decode_positions']['positions'], (1, max_len, TINY['emb_dim'])
+  )
+
+
+@pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp'])
+def test_bfloat16_cached_decoding_is_finite(case):
+  model = T.Transformer(**{**TINY, **MODEL_CASES[case], 'dtype': jnp.bfloat16})
+  params = _spread_kernels(model.init(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32)))
+  encoded = model.apply(params, SOURCE, method=model.encode)
+  cache = decoding.init_cache(model, params, encoded, SOURCE, 8)
+  step = jax.jit(
+      lambda v, tok: model.apply(
+          v, encoded, SOURCE, tok, decode=True, method=model.decode, mutable=['cache']
+      )
+  )
+  logits = _cached_logits(step, params, cache, jax.random.randint(jax.random.key(0), (2, 8), 0, 13))
+  chex.assert_tree_all_finite(logits)
+  ids = decoding.beam_search(model, params, SOURCE, beam_size=2, max_len=8)
+  chex.assert_shape(ids, (2, 8))
+
+
+def test_decode_needs_a_causal_stack_and_no_mask():
+  model = T.Transformer(**TINY)
+  with pytest.raises(ConfigError, match='needs causal=True'):
+    T.MultiHeadAttention(model.config, decode=True).init(
+        jax.random.key(0), jnp.ones((1, 3, 16)), jnp.ones((1, 3, 16)), None, True
+    )
+  with pytest.raises(ValueError, match='mask=None'):
+    T.MultiHeadAttention(model.config, causal=True, decode=True).init(
+        jax.random.key(0),
+        jnp.ones((1, 3, 16)),
+        jnp.ones((1, 3, 16)),
+        jnp.ones((1, 1, 3, 3), bool),
+        True,
+    )
+
+
+# ----------------------------------------------------------------------------
+# The LM sampler.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp'])
+def test_lm_sampler_same_tokens_with_and_without_cache(case):
+  from contextpool_jax import sample  # pylint: disable=g-import-not-at-top
+
+  model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
+  prompt = jnp.array([[3, 4, 5], [6, 7, 8]], jnp.int32)
+  params = _spread_kernels(model.init(jax.random.key(6), prompt), 5.0)
+  for kw in (
+      dict(length=6, context=16, temperature=0),  # all inside the context
+      dict(length=9, context=5, temperature=0),  # then a sliding window
+      dict(length=6, context=16, temperature=1.0, top_k=5, seed=3),
+  ):
+    cached = sample.sample_tokens(model, params, prompt, cache=True, **kw)
+    reference = sample.sample_tokens(model, params, prompt, cache=False, **kw)
+    np.testing.assert_array_equal(cached, reference)
+    chex.assert_shape(cached, (2, kw['length']))
