@@ -334,6 +334,45 @@ def area_sums(x: Array, layout: AreaLayout, axis: int) -> Array:
   return _concat_areas(_area_sums(table, layout.shapes, axis), axis)
 
 
+def weighted_area_sums(
+    x: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
+) -> Array:
+  """``weight(h, w) * sum`` of every area of ``layout``, summed directly (no table).
+
+  ``x`` has the grid on axes ``(axis, axis + 1)``; the result replaces them by
+  one ``num_areas`` axis, in the layout's order. ``weights`` gives one scalar
+  per shape of ``layout.shapes`` (``None``: all 1), e.g. ``1 / (h w)`` for
+  means (Eq. 3). The windows grow by one addition per shape
+  (:func:`_grow_areas`), so an area's sum adds its own ``h w`` items only: no
+  prefix-sum rounding (unlike :func:`area_sums`' table), and its transpose
+  (:func:`weighted_area_sums_transpose`) is as cheap. Used by area attention
+  to sum item logits into area logits.
+  """
+  weights = (1.0,) * len(layout.shapes) if weights is None else tuple(weights)
+  sums = _grow_areas(x, layout.shapes, axis, lambda a, b, n_a, n_b: a + b)
+  return _concat_areas(
+      [sums[s] if c == 1.0 else sums[s] * c for s, c in zip(layout.shapes, weights)], axis
+  )
+
+
+def weighted_area_sums_transpose(
+    y: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
+) -> Array:
+  """The transpose of :func:`weighted_area_sums`: areas back to items.
+
+  ``y`` has ``num_areas`` on ``axis``; item ``j`` of the result is ``sum over
+  the areas a containing j of weight(a) * y[a]`` (a sliding-window sum of the
+  areas starting near ``j``), on grid axes ``(axis, axis + 1)``. Built by
+  :func:`jax.linear_transpose`, so it is the exact adjoint: pads and one
+  addition per shape, no scatter.
+  """
+  grid = (layout.grid_height, layout.grid_width)
+  shape = y.shape[:axis] + grid + y.shape[axis + 1 :]
+  forward = lambda x: weighted_area_sums(x, layout, axis, weights)
+  (x,) = jax.linear_transpose(forward, jax.ShapeDtypeStruct(shape, y.dtype))(y)
+  return x
+
+
 class AreaFeatures(NamedTuple):
   """Per-area features of a memory (Algorithm 2); a pytree.
 
