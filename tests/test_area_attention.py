@@ -226,9 +226,10 @@ def test_features_exact_in_float64():
 
 
 @pytest.mark.parametrize('cfg', list(CONFIGS), ids=list(CONFIGS))
-def test_weighted_area_sums_and_transpose_match_bruteforce(cfg):
-  """Direct window sums (the item-logit path's item -> area map) and their
-  transpose (area -> item) against loops over every area's items."""
+def test_padded_area_sums_and_transpose_match_bruteforce(cfg):
+  """Direct window sums in the padded area layout (the item-logit path's item ->
+  area map) and their transpose (area -> item) against loops over every area's
+  items; the padding drops out in the library's area order."""
   opts = _area_kwargs(CONFIGS[cfg])
   kv_len = CONFIGS[cfg][1]
   layout = aa.area_layout(kv_len, **opts)
@@ -237,12 +238,21 @@ def test_weighted_area_sums_and_transpose_match_bruteforce(cfg):
   weights = rng.uniform(0.5, 2.0, size=len(layout.shapes))
   x = rng.normal(size=(B, opts['memory_height'], grid_w, 3))
   y = rng.normal(size=(B, layout.num_areas, 3))
-  sums, back = jit(
-      lambda x, y: (
-          areas.weighted_area_sums(x, layout, 1, weights),
-          areas.weighted_area_sums_transpose(y, layout, 1, weights),
-      )
-  )(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+  valid = areas.padded_area_valid(layout)
+  assert valid.shape == (len(layout.shapes) * kv_len,) and valid.sum() == layout.num_areas
+
+  @jit
+  def run(x, y):
+    padded_y = areas.pad_areas(y, layout, 1, 0.0)
+    return (
+        areas.padded_area_sums(x, layout, 1, weights),
+        padded_y,
+        areas.padded_area_sums_transpose(padded_y, layout, 1, weights),
+    )
+
+  sums, padded_y, back = run(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+  np.testing.assert_array_equal(padded_y[:, valid], np.asarray(y, np.float32))
+  np.testing.assert_array_equal(padded_y[:, ~valid], 0.0)
   flat_x = x.reshape(B, kv_len, 3)
   want_sums = np.zeros_like(y)
   want_back = np.zeros_like(flat_x)
@@ -251,7 +261,8 @@ def test_weighted_area_sums_and_transpose_match_bruteforce(cfg):
     for j in ref.area_items(area, grid_w):
       want_sums[:, a] += weight * flat_x[:, j]
       want_back[:, j] += weight * y[:, a]
-  chex.assert_trees_all_close(sums, want_sums, atol=3e-6, rtol=0)
+  # Float32 rounding of sums of up to 6 weighted items.
+  chex.assert_trees_all_close(sums[:, valid], want_sums, atol=3e-6, rtol=0)
   chex.assert_trees_all_close(back.reshape(want_back.shape), want_back, atol=3e-6, rtol=0)
 
 
@@ -318,12 +329,17 @@ def test_broadcast_masks_match_bruteforce(mask_kind):
   )
 
 
+# More queries than one block of the item-logit path (aa._QUERY_BLOCK), not a
+# multiple of it.
+LONG_CONFIGS = {'1d_long': (70, 9, 4, 1, 1), '2d_long': (45, 12, 3, 2, 3)}
+
+
 def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
   """Outputs and VJPs of the two attention cores on the same inputs: through
   item logits (the basic form's path) and over explicit area features."""
-  q_len, kv_len = CONFIGS[cfg][:2]
+  q_len, kv_len = LONG_CONFIGS.get(cfg, CONFIGS.get(cfg))[:2]
   q, k, v = _qkv(q_len, kv_len, seed=23)
-  layout = aa.area_layout(kv_len, **_area_kwargs(CONFIGS[cfg]))
+  layout = aa.area_layout(kv_len, **_area_kwargs(LONG_CONFIGS.get(cfg, CONFIGS.get(cfg))))
   area_mask = aa._area_mask(_mask(mask_kind, q_len, kv_len), layout, q_len, causal)
   drop = dict(
       dropout_rate=0.3 if dropout else 0.0, dropout_rng=jax.random.key(3) if dropout else None
@@ -364,6 +380,10 @@ def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
         ('2d_self', 'sum', True, 'rank2', False),
         ('2d_cross', 'mean', True, 'padding', True),
         ('2d_areas_larger_than_grid', 'sum', False, 'random', False),
+        ('1d_long', 'sum', True, 'random', True),
+        ('1d_long', 'mean', False, 'padding', False),
+        ('2d_long', 'sum', True, 'rank2', True),
+        ('2d_long', 'mean', False, None, False),
     ],
 )
 def test_item_logit_path_matches_area_features_path(cfg, value_mode, causal, mask_kind, dropout):
@@ -495,6 +515,21 @@ def test_causal_jacobian_zero_for_future_items(cfg, key_mode):
   # out [b, q, h, dv] x key [b, kv, h, d]: the query axis is 1, the item axis 4 + 1.
   _assert_causal_jacobian(jac_k, 1, 5)
   _assert_causal_jacobian(jac_v, 1, 5)
+
+
+def test_causal_jacobian_zero_for_future_items_across_query_blocks():
+  """The basic form processes queries in blocks: still no dependence on future
+  keys, values (or other queries) in any block."""
+  q, k, v = (a[:1, :, :1] for a in _qkv(70, 70, seed=27))
+  f = functools.partial(aa.dot_product_area_attention, causal=True, max_area_width=4)
+  assert 70 > aa._QUERY_BLOCK
+  jac_q, jac_k, jac_v = jit(jax.jacrev(f, argnums=(0, 1, 2)))(q, k, v)
+  _assert_causal_jacobian(jac_k, 1, 5)
+  _assert_causal_jacobian(jac_v, 1, 5)
+  # Query i's output depends on query i only.
+  jac_q = np.moveaxis(np.asarray(jac_q), (1, 5), (0, 1))
+  other = ~np.eye(70, dtype=bool)
+  assert np.all(jac_q[other] == 0.0)
 
 
 def test_module_causal_jacobian_zero_for_future_inputs():

@@ -334,43 +334,88 @@ def area_sums(x: Array, layout: AreaLayout, axis: int) -> Array:
   return _concat_areas(_area_sums(table, layout.shapes, axis), axis)
 
 
-def weighted_area_sums(
+def padded_area_sums(
     x: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
 ) -> Array:
-  """``weight(h, w) * sum`` of every area of ``layout``, summed directly (no table).
+  """``weight(h, w) * sum`` of every area of ``layout`` in the *padded* area layout.
+
+  The padded layout gives every shape ``(h, w)`` of ``layout.shapes`` a full
+  ``grid_height x grid_width`` block, indexed by the area's top-left corner,
+  row-major; corners whose area would leave the grid are padding (their
+  entries are sums over a zero-padded grid: meaningless, see
+  :func:`padded_area_valid`). Blocks follow the shapes' order, so dropping the
+  padding gives :func:`area_layout`'s order (:func:`pad_areas` maps between the
+  two). Unlike the packed layout, every block is the grid's size: a regular
+  ``[num_shapes * grid size]`` axis, cheaper to sum into, reduce over and sum
+  back from than a concatenation of ragged blocks.
 
   ``x`` has the grid on axes ``(axis, axis + 1)``; the result replaces them by
-  one ``num_areas`` axis, in the layout's order. ``weights`` gives one scalar
-  per shape of ``layout.shapes`` (``None``: all 1), e.g. ``1 / (h w)`` for
-  means (Eq. 3). The windows grow by one addition per shape
-  (:func:`_grow_areas`), so an area's sum adds its own ``h w`` items only: no
-  prefix-sum rounding (unlike :func:`area_sums`' table), and its transpose
-  (:func:`weighted_area_sums_transpose`) is as cheap. Used by area attention
-  to sum item logits into area logits.
+  one axis of ``num_shapes * grid_height * grid_width`` entries. ``weights``:
+  one scalar per shape (``None``: all 1), e.g. ``1 / (h w)`` for means (Eq. 3).
+  The windows grow by one addition per shape (:func:`_grow_areas`), so an
+  area's sum adds its own ``h w`` items only: no prefix-sum rounding (unlike
+  :func:`area_sums`' table). Used by area attention to sum item logits into
+  area logits; :func:`padded_area_sums_transpose` sums back.
   """
   weights = (1.0,) * len(layout.shapes) if weights is None else tuple(weights)
-  sums = _grow_areas(x, layout.shapes, axis, lambda a, b, n_a, n_b: a + b)
-  return _concat_areas(
-      [sums[s] if c == 1.0 else sums[s] * c for s, c in zip(layout.shapes, weights)], axis
-  )
+  max_h = max(h for h, _ in layout.shapes)
+  max_w = max(w for _, w in layout.shapes)
+  pad = [(0, 0)] * x.ndim
+  pad[axis], pad[axis + 1] = (0, max_h - 1), (0, max_w - 1)
+  sums = _grow_areas(jnp.pad(x, pad), layout.shapes, axis, lambda a, b, n_a, n_b: a + b)
+  blocks = []
+  for shape, c in zip(layout.shapes, weights):
+    block = jax.lax.slice_in_dim(sums[shape], 0, layout.grid_height, axis=axis)
+    block = jax.lax.slice_in_dim(block, 0, layout.grid_width, axis=axis + 1)
+    blocks.append(_flatten_corners(block if c == 1.0 else block * c, axis))
+  return jnp.concatenate(blocks, axis=axis)
 
 
-def weighted_area_sums_transpose(
+def padded_area_sums_transpose(
     y: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
 ) -> Array:
-  """The transpose of :func:`weighted_area_sums`: areas back to items.
+  """The transpose of :func:`padded_area_sums`: areas back to items.
 
-  ``y`` has ``num_areas`` on ``axis``; item ``j`` of the result is ``sum over
-  the areas a containing j of weight(a) * y[a]`` (a sliding-window sum of the
-  areas starting near ``j``), on grid axes ``(axis, axis + 1)``. Built by
-  :func:`jax.linear_transpose`, so it is the exact adjoint: pads and one
-  addition per shape, no scatter.
+  ``y`` has the padded area axis on ``axis`` (its padding entries must be 0);
+  item ``j`` of the result is ``sum over the areas a containing j of
+  weight(a) * y[a]``, on grid axes ``(axis, axis + 1)``. Built by
+  :func:`jax.linear_transpose`, so it is the exact adjoint: shifted additions,
+  one per shape, no scatter.
   """
   grid = (layout.grid_height, layout.grid_width)
   shape = y.shape[:axis] + grid + y.shape[axis + 1 :]
-  forward = lambda x: weighted_area_sums(x, layout, axis, weights)
+  forward = lambda x: padded_area_sums(x, layout, axis, weights)
   (x,) = jax.linear_transpose(forward, jax.ShapeDtypeStruct(shape, y.dtype))(y)
   return x
+
+
+def padded_area_valid(layout: AreaLayout) -> np.ndarray:
+  """``[num_shapes * grid size]`` bool: which entries of the padded layout
+  (:func:`padded_area_sums`) are areas (True) rather than padding."""
+  rows = np.arange(layout.grid_height)[:, None]
+  cols = np.arange(layout.grid_width)[None, :]
+  return np.concatenate(
+      [
+          ((rows + h <= layout.grid_height) & (cols + w <= layout.grid_width)).reshape(-1)
+          for h, w in layout.shapes
+      ]
+  )
+
+
+def pad_areas(a: Array, layout: AreaLayout, axis: int, fill: Any) -> Array:
+  """A per-area array in :func:`area_layout`'s order (``num_areas`` on
+  ``axis``) in the padded layout of :func:`padded_area_sums`, padding entries
+  set to ``fill``."""
+  blocks, start = [], 0
+  for h, w in layout.shapes:
+    rows, cols = layout.grid_height - h + 1, layout.grid_width - w + 1
+    block = jax.lax.slice_in_dim(a, start, start + rows * cols, axis=axis)
+    block = block.reshape(a.shape[:axis] + (rows, cols) + a.shape[axis + 1 :])
+    pad = [(0, 0)] * block.ndim
+    pad[axis], pad[axis + 1] = (0, h - 1), (0, w - 1)
+    blocks.append(_flatten_corners(jnp.pad(block, pad, constant_values=fill), axis))
+    start += rows * cols
+  return jnp.concatenate(blocks, axis=axis)
 
 
 class AreaFeatures(NamedTuple):
