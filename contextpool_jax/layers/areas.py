@@ -10,6 +10,10 @@ and computes their features without ever gathering an area's items:
 * :func:`area_sums`: the sum of every area from a summed area table (integral
   image, Eq. 10-11, Algorithm 1); also how :mod:`.area_attention` counts the
   masked items of every area.
+* :func:`padded_area_sums` (and its transpose, :func:`padded_area_valid`,
+  :func:`pad_areas`): weighted sums of every area by direct window sums, in a
+  padded layout with one grid-sized block per shape; area attention's basic
+  form sums item logits into area logits with it.
 * :func:`area_features`: sum (Eq. 4, 11), mean (Eq. 3), standard deviation
   (Eq. 5; pairwise merges of the areas' moments instead of Eq. 12's table of
   squares, which cancels catastrophically in float32) and maximum (sliding
