@@ -69,6 +69,10 @@ from contextpool_jax.layers.areas import check_area_options
 from contextpool_jax.layers.areas import check_memory_length
 from contextpool_jax.layers.areas import compute_area_features
 from contextpool_jax.layers.areas import num_areas
+from contextpool_jax.layers.areas import pad_areas
+from contextpool_jax.layers.areas import padded_area_sums
+from contextpool_jax.layers.areas import padded_area_sums_transpose
+from contextpool_jax.layers.areas import padded_area_valid
 
 __all__ = [
     'KEY_MODES',
@@ -337,14 +341,169 @@ def _attend(
     dropout_rng: Array | None,
 ) -> Array:
   """:func:`attend_to_areas` on checked inputs; dropout iff ``dropout_rng`` is given."""
-  scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+  scale = _logit_scale(query, scale)
   logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys, preferred_element_type=jnp.float32)
   logits = logits * jnp.float32(scale)
-  probs = masked_softmax(logits, area_mask)
-  if dropout_rng is not None and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  probs = _area_probs(logits, area_mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
   return jnp.einsum('bhqa,bahd->bqhd', probs.astype(area_values.dtype), area_values)
+
+
+def _logit_scale(query: Array, scale: float | None) -> float:
+  """The logit scale: ``scale``, or ``1 / sqrt(depth)`` when it is ``None``."""
+  return 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+
+
+def _area_probs(
+    logits: Array, area_mask: Array | None, *, dropout_rate: float, dropout_rng: Array | None
+) -> Array:
+  """``[batch, heads, q_len, num_areas]`` attention probabilities over the areas:
+  the float32 masked softmax of ``logits`` (0 on masked areas), then inverted
+  element-wise dropout iff ``dropout_rng`` is given and ``dropout_rate > 0``."""
+  return _dropout(
+      masked_softmax(logits, area_mask),
+      _dropout_keep(dropout_rng, dropout_rate, logits.shape),
+      dropout_rate,
+  )
+
+
+def _dropout_keep(rng: Array | None, rate: float, shape: tuple[int, ...]) -> Array | None:
+  """The dropout draw of the probabilities ``[batch, heads, q_len, num_areas]``
+  (True = kept), or ``None`` without dropout (no ``rng`` or ``rate == 0``)."""
+  if rng is None or rate <= 0.0:
+    return None
+  return jax.random.bernoulli(rng, 1.0 - rate, shape)
+
+
+def _dropout(probs: Array, keep: Array | None, rate: float) -> Array:
+  """Inverted dropout of ``probs`` by the draw ``keep`` (``None``: none)."""
+  return probs if keep is None else jnp.where(keep, probs / (1.0 - rate), 0.0)
+
+
+def _is_linear_in_items(key_mode: str, value_mode: str, sample_rng: Array | None) -> bool:
+  """Whether the area keys are item-key means and the area values item-value
+  sums or means (the basic form, Eq. 3-4), so that :func:`_attend_through_items`
+  computes the same attention as :func:`_attend` on the area features."""
+  mean_key = key_mode == 'mean' or (key_mode == 'sample' and sample_rng is None)
+  return mean_key and value_mode in ('sum', 'mean')
+
+
+# Queries per block of :func:`_attend_through_items`: its per-block arrays
+# ``[batch, heads, block, num_shapes * kv_len]`` stay cache-sized (batch 4, 8
+# heads, kv_len 256, width 5: 5 MiB) instead of being written to and read back
+# from memory; 16 and 64 were slower on the CPU (benchmarks/area_speed.py).
+_QUERY_BLOCK = 32
+
+
+def _attend_through_items(
+    query: Array,
+    key: Array,
+    value: Array,
+    area_mask: Array | None,
+    *,
+    layout: AreaLayout,
+    value_mode: str,
+    scale: float | None,
+    dropout_rate: float,
+    dropout_rng: Array | None,
+) -> Array:
+  """Area attention with mean area keys and sum/mean area values (Eq. 1-4),
+  without forming area keys or values.
+
+  Both are linear in the items, so the products with them are item products
+  summed over areas: ``q . mean_{j in a} k_j = mean_{j in a} (q . k_j)``
+  (Eq. 3), and ``sum_a p_a sum_{j in a} v_j = sum_j (sum_{a ni j} p_a) v_j``
+  (Eq. 4; ``1 / |a|`` inside for mean values). The item logits ``q . k_j``
+  ``[batch, heads, q_len, kv_len]`` are summed into area logits in the padded
+  area layout (:func:`padded_area_sums`: ``[batch, heads, q_len, num_shapes *
+  kv_len]``, padding masked), the masked float32 softmax over the areas and
+  the dropout are those of :func:`_attend` (the same draws, :func:`pad_areas`
+  of ``[..., num_areas]``), the probabilities are summed back onto the items
+  they cover by the transpose, and one ``[q_len, kv_len]`` product with the
+  item values gives the output. The matrix products are ordinary
+  attention's (``kv_len`` columns, not ``num_areas``); only the softmax runs
+  over the areas, and the backward pass maps gradients between items and areas
+  with the same window sums (no gathers, no scatters).
+
+  Queries are processed in blocks of ``_QUERY_BLOCK`` (``lax.map``) and each
+  block is rematerialised in the backward pass (``jax.checkpoint``): the
+  per-area arrays of a block stay in cache and none of ``[q_len, areas]``
+  size is ever stored, so memory is that of ordinary attention plus a block.
+  Equal to :func:`_attend` on the area features up to float32 rounding (the
+  area logits are means of float32 item logits rather than products with
+  rounded means).
+
+  Args:
+    query: ``[batch, q_len, heads, depth]``.
+    key: ``[batch, kv_len, heads, depth]`` item keys.
+    value: ``[batch, kv_len, heads, depth_v]`` item values.
+    area_mask: ``None`` or boolean, broadcastable to ``[batch, heads, q_len,
+      num_areas]``.
+    layout: the memory's :func:`area_layout`.
+    value_mode: ``'sum'`` or ``'mean'``.
+    scale: logit scale; ``None`` -> ``1 / sqrt(depth)``.
+    dropout_rate: dropout rate on the probabilities over the areas.
+    dropout_rng: dropout iff given.
+
+  Returns:
+    ``[batch, q_len, heads, depth_v]`` in the dtype of ``value``.
+  """
+  scale = _logit_scale(query, scale)
+  sizes = [h * w for h, w in layout.shapes]
+  key_weights = [scale / s for s in sizes]
+  value_weights = [1.0 / s for s in sizes] if value_mode == 'mean' else None
+  batch, q_len, heads = query.shape[:3]
+  valid = jnp.asarray(padded_area_valid(layout))
+  # Per-query inputs: [batch, heads, q_len, padded areas], or q_len 1 (broadcast).
+  per_query = []
+  if area_mask is not None:
+    per_query.append(
+        pad_areas(
+            area_mask.reshape((1,) * (4 - area_mask.ndim) + area_mask.shape), layout, 3, False
+        )
+    )
+  keep = _dropout_keep(dropout_rng, dropout_rate, (batch, heads, q_len, layout.num_areas))
+  if keep is not None:
+    per_query.append(pad_areas(keep, layout, 3, False))
+
+  def block(q: Array, mask: Array | None, keep: Array | None) -> Array:
+    item_logits = jnp.einsum('bqhd,bkhd->bhqk', q, key, preferred_element_type=jnp.float32)
+    grid = item_logits.reshape(item_logits.shape[:3] + (layout.grid_height, layout.grid_width))
+    logits = padded_area_sums(grid, layout, 3, key_weights)
+    allowed = valid if mask is None else jnp.logical_and(valid, mask)
+    probs = _dropout(masked_softmax(logits, allowed), keep, dropout_rate)
+    item_probs = padded_area_sums_transpose(probs, layout, 3, value_weights)
+    item_probs = item_probs.reshape(item_logits.shape)
+    return jnp.einsum('bhqk,bkhd->bqhd', item_probs.astype(value.dtype), value)
+
+  mask_index = 0 if area_mask is not None else None
+  keep_index = len(per_query) - 1 if keep is not None else None
+  pick = lambda xs, i: None if i is None else xs[i]
+  num_blocks = -(-q_len // _QUERY_BLOCK)
+  if num_blocks <= 1:
+    return block(query, pick(per_query, mask_index), pick(per_query, keep_index))
+  # Pad the queries to whole blocks and put the block index first; a per-query
+  # input broadcast over the queries (q_len 1) is shared by every block.
+  rows = num_blocks * _QUERY_BLOCK
+
+  def blocks(x: Array, axis: int) -> Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, rows - q_len)
+    x = jnp.pad(x, pad)
+    x = x.reshape(x.shape[:axis] + (num_blocks, _QUERY_BLOCK) + x.shape[axis + 1 :])
+    return jnp.moveaxis(x, axis, 0)
+
+  blocked = [blocks(x, 2) if x.shape[2] == q_len else None for x in per_query]
+  shared = [None if b is not None else x for b, x in zip(blocked, per_query)]
+
+  @jax.checkpoint
+  def step(xs: tuple[Array, tuple[Array | None, ...]]) -> Array:
+    q, inputs = xs
+    inputs = [s if b is None else b for b, s in zip(inputs, shared)]
+    return block(q, pick(inputs, mask_index), pick(inputs, keep_index))
+
+  out = jax.lax.map(step, (blocks(query, 1), tuple(blocked)))  # [blocks, batch, block, heads, dv]
+  out = jnp.moveaxis(out, 0, 1).reshape((batch, rows) + out.shape[3:])
+  return out[:, :q_len]
 
 
 def _base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None) -> Array:
@@ -392,7 +551,25 @@ def _area_attention(
   given). ``layout`` is the memory's :func:`area_layout`; ``query`` is
   ``[batch, q_len, heads, depth]``, ``key`` / ``value`` ``[batch, kv_len,
   heads, depth(_v)]``.
+
+  The basic form (mean keys, sum or mean values; :func:`_is_linear_in_items`)
+  takes :func:`_attend_through_items` instead, the same attention computed
+  from item logits: ordinary attention's matrix products, ~5x fewer FLOPs at
+  width 5, and the fast backward pass (the other modes need the features).
   """
+  area_mask = _area_mask(mask, layout, query.shape[1], causal)
+  if learned_key is None and _is_linear_in_items(key_mode, value_mode, sample_rng):
+    return _attend_through_items(
+        query,
+        key,
+        value,
+        area_mask,
+        layout=layout,
+        value_mode=value_mode,
+        scale=scale,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+    )
   key_feats = compute_area_features(
       key, layout, features=_key_features(key_mode), std_epsilon=std_epsilon
   )
@@ -403,7 +580,6 @@ def _area_attention(
   if learned_key is not None:
     area_keys = learned_key(area_keys, key_feats)
   area_values = getattr(value_feats, value_mode)  # 'sum', 'mean' or 'max'
-  area_mask = _area_mask(mask, layout, query.shape[1], causal)
   return _attend(
       query,
       area_keys,

@@ -10,6 +10,10 @@ and computes their features without ever gathering an area's items:
 * :func:`area_sums`: the sum of every area from a summed area table (integral
   image, Eq. 10-11, Algorithm 1); also how :mod:`.area_attention` counts the
   masked items of every area.
+* :func:`padded_area_sums` (and its transpose, :func:`padded_area_valid`,
+  :func:`pad_areas`): weighted sums of every area by direct window sums, in a
+  padded layout with one grid-sized block per shape; area attention's basic
+  form sums item logits into area logits with it.
 * :func:`area_features`: sum (Eq. 4, 11), mean (Eq. 3), standard deviation
   (Eq. 5; pairwise merges of the areas' moments instead of Eq. 12's table of
   squares, which cancels catastrophically in float32) and maximum (sliding
@@ -332,6 +336,90 @@ def area_sums(x: Array, layout: AreaLayout, axis: int) -> Array:
   the layout's order. Sums are accumulated in ``x``'s dtype (exact for ints)."""
   table = _summed_area_table(x, axis)
   return _concat_areas(_area_sums(table, layout.shapes, axis), axis)
+
+
+def padded_area_sums(
+    x: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
+) -> Array:
+  """``weight(h, w) * sum`` of every area of ``layout`` in the *padded* area layout.
+
+  The padded layout gives every shape ``(h, w)`` of ``layout.shapes`` a full
+  ``grid_height x grid_width`` block, indexed by the area's top-left corner,
+  row-major; corners whose area would leave the grid are padding (their
+  entries are sums over a zero-padded grid: meaningless, see
+  :func:`padded_area_valid`). Blocks follow the shapes' order, so dropping the
+  padding gives :func:`area_layout`'s order (:func:`pad_areas` maps between the
+  two). Unlike the packed layout, every block is the grid's size: a regular
+  ``[num_shapes * grid size]`` axis, cheaper to sum into, reduce over and sum
+  back from than a concatenation of ragged blocks.
+
+  ``x`` has the grid on axes ``(axis, axis + 1)``; the result replaces them by
+  one axis of ``num_shapes * grid_height * grid_width`` entries. ``weights``:
+  one scalar per shape (``None``: all 1), e.g. ``1 / (h w)`` for means (Eq. 3).
+  The windows grow by one addition per shape (:func:`_grow_areas`), so an
+  area's sum adds its own ``h w`` items only: no prefix-sum rounding (unlike
+  :func:`area_sums`' table). Used by area attention to sum item logits into
+  area logits; :func:`padded_area_sums_transpose` sums back.
+  """
+  weights = (1.0,) * len(layout.shapes) if weights is None else tuple(weights)
+  max_h = max(h for h, _ in layout.shapes)
+  max_w = max(w for _, w in layout.shapes)
+  pad = [(0, 0)] * x.ndim
+  pad[axis], pad[axis + 1] = (0, max_h - 1), (0, max_w - 1)
+  sums = _grow_areas(jnp.pad(x, pad), layout.shapes, axis, lambda a, b, n_a, n_b: a + b)
+  blocks = []
+  for shape, c in zip(layout.shapes, weights):
+    block = jax.lax.slice_in_dim(sums[shape], 0, layout.grid_height, axis=axis)
+    block = jax.lax.slice_in_dim(block, 0, layout.grid_width, axis=axis + 1)
+    blocks.append(_flatten_corners(block if c == 1.0 else block * c, axis))
+  return jnp.concatenate(blocks, axis=axis)
+
+
+def padded_area_sums_transpose(
+    y: Array, layout: AreaLayout, axis: int, weights: Sequence[float] | None = None
+) -> Array:
+  """The transpose of :func:`padded_area_sums`: areas back to items.
+
+  ``y`` has the padded area axis on ``axis`` (its padding entries must be 0);
+  item ``j`` of the result is ``sum over the areas a containing j of
+  weight(a) * y[a]``, on grid axes ``(axis, axis + 1)``. Built by
+  :func:`jax.linear_transpose`, so it is the exact adjoint: shifted additions,
+  one per shape, no scatter.
+  """
+  grid = (layout.grid_height, layout.grid_width)
+  shape = y.shape[:axis] + grid + y.shape[axis + 1 :]
+  forward = lambda x: padded_area_sums(x, layout, axis, weights)
+  (x,) = jax.linear_transpose(forward, jax.ShapeDtypeStruct(shape, y.dtype))(y)
+  return x
+
+
+def padded_area_valid(layout: AreaLayout) -> np.ndarray:
+  """``[num_shapes * grid size]`` bool: which entries of the padded layout
+  (:func:`padded_area_sums`) are areas (True) rather than padding."""
+  rows = np.arange(layout.grid_height)[:, None]
+  cols = np.arange(layout.grid_width)[None, :]
+  return np.concatenate(
+      [
+          ((rows + h <= layout.grid_height) & (cols + w <= layout.grid_width)).reshape(-1)
+          for h, w in layout.shapes
+      ]
+  )
+
+
+def pad_areas(a: Array, layout: AreaLayout, axis: int, fill: Any) -> Array:
+  """A per-area array in :func:`area_layout`'s order (``num_areas`` on
+  ``axis``) in the padded layout of :func:`padded_area_sums`, padding entries
+  set to ``fill``."""
+  blocks, start = [], 0
+  for h, w in layout.shapes:
+    rows, cols = layout.grid_height - h + 1, layout.grid_width - w + 1
+    block = jax.lax.slice_in_dim(a, start, start + rows * cols, axis=axis)
+    block = block.reshape(a.shape[:axis] + (rows, cols) + a.shape[axis + 1 :])
+    pad = [(0, 0)] * block.ndim
+    pad[axis], pad[axis + 1] = (0, h - 1), (0, w - 1)
+    blocks.append(_flatten_corners(jnp.pad(block, pad, constant_values=fill), axis))
+    start += rows * cols
+  return jnp.concatenate(blocks, axis=axis)
 
 
 class AreaFeatures(NamedTuple):
