@@ -51,7 +51,9 @@ travel as one :class:`PoolInputs`:
 
 * ``'dense'`` calls it once on every centre and input: the ``[batch, m, n]``
   pooling matrix (m outputs, n inputs), differentiated by autodiff: O(m n)
-  memory.
+  memory. Causal pooling calls it on :data:`DENSE_CAUSAL_SPLITS` row groups,
+  each with only the inputs up to its last centre (the masked upper triangle
+  is mostly not computed).
 * ``'blockwise'`` never materialises it. Since every variant's ``l_ij`` is a
   query term plus a key term plus a function of the two positions (the
   non-local ``theta_i . phi_j`` included), Eq. 4 is an attention with one head,
