@@ -51,9 +51,7 @@ travel as one :class:`PoolInputs`:
 
 * ``'dense'`` calls it once on every centre and input: the ``[batch, m, n]``
   pooling matrix (m outputs, n inputs), differentiated by autodiff: O(m n)
-  memory. Causal pooling calls it on :data:`DENSE_CAUSAL_SPLITS` row groups,
-  each with only the inputs up to its last centre (the masked upper triangle
-  is mostly not computed).
+  memory.
 * ``'blockwise'`` never materialises it. Since every variant's ``l_ij`` is a
   query term plus a key term plus a function of the two positions (the
   non-local ``theta_i . phi_j`` included), Eq. 4 is an attention with one head,
@@ -117,9 +115,6 @@ IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
 # n = 2048 blockwise 2.1x (causal) and 1.4x (not) faster. So: 32 x 32 grids
 # and shorter stay dense, the enwik8/text8 stages (2048-8192) are blockwise.
 AUTO_BLOCKWISE_THRESHOLD = 1024
-# Causal 'dense' pooling: row groups, each pooling its inputs up to its last
-# centre (_pool_dense); 1 = the whole [m, n] matrix.
-DENSE_CAUSAL_SPLITS = 4
 # Default ContextPool.gaussian_skip_nats: exp(-18) = 1.5e-8 is below float32's
 # half-ulp (6e-8), so a skipped term is below the rounding of its row's largest.
 GAUSSIAN_SKIP_NATS = 18.0
@@ -499,9 +494,7 @@ def pool_block(
         / math.sqrt(centres.theta.shape[-1])
     )
   if rule.locality == 'gaussian':
-    # -d^2 times a [b, Bq, 1] factor: one multiply per pair, and its gradient
-    # in sigma is a row sum, not a quotient's derivative on every pair.
-    terms.append(d2[None] * (-1.0 / (2.0 * jnp.square(sigma) + _MIN_TWO_VARIANCE)))
+    terms.append(-d2[None] / (2.0 * jnp.square(sigma) + _MIN_TWO_VARIANCE))
   logits = functools.reduce(operator.add, terms) if terms else jnp.zeros((), jnp.float32)
 
   allowed = centres.valid[:, :, None] & context.valid[:, None, :]
@@ -618,53 +611,10 @@ def _drop(p: Array, keep: Optional[Array], rate: float) -> Array:
   return p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
 
 
-def _pool_dense(
-    rule: PoolRule, inputs: PoolInputs, causal_splits: int = DENSE_CAUSAL_SPLITS
-) -> Array:
-  """``implementation='dense'``: Eq. 4 as :func:`pool_block` of every centre
+def _pool_dense(rule: PoolRule, inputs: PoolInputs) -> Array:
+  """``implementation='dense'``: Eq. 4 as one :func:`pool_block` of every centre
   and every input, the ``[batch, m, n]`` pooling matrix, differentiated by
-  autodiff. Returns ``[batch, m, features]`` in x's dtype.
-
-  Causal pooling with static centres (numpy ``centres.index``, the context
-  the whole input in order, ``context.index = arange(n)``) splits the centres
-  into ``causal_splits`` (:data:`DENSE_CAUSAL_SPLITS`) consecutive row groups, each pooling only
-  the inputs up to its last centre: the masked upper triangle is not
-  computed (10/16 of the n^2 work with 4 groups). Every logit, mask and
-  dropout bit depends on the two positions only, and the left-out inputs
-  have weight exactly 0, so the rows are those of the one-block matrix.
-  """
-  centres, context = inputs.centres, inputs.context
-  m = centres.valid.shape[1]
-  if (
-      not rule.causal
-      or not isinstance(centres.index, np.ndarray)
-      or causal_splits < 2
-      or m < 2 * causal_splits
-  ):
-    return _pool_dense_block(rule, inputs)
-  bounds = np.linspace(0, m, causal_splits + 1).round().astype(int)
-  parts = []
-  for lo, hi in zip(bounds[:-1], bounds[1:]):
-    keys = int(centres.index[lo:hi].max()) + 1  # inputs j <= the group's last centre
-    rows = Centres(
-        *(
-            None if a is None else a[lo:hi] if k == 'index' else a[:, lo:hi]
-            for k, a in zip(Centres._fields, centres)
-        )
-    )
-    cols = Context(
-        *(
-            None if a is None else a[:keys] if k == 'index' else a[:, :keys]
-            for k, a in zip(Context._fields, context)
-        )
-    )
-    parts.append(_pool_dense_block(rule, PoolInputs(rows, cols, inputs.dropout_seeds)))
-  return jnp.concatenate(parts, axis=1)
-
-
-def _pool_dense_block(rule: PoolRule, inputs: PoolInputs) -> Array:
-  """Eq. 4 as one :func:`pool_block` of the given centres and inputs
-  (:func:`_pool_dense`), ``[batch, m, features]`` in x's dtype."""
+  autodiff. Returns ``[batch, m, features]`` in x's dtype."""
   block = pool_block(rule, inputs.centres, inputs.context, inputs.dropout_seeds)
   window_ste = None
   if block.soft_window is not None:
