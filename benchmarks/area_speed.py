@@ -35,12 +35,17 @@ import jax.numpy as jnp
 
 from contextpool_jax.layers import area_attention as aa
 
-_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed rounds (after one warm-up).')
-_OUT = flags.DEFINE_string(
-    'out',
-    str(pathlib.Path(__file__).resolve().parent / 'results' / 'area_speed_cpu.md'),
-    'Markdown output file.',
-)
+
+def _define_flags() -> None:
+  """The command line's flags, defined only when run as a program (importing
+  this module beside other benchmarks must not redefine their flags)."""
+  flags.DEFINE_integer('repeats', 20, 'Timed rounds (after one warm-up).')
+  flags.DEFINE_string(
+      'out',
+      str(pathlib.Path(__file__).resolve().parent / 'results' / 'area_speed_cpu.md'),
+      'Markdown output file.',
+  )
+
 
 BATCH, HEADS, LENGTH, DEPTH, WIDTH = 4, 8, 256, 64, 5
 
@@ -129,13 +134,14 @@ def markdown(rows: list[dict], repeats: int) -> str:
 
 def main(argv):
   del argv
-  rows = measure(_REPEATS.value)
-  text = markdown(rows, _REPEATS.value)
-  out = pathlib.Path(_OUT.value)
+  rows = measure(flags.FLAGS.repeats)
+  text = markdown(rows, flags.FLAGS.repeats)
+  out = pathlib.Path(flags.FLAGS.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(text)
   print(text)
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

@@ -383,13 +383,21 @@ def padded_area_sums_transpose(
   ``y`` has the padded area axis on ``axis`` (its padding entries must be 0);
   item ``j`` of the result is ``sum over the areas a containing j of
   weight(a) * y[a]``, on grid axes ``(axis, axis + 1)``. Built by
-  :func:`jax.linear_transpose`, so it is the exact adjoint: shifted additions,
+  :func:`jax.vjp` of the (linear) sums, so it is the exact adjoint: shifted additions,
   one per shape, no scatter.
   """
   grid = (layout.grid_height, layout.grid_width)
   shape = y.shape[:axis] + grid + y.shape[axis + 1 :]
   forward = lambda x: padded_area_sums(x, layout, axis, weights)
-  (x,) = jax.linear_transpose(forward, jax.ShapeDtypeStruct(shape, y.dtype))(y)
+  # The primal's type carries y's varying manual axes (inside shard_map), so
+  # the transpose's cotangent type matches.
+  axis_type = getattr(jax.typeof(y), 'manual_axis_type', None)
+  vma = tuple(sorted(axis_type.varying)) if axis_type is not None else ()
+  primal = jnp.zeros(shape, y.dtype)
+  if vma:
+    primal = jax.lax.pcast(primal, vma, to='varying')
+  _, transpose = jax.vjp(forward, primal)
+  (x,) = transpose(y)
   return x
 
 

@@ -155,4 +155,8 @@ def test_layer_runs_and_differentiates_like_one_device(case, transform):
   chex.assert_tree_all_finite(grads)
   chex.assert_trees_all_close(y, y_one, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(loss, loss_one, rtol=1e-5, atol=1e-5)
-  chex.assert_trees_all_close(grads, grads_one, rtol=1e-4, atol=1e-5)
+  # Per leaf, an absolute tolerance of float32 rounding at the leaf's scale
+  # (sums over devices and over the algorithms' blocks reassociate).
+  for g, g_one in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_one)):
+    atol = max(1e-5, 1e-6 * float(np.max(np.abs(g_one))))
+    np.testing.assert_allclose(g, g_one, rtol=1e-4, atol=atol)
