@@ -1138,41 +1138,33 @@ class AreaAttention(nn.Module):
       sample_rng = self.make_rng('dropout')
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
+    cache = None
     if self.decode:  # a cached step, or the call that creates the cache
       self._check_decode(x_q, x_kv, memory_height, mask, deterministic)
       cache = self._area_cache(key, value)
-      if cache is not None:
-        out = self._decode_step(cache, query, key, value, learned_key)
-        return nn.DenseGeneral(
-            features=out_features,
-            axis=(-2, -1),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=self.kernel_init,
-            bias_init=self.bias_init,
-            use_bias=self.use_bias,
-            name='out',
-        )(out).reshape(q_shape[:-1] + (out_features,))
-    out = _area_attention(
-        query,
-        key,
-        value,
-        mask,
-        layout=area_layout(
-            kv_len,
-            max_area_width=self.max_area_width,
-            max_area_height=self.max_area_height,
-            memory_height=memory_height,
-        ),
-        causal=self.causal,
-        key_mode=self.key_mode,
-        value_mode=self.value_mode,
-        std_epsilon=self.std_epsilon,
-        sample_rng=sample_rng,
-        dropout_rate=self.dropout_rate,
-        dropout_rng=dropout_rng,
-        learned_key=learned_key,
-    )
+    if cache is not None:
+      out = self._decode_step(cache, query, key, value, learned_key)
+    else:
+      out = _area_attention(
+          query,
+          key,
+          value,
+          mask,
+          layout=area_layout(
+              kv_len,
+              max_area_width=self.max_area_width,
+              max_area_height=self.max_area_height,
+              memory_height=memory_height,
+          ),
+          causal=self.causal,
+          key_mode=self.key_mode,
+          value_mode=self.value_mode,
+          std_epsilon=self.std_epsilon,
+          sample_rng=sample_rng,
+          dropout_rate=self.dropout_rate,
+          dropout_rng=dropout_rng,
+          learned_key=learned_key,
+      )
     out = nn.DenseGeneral(
         features=out_features,
         axis=(-2, -1),

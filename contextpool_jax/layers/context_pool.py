@@ -1324,17 +1324,23 @@ class ContextPool(nn.Module):
       attn_mask = valid[:, None, :, None] & valid[:, None, None, :]
       if self.causal:
         attn_mask = attn_mask & jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
-      h = nn.MultiHeadDotProductAttention(
-          num_heads=1,
-          qkv_features=self.hidden_features,
-          out_features=self.hidden_features,
-          dtype=dtype,
-          param_dtype=self.param_dtype,
-          decode=self.decode,  # its own key/value cache (see _decode_step)
-          name='mapping_attention',
-      )(tokens, tokens, mask=attn_mask)
+      # decode: its own key/value cache (see _decode_step).
+      h = self._mapping_attention(dtype, self.decode)(tokens, tokens, mask=attn_mask)
       out = dense(channels, 'mapping_dense')(h)
     return out.reshape(batch, math.prod(spatial), channels).astype(jnp.float32)
+
+  def _mapping_attention(self, dtype: Dtype, decode: bool) -> nn.Module:
+    """The self-attention mapping's one-head attention (Table 3), for both the
+    whole-sequence call and the cached decoding step."""
+    return nn.MultiHeadDotProductAttention(
+        num_heads=1,
+        qkv_features=self.hidden_features,
+        out_features=self.hidden_features,
+        dtype=dtype,
+        param_dtype=self.param_dtype,
+        decode=decode,
+        name='mapping_attention',
+    )
 
   # -- forward ---------------------------------------------------------------
 
@@ -1538,15 +1544,7 @@ class ContextPool(nn.Module):
       )
     else:  # 'attention': flax's cache masks j > t; the cached validity masks padding.
       attn_mask = valid[:, None, :, None] & cache['valid'].value[:, None, None, :]
-      h = nn.MultiHeadDotProductAttention(
-          num_heads=1,
-          qkv_features=self.hidden_features,
-          out_features=self.hidden_features,
-          dtype=dtype,
-          param_dtype=self.param_dtype,
-          decode=True,
-          name='mapping_attention',
-      )(x, x, mask=attn_mask)
+      h = self._mapping_attention(dtype, True)(x, x, mask=attn_mask)
       out = dense(channels, 'mapping_dense')(h)
     return out.reshape(x.shape[0], channels).astype(jnp.float32)
 
