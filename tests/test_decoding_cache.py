@@ -192,10 +192,29 @@ def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
       functools.partial(decoding.greedy_decode, model, max_len=8, eos_id=1),
       functools.partial(decoding.beam_search, model, beam_size=3, alpha=0.6, max_len=8, eos_id=1),
   ):
-    cached = jax.jit(functools.partial(search, cache=True))(params, SOURCE)
     reference = jax.jit(functools.partial(search, cache=False, min_segment=2))(params, SOURCE)
-    np.testing.assert_array_equal(cached, reference)
     assert len(set(np.asarray(reference).ravel().tolist()) - {0, 1}) >= 2  # not trivial
+    # One segment, and segments 3 / 6 / 8 on the cache's leading slices.
+    for min_segment in (None, 3):
+      cached = jax.jit(functools.partial(search, cache=True, min_segment=min_segment))
+      np.testing.assert_array_equal(cached(params, SOURCE), reference)
+
+
+@pytest.mark.parametrize('case', sorted(MODEL_CASES))
+def test_cache_for_fewer_positions_is_the_leading_slice(case):
+  """The property segmented decoding relies on (decoding module docstring): the
+  cache created for w positions equals the leading slice of the cache for
+  more, in shape and value (position tables included)."""
+  model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
+  params = jax.jit(model.init)(jax.random.key(3), SOURCE, jnp.ones((2, 4), jnp.int32))
+  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(params, SOURCE)
+  init = jax.jit(functools.partial(decoding.init_cache, model), static_argnums=3)
+  full = init(params, encoded, SOURCE, 12)
+  for width in (1, 5, 12):
+    small = init(params, encoded, SOURCE, width)
+    chex.assert_trees_all_equal(decoding.cache_prefix(full, small), small)
+  with pytest.raises(ValueError, match='not a leading slice'):
+    decoding.cache_prefix(init(params, encoded, SOURCE, 5), full)
 
 
 # ----------------------------------------------------------------------------
@@ -225,14 +244,14 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
   chex.assert_tree_all_finite(logits)
   dec = cache['decoder']
   area = dec['layer_0']['self_attention']['area']  # W = 2
-  chex.assert_shape(area['cached_key'], (2, 1 + max_len, TINY['num_heads'], head_dim))
-  chex.assert_shape(area['cached_area_key'], (2, max_len, 2, TINY['num_heads'], head_dim))
+  chex.assert_shape(area['cached_key'], (2, TINY['num_heads'], 1 + max_len, head_dim))
+  assert 'cached_area_key' not in area  # the basic form steps through the items
   std = dec['layer_1']['self_attention']
-  chex.assert_shape(std['cached_key'], (2, max_len, TINY['num_heads'], head_dim))
+  chex.assert_shape(std['cached_key'], (2, TINY['num_heads'], max_len, head_dim))
   pool = dec['layer_0']['context_pool']
   chex.assert_shape(pool['x'], (2, max_len, TINY['emb_dim']))
   chex.assert_shape(pool['size_lse'], (2,))
-  for leaf in (area['cached_key'], area['cached_area_value'], std['cached_value'], pool['x']):
+  for leaf in (area['cached_key'], area['cached_value'], std['cached_value'], pool['x']):
     assert leaf.dtype == dtype
   assert pool['log_w'].dtype == jnp.float32 and pool['valid'].dtype == jnp.bool_
   assert (

@@ -339,13 +339,19 @@ def _attend(
     scale: float | None,
     dropout_rate: float,
     dropout_rng: Array | None,
+    heads_major: bool = False,
 ) -> Array:
-  """:func:`attend_to_areas` on checked inputs; dropout iff ``dropout_rng`` is given."""
+  """:func:`attend_to_areas` on checked inputs; dropout iff ``dropout_rng`` is given.
+
+  ``heads_major``: the areas are ``[batch, heads, num_areas, depth]`` (the
+  decoding cache's layout, :meth:`AreaAttention._area_cache`) instead of
+  ``[batch, num_areas, heads, depth]``."""
+  a = 'bhad' if heads_major else 'bahd'
   scale = _logit_scale(query, scale)
-  logits = jnp.einsum('bqhd,bahd->bhqa', query, area_keys, preferred_element_type=jnp.float32)
+  logits = jnp.einsum(f'bqhd,{a}->bhqa', query, area_keys, preferred_element_type=jnp.float32)
   logits = logits * jnp.float32(scale)
   probs = _area_probs(logits, area_mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
-  return jnp.einsum('bhqa,bahd->bqhd', probs.astype(area_values.dtype), area_values)
+  return jnp.einsum(f'bhqa,{a}->bqhd', probs.astype(area_values.dtype), area_values)
 
 
 def _logit_scale(query: Array, scale: float | None) -> float:
@@ -405,6 +411,7 @@ def _attend_through_items(
     scale: float | None,
     dropout_rate: float,
     dropout_rng: Array | None,
+    heads_major: bool = False,
 ) -> Array:
   """Area attention with mean area keys and sum/mean area values (Eq. 1-4),
   without forming area keys or values.
@@ -443,10 +450,13 @@ def _attend_through_items(
     scale: logit scale; ``None`` -> ``1 / sqrt(depth)``.
     dropout_rate: dropout rate on the probabilities over the areas.
     dropout_rng: dropout iff given.
+    heads_major: ``key`` / ``value`` are ``[batch, heads, kv_len, depth]``
+      (the decoding cache's layout) instead.
 
   Returns:
     ``[batch, q_len, heads, depth_v]`` in the dtype of ``value``.
   """
+  kv = 'bhkd' if heads_major else 'bkhd'
   scale = _logit_scale(query, scale)
   sizes = [h * w for h, w in layout.shapes]
   key_weights = [scale / s for s in sizes]
@@ -466,14 +476,14 @@ def _attend_through_items(
     per_query.append(pad_areas(keep, layout, 3, False))
 
   def block(q: Array, mask: Array | None, keep: Array | None) -> Array:
-    item_logits = jnp.einsum('bqhd,bkhd->bhqk', q, key, preferred_element_type=jnp.float32)
+    item_logits = jnp.einsum(f'bqhd,{kv}->bhqk', q, key, preferred_element_type=jnp.float32)
     grid = item_logits.reshape(item_logits.shape[:3] + (layout.grid_height, layout.grid_width))
     logits = padded_area_sums(grid, layout, 3, key_weights)
     allowed = valid if mask is None else jnp.logical_and(valid, mask)
     probs = _dropout(masked_softmax(logits, allowed), keep, dropout_rate)
     item_probs = padded_area_sums_transpose(probs, layout, 3, value_weights)
     item_probs = item_probs.reshape(item_logits.shape)
-    return jnp.einsum('bhqk,bkhd->bqhd', item_probs.astype(value.dtype), value)
+    return jnp.einsum(f'bhqk,{kv}->bqhd', item_probs.astype(value.dtype), value)
 
   mask_index = 0 if area_mask is not None else None
   keep_index = len(per_query) - 1 if keep is not None else None
@@ -1141,7 +1151,7 @@ class AreaAttention(nn.Module):
     cache = None
     if self.decode:  # a cached step, or the call that creates the cache
       self._check_decode(x_q, x_kv, memory_height, mask, deterministic)
-      cache = self._area_cache(key, value)
+      cache = self._area_cache(key, value, self._steps_through_items(learned_key))
     if cache is not None:
       out = self._decode_step(cache, query, key, value, learned_key)
     else:
@@ -1196,50 +1206,89 @@ class AreaAttention(nn.Module):
           f'{x_q.shape[1]} queries and {x_kv.shape[1]} keys.'
       )
 
-  def _area_cache(self, key: Array, value: Array) -> dict[str, Any] | None:
+  def _steps_through_items(self, learned_key) -> bool:
+    """Whether a decoding step attends through the items (the basic form: mean
+    keys, sum / mean values, :func:`_attend_through_items`) rather than over
+    cached area features."""
+    return learned_key is None and _is_linear_in_items(self.key_mode, self.value_mode, None)
+
+  def _area_cache(self, key: Array, value: Array, through_items: bool) -> dict[str, Any] | None:
     """The ``'cache'`` of ``decode=True`` (W = ``max_area_width``, L = max_len),
     created by the first call (returns None then), else returned:
 
-    * ``cached_key`` / ``cached_value`` ``[batch, W - 1 + L, heads, depth]``:
+    * ``cached_key`` / ``cached_value`` ``[batch, heads, W - 1 + L, depth]``:
       the item keys / values, position t at ``W - 1 + t`` (W - 1 leading
       zeros, so the last W items are always a slice);
-    * ``cached_area_key`` / ``cached_area_value`` ``[batch, L, W, heads, depth]``: the key
-      and value of the area of width w ending at t in ``[:, t, w - 1]``;
+    * unless the step goes ``through_items`` (the basic form, which needs the
+      items only): ``cached_area_key`` / ``cached_area_value`` ``[batch,
+      heads, L * W, depth]``, the key and value of the area of width w ending
+      at t in ``[:, :, t * W + w - 1]``;
     * ``cache_index``: the next position t.
+
+    Heads-major, as :class:`~contextpool_jax.models.transformer.MultiHeadAttention`'s
+    cache and for the same measured reason (the step's contractions read it
+    in place, where ``[batch, L, heads, depth]`` made XLA transpose the whole
+    cache at every step); the area cache is flat because a reshape of the
+    updated cache made XLA:CPU duplicate the update and copy the cache every
+    step.
     """
     width = self.max_area_width
     initialized = self.has_variable('cache', 'cache_index')
-    b, length = key.shape[:2]
-    items = lambda a: (lambda: jnp.zeros((b, width - 1 + length) + a.shape[2:], a.dtype))
-    areas = lambda a: (lambda: jnp.zeros((b, length, width) + a.shape[2:], a.dtype))
+    b, length, heads, depth = key.shape
+    zeros = lambda n, a: (lambda: jnp.zeros((b, heads, n, a.shape[3]), a.dtype))
     cache = {
-        'cached_key': self.variable('cache', 'cached_key', items(key)),
-        'cached_value': self.variable('cache', 'cached_value', items(value)),
-        'cached_area_key': self.variable('cache', 'cached_area_key', areas(key)),
-        'cached_area_value': self.variable('cache', 'cached_area_value', areas(value)),
+        'cached_key': self.variable('cache', 'cached_key', zeros(width - 1 + length, key)),
+        'cached_value': self.variable('cache', 'cached_value', zeros(width - 1 + length, value)),
         'cache_index': self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32)),
     }
+    if not through_items:
+      for name, a in (('cached_area_key', key), ('cached_area_value', value)):
+        cache[name] = self.variable('cache', name, zeros(length * width, a))
     return cache if initialized else None
 
   def _decode_step(self, cache, query, key, value, learned_key) -> Array:
     """Area attention of the query at t = ``cache_index`` (``[batch, 1, heads,
-    depth]``), its key and value appended to the cache.
+    depth]``), its key and value appended to the cache; O(t W) work per step.
 
-    The W areas that end at t (widths 1..W) get their features from the last W
-    cached items, by the same :func:`compute_area_features` on a memory of W
-    items (the areas of that memory whose last item is t), and their keys by
-    the same key mode (Eq. 3 / Eq. 9); they are stored, and the query attends
-    over every cached area ending at or before t that starts at or after 0
-    (the causal area mask, :func:`_area_mask`). O(t W) work per step.
+    The query attends over every area ending at or before t that starts at or
+    after 0 (the causal area mask, :func:`_area_mask`). The basic form
+    (:meth:`_steps_through_items`) does it through the cached items exactly as
+    the full forward does (:func:`_attend_through_items` over the W - 1 + L
+    cached items, areas over the leading zeros masked): the step reads t
+    items, not t W areas. Otherwise the W areas that end at t (widths 1..W)
+    get their features from the last W cached items, by the same
+    :func:`compute_area_features` on a memory of W items (the areas of that
+    memory whose last item is t), and their keys by the same key mode (Eq. 3 /
+    Eq. 9); they are stored, and the query attends over the cached areas.
     """
     width = self.max_area_width
     t = cache['cache_index'].value
+    # [b, n, heads, depth] -> [b, heads, n, depth], written at ``at``.
     put = lambda name, new, at: jax.lax.dynamic_update_slice_in_dim(
-        cache[name].value, new, at, axis=1
+        cache[name].value, jnp.swapaxes(new, 1, 2).astype(cache[name].value.dtype), at, 2
     )
     cache['cached_key'].value = put('cached_key', key, width - 1 + t)
     cache['cached_value'].value = put('cached_value', value, width - 1 + t)
-    last = lambda name: jax.lax.dynamic_slice_in_dim(cache[name].value, t, width, axis=1)
+    cache['cache_index'].value = t + 1
+    if self._steps_through_items(learned_key):
+      items = area_layout(cache['cached_key'].value.shape[2], max_area_width=width)
+      allowed = (items.col >= width - 1) & (items.last_index <= width - 1 + t)
+      return _attend_through_items(
+          query,
+          cache['cached_key'].value,
+          cache['cached_value'].value,
+          allowed[None, None, None, :],
+          layout=items,
+          value_mode=self.value_mode,
+          scale=None,
+          dropout_rate=0.0,
+          dropout_rng=None,
+          heads_major=True,
+      )
+
+    last = lambda name: jnp.swapaxes(
+        jax.lax.dynamic_slice_in_dim(cache[name].value, t, width, axis=2), 1, 2
+    )
     layout = area_layout(width, max_area_width=width)
     ending = np.flatnonzero(layout.last_index == width - 1)  # widths 1..W, in order
     pick = lambda a: None if a is None else a[:, ending]
@@ -1253,20 +1302,19 @@ class AreaAttention(nn.Module):
     if learned_key is not None:
       area_keys = learned_key(area_keys, key_feats)
     area_values = getattr(features(last('cached_value'), (self.value_mode,)), self.value_mode)
-    cache['cached_area_key'].value = put('cached_area_key', area_keys[:, None].astype(key.dtype), t)
-    cache['cached_area_value'].value = put('cached_area_value', area_values[:, None], t)
-    cache['cache_index'].value = t + 1
+    cache['cached_area_key'].value = put('cached_area_key', area_keys, t * width)
+    cache['cached_area_value'].value = put('cached_area_value', area_values, t * width)
 
-    b, length = cache['cached_area_key'].value.shape[:2]
+    length = cache['cached_area_key'].value.shape[2] // width
     start = jnp.arange(length)[:, None] - jnp.arange(width)[None, :]  # [L, W]
     allowed = (jnp.arange(length)[:, None] <= t) & (start >= 0)
-    flat = lambda a: a.reshape((b, length * width) + a.shape[3:])
     return _attend(
         query,
-        flat(cache['cached_area_key'].value),
-        flat(cache['cached_area_value'].value),
+        cache['cached_area_key'].value,
+        cache['cached_area_value'].value,
         allowed.reshape(1, 1, 1, length * width),
         scale=None,
         dropout_rate=0.0,
         dropout_rng=None,
+        heads_major=True,
     )

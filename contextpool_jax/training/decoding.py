@@ -23,11 +23,19 @@ results up to float rounding (tests/test_decoding_cache.py):
   :func:`init_cache` creates the model's ``'cache'`` collection for
   ``max_len`` positions (``decode(..., decode=True)`` on a ``[n, max_len]``
   dummy), then every step feeds one token, ``decode(encoded, inputs, token
-  [n, 1], decode=True)`` with ``mutable=['cache']``: O(t) work at step t
-  (attention, local attention, area attention and ContextPool all keep what
-  they need, see :mod:`contextpool_jax.models.transformer`). The model's
-  ``decode`` method must take ``decode=``; a model without a cache (a toy)
-  may simply ignore it. Beam search reorders the cache rows with the beams.
+  [n, 1], decode=True)`` with ``mutable=['cache']`` (attention, local
+  attention, area attention and ContextPool all keep what they need, see
+  :mod:`contextpool_jax.models.transformer`). The model's ``decode`` method
+  must take ``decode=``; a model without a cache (a toy) may simply ignore
+  it. Beam search reorders the cache rows with the beams. Steps run in the
+  same segments as the reference (below), each on the cache's leading slice
+  for the segment's width (:func:`cache_prefix`): a step before ``width``
+  reads ``width`` cached positions, not ``max_len``, so the whole decode
+  reads about 2/3 of what one ``max_len`` segment would (a decision,
+  measured in ``benchmarks/results/decoding_cpu.md``). This needs the one
+  property every cache here has: the cache for ``w`` positions is the
+  leading slice of the cache for ``max_len >= w`` (positions stored at their
+  index, tables computed per row); tests/test_decoding_cache.py checks it.
 * ``cache=False``: the reference, no cache. Step ``t`` re-runs ``decode`` on
   the decoded prefix padded to a static width and reads the logits at
   position ``t``. That is exact because the decoder is causal (position t
@@ -132,6 +140,55 @@ def _cached_step_logits(model, params, encoded, inputs, cache, token: Array):
   return logits[:, 0].astype(jnp.float32), state.get('cache', {})
 
 
+def cache_prefix(cache: Any, shapes: Any) -> Any:
+  """The leading slice of every leaf of ``cache`` with the shape of the same
+  leaf of ``shapes`` (e.g. ``jax.eval_shape`` of :func:`init_cache` for fewer
+  positions): the cache of the first positions only (module docstring)."""
+
+  def prefix(x, s):
+    if len(s.shape) != x.ndim or any(a > b for a, b in zip(s.shape, x.shape)):
+      raise ValueError(
+          f'cache_prefix: a cache leaf of shape {s.shape} is not a leading slice '
+          f'of the full cache leaf {x.shape}.'
+      )
+    return x[tuple(slice(0, a) for a in s.shape)]
+
+  return jax.tree.map(prefix, cache, shapes)
+
+
+def put_cache_prefix(cache: Any, prefix: Any) -> Any:
+  """``cache`` with its leading slice replaced by ``prefix`` (:func:`cache_prefix`)."""
+  return jax.tree.map(lambda x, p: lax.dynamic_update_slice(x, p, (0,) * x.ndim), cache, prefix)
+
+
+def _decode_loop(state: dict, step, segments, cache_for=None) -> dict:
+  """Runs ``state = step(state, width)`` while ``state['t'] < end`` and some
+  ``state['done']`` is False, for each segment ``(end, width)``.
+  ``cache_for(width)``: the shapes of the cache for ``width`` positions; then
+  ``state['cache']`` holds the full cache and each segment runs on its
+  leading slice (:func:`cache_prefix`), written back after the segment."""
+  for end, width in segments:
+    full = None
+    if cache_for is not None:
+      full = state['cache']
+      state = dict(state, cache=cache_prefix(full, cache_for(width)))
+    state = lax.while_loop(
+        lambda s, end=end: (s['t'] < end) & ~jnp.all(s['done']),
+        lambda s, width=width: step(s, width),
+        state,
+    )
+    if full is not None:
+      state['cache'] = put_cache_prefix(full, state['cache'])
+  return state
+
+
+def _cache_shapes(model, params, encoded, inputs: Array):
+  """``width -> `` the shapes of :func:`init_cache` for ``width`` positions (nothing computed)."""
+  return lambda width: jax.eval_shape(
+      lambda e, i: init_cache(model, params, e, i, width), encoded, inputs
+  )
+
+
 def _previous_token(tokens: Array, t: Array) -> Array:
   """The decoder input of step t, ``[n]``: BOS (0) at t = 0, else ``tokens[:, t - 1]``."""
   prev = lax.dynamic_index_in_dim(tokens, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
@@ -187,40 +244,36 @@ def greedy_decode(
   """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS.
 
   ``cache``: incremental decoding (module docstring); False: the uncached
-  reference, in segments from ``min_segment`` (unused with the cache).
+  reference. Both run in segments from ``min_segment`` (None: one segment).
   """
   _check(inputs, max_len)
   inputs = jnp.asarray(inputs)
   batch = inputs.shape[0]
   encoded = model.apply(params, inputs, method=model.encode)
-  state = (jnp.int32(0), jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool))
-  if cache:
+  state = dict(
+      t=jnp.int32(0),
+      tokens=jnp.zeros((batch, max_len), jnp.int32),
+      done=jnp.zeros((batch,), bool),
+  )
 
-    def cached_body(s):
-      t, tokens, done, c = s
-      logits, c = _cached_step_logits(model, params, encoded, inputs, c, _previous_token(tokens, t))
-      tok = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-      tokens = lax.dynamic_update_index_in_dim(tokens, tok, t, axis=1)
-      return t + 1, tokens, done | (tok == eos_id), c
-
-    state += (init_cache(model, params, encoded, inputs, max_len),)
-    cond = lambda s: (s[0] < max_len) & ~jnp.all(s[2])
-    return lax.while_loop(cond, cached_body, state)[1]
-  for end, width in _segments(max_len, min_segment):
-
-    def cond(s, end=end):
-      t, _, done = s
-      return (t < end) & ~jnp.all(done)
-
-    def body(s, width=width):
-      t, tokens, done = s
+  def step(s, width):
+    t, tokens = s['t'], s['tokens']
+    out = {}
+    if cache:
+      logits, out['cache'] = _cached_step_logits(
+          model, params, encoded, inputs, s['cache'], _previous_token(tokens, t)
+      )
+    else:
       logits = _step_logits(model, params, encoded, inputs, tokens, t, width)
-      tok = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-      tokens = lax.dynamic_update_index_in_dim(tokens, tok, t, axis=1)
-      return t + 1, tokens, done | (tok == eos_id)
+    tok = jnp.where(s['done'], 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    tokens = lax.dynamic_update_index_in_dim(tokens, tok, t, axis=1)
+    return dict(out, t=t + 1, tokens=tokens, done=s['done'] | (tok == eos_id))
 
-    state = lax.while_loop(cond, body, state)
-  return state[1]
+  cache_for = None
+  if cache:
+    state['cache'] = init_cache(model, params, encoded, inputs, max_len)
+    cache_for = _cache_shapes(model, params, encoded, inputs)
+  return _decode_loop(state, step, _segments(max_len, min_segment), cache_for)['tokens']
 
 
 def beam_search(
@@ -277,7 +330,7 @@ def beam_search_all(
 
   ``cache``: incremental decoding, the ``b * beam_size`` cache rows reordered
   with the surviving hypotheses at every step (module docstring); False: the
-  uncached reference, in segments from ``min_segment``."""
+  uncached reference. Both run in segments from ``min_segment``."""
   _check(inputs, max_len)
   if not isinstance(beam_size, int) or beam_size < 1:
     raise ValueError(f'beam_size={beam_size!r} must be a positive int.')
@@ -346,13 +399,10 @@ def beam_search_all(
         done=done,
     )
 
+  cache_for = None
   if cache:
     state['cache'] = init_cache(model, params, encoded, tiled_inputs, max_len)
     row_axes = cache_row_axes(model, params, encoded, tiled_inputs, max_len)
-  for end, width in [(max_len, None)] if cache else _segments(max_len, min_segment):
-    state = lax.while_loop(
-        lambda s, end=end: (s['t'] < end) & ~jnp.all(s['done']),
-        lambda s, width=width: step(s, width),
-        state,
-    )
+    cache_for = _cache_shapes(model, params, encoded, tiled_inputs)
+  state = _decode_loop(state, step, _segments(max_len, min_segment), cache_for)
   return state['fin_seq'], state['fin_score']
