@@ -6,7 +6,8 @@ two layers) and each ``max_len``: the wall time of one jitted
 ``greedy_decode`` of ``batch`` sources (length ``source_len``, the last third
 padding) to exactly ``max_len`` tokens (``eos_id=-1``: no early stop), with
 ``cache=True`` (incremental decoding) and ``cache=False`` (the reference: the
-prefix re-run in segments from ``min_segment=16``). The two are timed side by
+prefix re-run), both in segments from ``min_segment=16`` (the cached path
+reads the cache's leading slice of the segment's width). The two are timed side by
 side in one process, interleaved, ``repeats`` times after a warm-up call;
 the table has the medians, their ratio and the cached time relative to the
 same decoder's cached time at the previous length. Compilation is excluded.

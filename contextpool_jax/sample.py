@@ -100,20 +100,28 @@ def _sample(
     # Feed positions 0 .. end - 1 (the prompt, then each new token) into a cache
     # of `width` positions: tokens up to index `end` (the token at index t
     # always comes from the logits of position t - 1).
-    end = min(width, total - 1)
-    _, state = model.apply(
-        variables, jnp.zeros((batch, width), jnp.int32), decode=True, mutable=['cache']
-    )
+    # Steps run in decoding's segments, each on the cache's leading slice.
+    from contextpool_jax.training import decoding  # pylint: disable=g-import-not-at-top
 
-    def cached_step(t, carry):
-      tokens, c = carry
-      logits, c = cached_next_token_logits(model, variables, c, tokens[:, t])
+    end = min(width, total - 1)
+    new_cache = lambda w: model.apply(
+        variables, jnp.zeros((batch, w), jnp.int32), decode=True, mutable=['cache']
+    )[1]['cache']
+
+    def cached_step(s, _):
+      t = s['t']
+      logits, c = cached_next_token_logits(model, variables, s['cache'], s['tokens'][:, t])
       key = jax.random.fold_in(rng, t + 1)
       token = choose_tokens(logits, key, temperature=temperature, top_k=top_k)
-      token = jnp.where(t + 1 < prompt_len, tokens[:, t + 1], token)  # keep the prompt
-      return lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1), c
+      token = jnp.where(t + 1 < prompt_len, s['tokens'][:, t + 1], token)  # keep the prompt
+      tokens = lax.dynamic_update_index_in_dim(s['tokens'], token, t + 1, axis=1)
+      return dict(s, t=t + 1, tokens=tokens, cache=c)
 
-    tokens, _ = lax.fori_loop(0, end, cached_step, (tokens, state['cache']))
+    state = dict(
+        t=jnp.int32(0), tokens=tokens, done=jnp.zeros((batch,), bool), cache=new_cache(width)
+    )
+    cache_for = lambda w: jax.eval_shape(lambda: new_cache(w))
+    tokens = decoding.segmented_loop(state, cached_step, end, 16, cache_for)['tokens']
     first = max(prompt_len, end + 1)
 
   def step(t, tokens):

@@ -282,8 +282,8 @@ def test_bfloat16_cached_decoding_is_finite(case):
 
 def test_decode_needs_a_causal_stack_and_no_mask():
   model = T.Transformer(**TINY)
-  with pytest.raises(ConfigError, match='needs causal=True'):
-    T.MultiHeadAttention(model.config, decode=True).init(
+  with pytest.raises(ConfigError, match='needs causal=True'):  # area over a memory
+    T.MultiHeadAttention(model.config, kind='area', decode=True).init(
         jax.random.key(0), jnp.ones((1, 3, 16)), jnp.ones((1, 3, 16)), None, True
     )
   with pytest.raises(ValueError, match='mask=None'):

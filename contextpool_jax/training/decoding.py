@@ -161,13 +161,17 @@ def put_cache_prefix(cache: Any, prefix: Any) -> Any:
   return jax.tree.map(lambda x, p: lax.dynamic_update_slice(x, p, (0,) * x.ndim), cache, prefix)
 
 
-def _decode_loop(state: dict, step, segments, cache_for=None) -> dict:
-  """Runs ``state = step(state, width)`` while ``state['t'] < end`` and some
-  ``state['done']`` is False, for each segment ``(end, width)``.
+def segmented_loop(
+    state: dict, step, max_len: int, min_segment: Optional[int], cache_for=None
+) -> dict:
+  """The decoding loop: ``state = step(state, width)`` while ``state['t'] <
+  max_len`` and some ``state['done']`` is False, as one ``lax.while_loop``
+  per segment ``(end, width)`` of static width ``min_segment, 2 *
+  min_segment, ..., max_len`` (module docstring; None: one segment).
   ``cache_for(width)``: the shapes of the cache for ``width`` positions; then
   ``state['cache']`` holds the full cache and each segment runs on its
   leading slice (:func:`cache_prefix`), written back after the segment."""
-  for end, width in segments:
+  for end, width in _segments(max_len, min_segment):
     full = None
     if cache_for is not None:
       full = state['cache']
@@ -273,7 +277,7 @@ def greedy_decode(
   if cache:
     state['cache'] = init_cache(model, params, encoded, inputs, max_len)
     cache_for = _cache_shapes(model, params, encoded, inputs)
-  return _decode_loop(state, step, _segments(max_len, min_segment), cache_for)['tokens']
+  return segmented_loop(state, step, max_len, min_segment, cache_for)['tokens']
 
 
 def beam_search(
@@ -404,5 +408,5 @@ def beam_search_all(
     state['cache'] = init_cache(model, params, encoded, tiled_inputs, max_len)
     row_axes = cache_row_axes(model, params, encoded, tiled_inputs, max_len)
     cache_for = _cache_shapes(model, params, encoded, tiled_inputs)
-  state = _decode_loop(state, step, _segments(max_len, min_segment), cache_for)
+  state = segmented_loop(state, step, max_len, min_segment, cache_for)
   return state['fin_seq'], state['fin_score']
