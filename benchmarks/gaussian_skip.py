@@ -32,6 +32,7 @@ import inspect as _inspect_module
 import pathlib
 import statistics
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -57,6 +58,9 @@ _FEATURES = flags.DEFINE_integer('features', 256, 'Token width (the default LM: 
 _WINDOWS = flags.DEFINE_integer('windows', 16, 'Text windows of 256 bytes the sizes come from.')
 _FORWARD_ONLY = flags.DEFINE_integer(
     'forward_only_from', 32768, 'From this length on: forward only, one repeat.'
+)
+_NEEDED = flags.DEFINE_bool(
+    'needed', False, 'Print the least work of exact skipping (needed_share) and stop.'
 )
 _OUT = flags.DEFINE_string(
     'out',
@@ -154,6 +158,52 @@ def measure(
   )
 
 
+def needed_share(
+    sizes: dict[str, np.ndarray],
+    ratio: float,
+    n: int,
+    nats: float,
+    blocks: tuple[int, ...],
+    sort_block: int = 512,
+) -> dict[Any, float]:
+  """The least work any exact skipping at ``nats`` must do, from the learned sizes
+  at length n: ``{granularity: share}`` of the causal pairs (i, j <= i) lying in a
+  (row block of ``g`` centres, key block of ``g`` inputs) tile holding at least
+  one pair whose logit ``a_j - (i - j)^2 / (2 sigma_i^2)`` is within ``nats`` of
+  its row's maximum (granularity 1: the pairs themselves). A tile with no such
+  pair is what :func:`_skip_block`'s bound could at best leave out; one with
+  one must be computed. ``('sorted', g)``: the same with each block of
+  ``sort_block`` centres sorted by sigma before it is cut into row groups of
+  g (narrow centres together), whole g x g tiles counted. Exact (float64
+  numpy, row by row)."""
+  s = np.resize(sizes['s'], n)
+  a = np.resize(sizes['a'], n)
+  sigma = ratio * np.arange(1, n + 1) * s
+  need = np.zeros((n, n), bool)
+  for i in range(n):
+    j = np.arange(i + 1)
+    logits = a[: i + 1] - np.square(i - j) / (2.0 * np.square(max(sigma[i], 1e-6)))
+    need[i, : i + 1] = logits >= logits.max() - nats
+  causal = n * (n + 1) / 2
+  out = {1: float(need.sum()) / causal}
+  for g in blocks:
+    tiles = need.reshape(n // g, g, n // g, g).any(axis=(1, 3))
+    rows, cols = np.indices(tiles.shape)
+    # Pairs each needed tile holds on or below the diagonal.
+    per_tile = np.where(rows > cols, g * g, np.where(rows == cols, g * (g + 1) / 2, 0))
+    out[g] = float((tiles * per_tile).sum()) / causal
+    # Row groups: each block of ``sort_block`` centres sorted by sigma, then g
+    # sorted centres x g inputs per tile (whole tiles counted).
+    work = 0
+    for b0 in range(0, n, sort_block):
+      order = b0 + np.argsort(sigma[b0 : b0 + sort_block], kind='stable')
+      for g0 in range(0, len(order), g):
+        rows_g = order[g0 : g0 + g]
+        work += need[rows_g].reshape(len(rows_g), n // g, g).any(axis=(0, 2)).sum() * g * g
+    out[('sorted', g)] = work / causal
+  return out
+
+
 def main(argv):
   del argv
   if not _WORKDIR.value:
@@ -161,6 +211,35 @@ def main(argv):
         '--workdir: a trained default LM (python train.py --config configs/default.py).'
     )
   layers, ratio = learned_sizes(_WORKDIR.value, _WINDOWS.value)
+  if _NEEDED.value:
+    blocks = (64, 128, 256, 512)
+    lines = [
+        f'# Least work of exact Gaussian skipping at {cp.GAUSSIAN_SKIP_NATS:g} nats '
+        f'(`python -m benchmarks.gaussian_skip --workdir <default LM> --needed`)',
+        '',
+        'Share of the causal pairs in tiles (g centres x g inputs) holding a pair within '
+        f'{cp.GAUSSIAN_SKIP_NATS:g} nats of its row maximum (pairs: g = 1; sorted rows: each '
+        '512-centre block sorted by sigma first); 1 / share bounds the speed-up of any exact '
+        'skipping at that granularity over the causal blockwise pass.',
+        '',
+        '| layer | n | pairs | '
+        + ' | '.join(f'g = {g}' for g in blocks)
+        + ' | '
+        + ' | '.join(f'sorted rows, g = {g}' for g in blocks)
+        + ' |',
+        '|---|---:|---:|' + '---:|' * (2 * len(blocks)),
+    ]
+    for layer, sizes in layers.items():
+      for n in map(int, _LENGTHS.value):
+        if n > 8192:
+          continue  # an n x n bool matrix
+        share = needed_share(sizes, ratio, n, cp.GAUSSIAN_SKIP_NATS, blocks)
+        keys = (1,) + blocks + tuple(('sorted', g) for g in blocks)
+        cells = ' | '.join(f'{100 * share[k]:.1f}%' for k in keys)
+        lines.append(f'| {layer} | {n} | {cells} |')
+        print(lines[-1], flush=True)
+    print('\n'.join(lines))
+    return
   skip_block = _SKIP_BLOCK.value or _BLOCK.value
   rule = cp.ContextPool(causal=True).pool_rule((0,), dropout=False)
   lines = [

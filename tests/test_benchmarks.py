@@ -170,3 +170,30 @@ def test_gaussian_skip_scales_learned_sizes_as_r_n_s():
   )
   np.testing.assert_allclose(np.asarray(inputs.context.log_w[0]), np.resize(a, 7))
   assert inputs.context.x.shape == (1, 7, 4)
+
+
+def test_gaussian_skip_needed_share_bounds():
+  """benchmarks.gaussian_skip.needed_share: tiny sigmas need only the diagonal
+  (each row's maximum is its own position), equal log weights and huge sigmas
+  need every causal pair; tiles round up to whole needed tiles."""
+  import numpy as np
+
+  from benchmarks import gaussian_skip
+
+  n = 16
+  causal = n * (n + 1) / 2
+  narrow = gaussian_skip.needed_share(
+      {'s': np.full(n, 1e-9), 'a': np.zeros(n)}, 0.1, n, 18.0, (4,), 8
+  )
+  assert narrow[1] == n / causal  # the diagonal
+  assert narrow[4] == 4 * (4 * 5 / 2) / causal  # the diagonal tiles' causal pairs
+  assert narrow[('sorted', 4)] == n * 4 / causal  # one whole 4 x 4 tile per row group
+  wide = gaussian_skip.needed_share({'s': np.full(n, 1e9), 'a': np.zeros(n)}, 0.1, n, 18.0, (4,), 8)
+  assert wide[1] == 1.0 and wide[4] == 1.0
+  # With wide sigmas, an input whose log weight is 100 nats above the rest is the
+  # maximum of every row and the only pair within 18 nats of it.
+  a = np.zeros(n)
+  a[0] = 100.0
+  heavy = gaussian_skip.needed_share({'s': np.full(n, 1e9), 'a': a}, 0.1, n, 18.0, (4,), 8)
+  assert heavy[1] == n / causal
+  assert heavy[4] == (n // 4) * 16 / causal - (16 - 10) / causal  # column 0's tiles
