@@ -312,6 +312,7 @@ def test_lm_sampler_same_tokens_with_and_without_cache(case):
       dict(length=6, context=16, temperature=0),  # all inside the context
       dict(length=9, context=5, temperature=0),  # then a sliding window
       dict(length=6, context=16, temperature=1.0, top_k=5, seed=3),
+      dict(length=30, context=40, temperature=0),  # cached segments 16 and 32
   ):
     cached = sample.sample_tokens(model, params, prompt, cache=True, **kw)
     reference = sample.sample_tokens(model, params, prompt, cache=False, **kw)
