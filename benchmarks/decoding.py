@@ -6,7 +6,7 @@ two layers) and each ``max_len``: the wall time of one jitted
 ``greedy_decode`` of ``batch`` sources (length ``source_len``, the last third
 padding) to exactly ``max_len`` tokens (``eos_id=-1``: no early stop), with
 ``cache=True`` (incremental decoding) and ``cache=False`` (the reference: the
-prefix re-run), both in segments from ``min_segment=16`` (the cached path
+prefix re-run), both in segments from ``decoding.MIN_SEGMENT`` (the cached path
 reads the cache's leading slice of the segment's width). The two are timed side by
 side in one process, interleaved, ``repeats`` times after a warm-up call;
 the table has the medians, their ratio and the cached time relative to the
@@ -59,9 +59,7 @@ def measure(name, max_len, *, batch, source_len, vocab, repeats, uncached):
   src = src.at[:, source_len - source_len // 3 :].set(0)
   params = jax.jit(model.init)(jax.random.key(1), src, jnp.ones((batch, 4), jnp.int32))
   run = lambda cache: jax.jit(
-      functools.partial(
-          decoding.greedy_decode, model, max_len=max_len, eos_id=-1, cache=cache, min_segment=16
-      )
+      functools.partial(decoding.greedy_decode, model, max_len=max_len, eos_id=-1, cache=cache)
   )
   fns = {'cached': run(True)}
   if uncached:

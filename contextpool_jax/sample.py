@@ -121,7 +121,9 @@ def _sample(
         t=jnp.int32(0), tokens=tokens, done=jnp.zeros((batch,), bool), cache=new_cache(width)
     )
     cache_for = lambda w: jax.eval_shape(lambda: new_cache(w))
-    tokens = decoding.segmented_loop(state, cached_step, end, 16, cache_for)['tokens']
+    tokens = decoding.segmented_loop(state, cached_step, end, decoding.MIN_SEGMENT, cache_for)[
+        'tokens'
+    ]
     first = max(prompt_len, end + 1)
 
   def step(t, tokens):

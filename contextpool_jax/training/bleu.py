@@ -54,7 +54,7 @@ def make_decode_fn(
     beam_size: Optional[int] = 4,
     alpha: float = 0.6,
     eos_id: int = 1,
-    min_segment: Optional[int] = 16,
+    min_segment: Optional[int] = decoding.MIN_SEGMENT,
 ) -> Callable[[Any, Any], jax.Array]:
   """A jitted ``(params, inputs) -> ids [b, max_len]``: beam search, or greedy if
   ``beam_size`` is None."""
@@ -85,7 +85,7 @@ def decode_and_score(
     beam_size: Optional[int] = 4,
     alpha: float = 0.6,
     eos_id: int = 1,
-    min_segment: Optional[int] = 16,
+    min_segment: Optional[int] = decoding.MIN_SEGMENT,
     references: Optional[Sequence[str]] = None,
     decode_fn: Optional[Callable[[Any, Any], Any]] = None,
     max_batches: Optional[int] = None,

@@ -77,6 +77,9 @@ from jax import lax
 Array = jax.Array
 
 NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic NaN-free
+# The first segment's width (module docstring): short outputs compile one small
+# loop; longer ones double the width, so a step reads under twice its position.
+MIN_SEGMENT = 16
 
 
 def length_penalty(length, alpha: float):
@@ -242,7 +245,7 @@ def greedy_decode(
     *,
     max_len: int,
     eos_id: int = 1,
-    min_segment: Optional[int] = 16,
+    min_segment: Optional[int] = MIN_SEGMENT,
     cache: bool = True,
 ) -> Array:
   """Greedy decoding: int32 ``[batch, max_len]``, 0 after the first EOS.
@@ -289,7 +292,7 @@ def beam_search(
     alpha: float = 0.6,
     max_len: int,
     eos_id: int = 1,
-    min_segment: Optional[int] = 16,
+    min_segment: Optional[int] = MIN_SEGMENT,
     cache: bool = True,
 ) -> Array:
   """Beam search (module docstring): the best hypothesis, int32 ``[batch, max_len]``."""
@@ -326,7 +329,7 @@ def beam_search_all(
     alpha: float = 0.6,
     max_len: int,
     eos_id: int = 1,
-    min_segment: Optional[int] = 16,
+    min_segment: Optional[int] = MIN_SEGMENT,
     cache: bool = True,
 ) -> tuple[Array, Array]:
   """All finished hypotheses: ids ``[batch, beam_size, max_len]`` and scores
