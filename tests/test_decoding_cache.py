@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from contextpool_jax.errors import ConfigError
+from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.context_pool import ContextPool
 
 B, N, D = 2, 11, 6
@@ -246,6 +247,12 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
   area = dec['layer_0']['self_attention']['area']  # W = 2
   chex.assert_shape(area['cached_key'], (2, TINY['num_heads'], 1 + max_len, head_dim))
   assert 'cached_area_key' not in area  # the basic form steps through the items
+  # Cross-attention (area in layer 0, standard in layer 1) caches the source once.
+  source_len = SOURCE.shape[1]
+  cross_area = dec['layer_0']['cross_attention']['area']['cached_memory_key']
+  chex.assert_shape(cross_area, (2, source_len, TINY['num_heads'], head_dim))
+  cross_std = dec['layer_1']['cross_attention']['cached_memory_key']
+  chex.assert_shape(cross_std, (2, TINY['num_heads'], source_len, head_dim))
   std = dec['layer_1']['self_attention']
   chex.assert_shape(std['cached_key'], (2, TINY['num_heads'], max_len, head_dim))
   pool = dec['layer_0']['context_pool']
@@ -280,12 +287,11 @@ def test_bfloat16_cached_decoding_is_finite(case):
   chex.assert_shape(ids, (2, 8))
 
 
-def test_decode_needs_a_causal_stack_and_no_mask():
+def test_decode_needs_a_1d_area_memory_and_no_mask():
   model = T.Transformer(**TINY)
-  with pytest.raises(ConfigError, match='needs causal=True'):  # area over a memory
-    T.MultiHeadAttention(model.config, kind='area', decode=True).init(
-        jax.random.key(0), jnp.ones((1, 3, 16)), jnp.ones((1, 3, 16)), None, True
-    )
+  grid = jnp.ones((1, 2, 2, 16))  # causal area decoding runs over a sequence only
+  with pytest.raises(ConfigError, match='needs a 1D memory'):
+    AreaAttention(num_heads=2, causal=True, decode=True).init(jax.random.key(0), grid)
   with pytest.raises(ValueError, match='mask=None'):
     T.MultiHeadAttention(model.config, causal=True, decode=True).init(
         jax.random.key(0),

@@ -988,6 +988,12 @@ class AreaAttention(nn.Module):
       collection and returns the ordinary output; every later call takes one
       query ``[batch, 1, features]`` (``mask=None``, ``deterministic=True``)
       and attends over the areas ending at or before it (:meth:`_decode_step`).
+      Non-causal (cross-attention over a fixed memory, e.g. the encoder
+      output): the first call stores the memory's projected item keys and
+      values (``cached_memory_key`` / ``cached_memory_value`` ``[batch,
+      kv_len, heads, depth]``) and later calls read them instead of
+      projecting the memory again; the areas and the mask are those of the
+      ordinary call.
   """
 
   num_heads: int
@@ -1121,8 +1127,10 @@ class AreaAttention(nn.Module):
         use_bias=self.use_bias,
     )
     query = dense(name='query')(x_q)
-    key = dense(name='key')(x_kv)
-    value = dense(name='value')(x_kv)
+    if self.decode and not self.causal:  # a fixed memory: projected once, cached
+      key, value = self._memory_keys_values(dense, x_kv)
+    else:
+      key, value = dense(name='key')(x_kv), dense(name='value')(x_kv)
 
     learned_key = None
     if learned is not None:
@@ -1149,7 +1157,7 @@ class AreaAttention(nn.Module):
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     cache = None
-    if self.decode:  # a cached step, or the call that creates the cache
+    if self.decode and self.causal:  # a cached step, or the call that creates the cache
       self._check_decode(x_q, x_kv, memory_height, mask, deterministic)
       cache = self._area_cache(key, value, self._steps_through_items(learned_key))
     if cache is not None:
@@ -1189,14 +1197,27 @@ class AreaAttention(nn.Module):
 
   # -- incremental decoding (decode=True) ------------------------------------
 
+  def _memory_keys_values(self, dense, x_kv: Array) -> tuple[Array, Array]:
+    """The fixed memory's item keys and values (``decode=True``, not causal):
+    projected and stored by the first call, read by later ones."""
+    if self.has_variable('cache', 'cached_memory_key'):
+      return (
+          self.get_variable('cache', 'cached_memory_key'),
+          self.get_variable('cache', 'cached_memory_value'),
+      )
+    key, value = dense(name='key')(x_kv), dense(name='value')(x_kv)
+    self.variable('cache', 'cached_memory_key', lambda: key)
+    self.variable('cache', 'cached_memory_value', lambda: value)
+    return key, value
+
   def _check_decode(self, x_q, x_kv, memory_height, mask, deterministic) -> None:
     """Raises unless this is causal 1D self-attention at inference."""
     owner = 'AreaAttention'
-    if not self.causal or memory_height != 1 or self.max_area_height != 1:
+    if memory_height != 1 or self.max_area_height != 1:
       raise ConfigError(
-          f'{owner}.decode=True needs causal=True on a 1D memory (memory_height=1, '
-          f'max_area_height=1); got causal={self.causal!r}, memory_height='
-          f'{memory_height!r}, max_area_height={self.max_area_height!r}.'
+          f'{owner}.decode=True with causal=True needs a 1D memory (memory_height=1, '
+          f'max_area_height=1); got memory_height={memory_height!r}, '
+          f'max_area_height={self.max_area_height!r}.'
       )
     if mask is not None or not deterministic or x_q.shape[1] != x_kv.shape[1]:
       raise ValueError(

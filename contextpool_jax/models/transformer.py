@@ -207,14 +207,15 @@ class MultiHeadAttention(nn.Module):
   step reads them instead of projecting the whole memory again (that
   projection was ~3/4 of a tiny decoder step's FLOPs at source length 32).
   The step's ``inputs_kv`` is then unused; ``mask`` (the source padding) is
-  applied as usual. Area cross-attention has no cache (it recomputes).
+  applied as usual. Area cross-attention caches the memory's projected item
+  keys and values the same way (:class:`AreaAttention`).
 
   Attributes:
     config: heads, windows, area options, ``attention_dropout_rate``, dtypes.
     kind: ``'standard' | 'local' | 'area'``, this call site's.
     causal: mask keys after the query.
     decode: incremental decoding with a key/value cache (see above); for
-      non-causal standard attention, a cache of the fixed memory's keys and values.
+      non-causal attention (standard or area), a cache of the fixed memory's keys and values.
   """
 
   config: TransformerConfig
@@ -432,9 +433,8 @@ class TransformerLayer(nn.Module):
 
   def make_attention(self, kind: str, causal: bool, name: str) -> MultiHeadAttention:
     """The layer's attention modules (self and cross), all built here."""
-    # Causal self-attention caches decoded tokens; standard cross-attention its memory.
-    decode = self.decode and (name == 'self_attention' or kind != 'area')
-    return MultiHeadAttention(self.config, kind=kind, causal=causal, decode=decode, name=name)
+    # decode: causal self-attention caches decoded tokens, cross-attention its memory.
+    return MultiHeadAttention(self.config, kind=kind, causal=causal, decode=self.decode, name=name)
 
   @nn.compact
   def __call__(
