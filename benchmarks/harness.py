@@ -9,7 +9,11 @@ returns a row dict:
 
 * ``params``: parameter count, from ``jax.eval_shape`` of ``module.init``
   (nothing is allocated).
-* ``gflops``: ``cost_analysis()['flops']`` of the compiled step / 1e9.
+* ``gflops``: ``cost_analysis()['flops']`` of the compiled step / 1e9. XLA
+  counts the body of a ``while`` loop (``lax.map``, ``lax.scan``) once, not
+  once per trip, so for a step with a loop (e.g. area attention's query
+  blocks) it is a lower bound: ``gflops_lower_bound`` is then True and tables
+  print it as ``>=``.
 * ``temp_mib``: ``memory_analysis().temp_size_in_bytes`` of the compiled
   step (activations kept for the backward pass, gradients, workspace);
   ``total_mib`` adds the arguments and outputs not aliased to them (params,
@@ -129,7 +133,9 @@ def synthetic_state(
 def compiled_cost(compiled) -> dict[str, float]:
   """XLA's numbers for a compiled program: ``flops`` (``cost_analysis()``),
   ``temp_bytes`` and ``total_bytes`` = temp + arguments + outputs - aliased
-  (donated) buffers, i.e. its peak device memory as planned (NaN if unknown)."""
+  (donated) buffers, i.e. its peak device memory as planned (NaN if unknown),
+  and ``has_loop``: whether the program has a ``while`` loop, whose body
+  ``flops`` counts once (so ``flops`` is then a lower bound)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
     cost = cost[0] if cost else {}
@@ -146,6 +152,7 @@ def compiled_cost(compiled) -> dict[str, float]:
       'flops': float((cost or {}).get('flops', math.nan)),
       'temp_bytes': temp,
       'total_bytes': total,
+      'has_loop': ' while(' in compiled.as_text(),
   }
 
 
@@ -222,6 +229,7 @@ def measure_row(
       variant=name,
       params=count_params(params_shape),
       gflops=cost['flops'] / 1e9,
+      gflops_lower_bound=cost['has_loop'],
       temp_mib=cost['temp_bytes'] / 2**20,
       total_mib=total / 2**20,
       step_ms=None,
@@ -234,7 +242,7 @@ def measure_row(
       note='',
   )
   log(
-      f'  {name}: {row["params"]:,} params, {row["gflops"]:.2f} GFLOPs, temp '
+      f'  {name}: {row["params"]:,} params, {gflops_cell(row)} GFLOPs, temp '
       f'{row["temp_mib"]:.1f} MiB, total {row["total_mib"]:.1f} MiB, compiled in '
       f'{compile_s:.1f} s'
   )
@@ -368,6 +376,13 @@ _MEASURED_HEADERS = (
 )
 
 
+def gflops_cell(row: Mapping[str, Any], key: str = 'gflops', fmt: str = '{:.2f}') -> str:
+  """``row[key]`` formatted, ``>=`` first when the step has a loop whose body
+  XLA counted once (``gflops_lower_bound``; module docstring), ``-`` if unknown."""
+  cell = _fmt(row.get(key), fmt)
+  return '>=' + cell if row.get('gflops_lower_bound') and cell != '-' else cell
+
+
 def markdown(rows: Sequence[dict[str, Any]], paper_columns: Sequence[PaperColumn] = ()) -> str:
   """A markdown table: each measured column and its ratio, then the paper's."""
   headers = ['variant']
@@ -385,7 +400,10 @@ def markdown(rows: Sequence[dict[str, Any]], paper_columns: Sequence[PaperColumn
   for r in rows:
     cells = [r['variant'] + (f' ({r["note"]})' if r.get('note') else '')]
     for key, _, fmt in _MEASURED_HEADERS:
-      cells += [_fmt(r.get(key), fmt), _fmt(r.get(f'{key}_rel'), '{:.3f}')]
+      if key == 'gflops':
+        cells += [gflops_cell(r), gflops_cell(r, 'gflops_rel', '{:.3f}')]
+      else:
+        cells += [_fmt(r.get(key), fmt), _fmt(r.get(f'{key}_rel'), '{:.3f}')]
     for p in paper_columns:
       cells.append(_fmt(r.get(p.key), p.fmt))
       if p.relative:
@@ -398,7 +416,7 @@ def csv_fields(paper_columns: Sequence[PaperColumn] = ()) -> list[str]:
   fields = ['table', 'variant']
   for c in MEASURED:
     fields += [c, f'{c}_rel']
-  fields += ['step_ms_min', 'step_ms_max', 'step_ratio', 'repeats', 'compile_s', 'loss']
+  fields += ['gflops_lower_bound', 'step_ms_min', 'step_ms_max', 'step_ratio', 'repeats', 'compile_s', 'loss']
   for p in paper_columns:
     fields.append(p.key)
     if p.relative:

@@ -197,3 +197,17 @@ def test_gaussian_skip_needed_share_bounds():
   heavy = gaussian_skip.needed_share({'s': np.full(n, 1e9), 'a': a}, 0.1, n, 18.0, (4,), 8)
   assert heavy[1] == n / causal
   assert heavy[4] == (n // 4) * 16 / causal - (16 - 10) / causal  # column 0's tiles
+
+
+def test_compiled_cost_flags_a_loop_whose_body_xla_counts_once():
+  """cost_analysis() counts a while loop's body once: a program doing the same
+  matmul 8 times in lax.map reports (about) the FLOPs of one, and is flagged."""
+  x = jnp.ones((8, 64, 64), jnp.float32)
+  looped = jax.jit(lambda x: jax.lax.map(lambda a: a @ a, x)).lower(x).compile()
+  unrolled = jax.jit(lambda x: jnp.einsum('bij,bjk->bik', x, x)).lower(x).compile()
+  loop_cost, flat_cost = harness.compiled_cost(looped), harness.compiled_cost(unrolled)
+  assert loop_cost['has_loop'] and not flat_cost['has_loop']
+  assert loop_cost['flops'] < flat_cost['flops'] / 4  # why the flag is needed
+  assert harness.gflops_cell({'gflops': 1.5, 'gflops_lower_bound': True}) == '>=1.50'
+  assert harness.gflops_cell({'gflops': 1.5}) == '1.50'
+  assert harness.gflops_cell({'gflops': None, 'gflops_lower_bound': True}) == '-'

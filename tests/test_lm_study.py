@@ -91,6 +91,7 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   costs = lm_study.load_costs(study)
   assert costs[('cp', 1)]['gflops'] > costs[('baseline', 1)]['gflops'] > 0
   assert costs[('baseline', 1)]['step_ratio'] == 1.0 and costs[('cp', 1)]['step_ratio'] > 0
+  assert not costs[('cp', 1)]['gflops_lower_bound']  # dense pooling: no loop in the step
 
   out = tmp_path / 'report'
   written = {p.name for p in lm_study.write_report(study, out)}
@@ -157,3 +158,21 @@ def test_images_group_trains_resnets_on_the_digits_and_reports_error(tmp_path):
   written = {p.name for p in lm_study.write_report(study, tmp_path / 'report')}
   assert written == {'lm_study_runs.csv', 'lm_study_digits.md'}
   assert 'val error %' in (tmp_path / 'report' / 'lm_study_digits.md').read_text()
+
+
+def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
+  def result(arm, seed, bpc):
+    return dict(
+        corpus='code', arm=arm, depth=2, steps=10, seed=seed, key=f'{arm}{seed}',
+        val_bpc=bpc, test_bpc=bpc, val_curve=[[10, bpc]],
+    )
+
+  results = [result(a, s, 2.0 + s) for a in ('baseline', 'area') for s in (0, 1)]
+  costs = {
+      ('baseline', 2): dict(gflops=14.0, step_ratio=1.0),
+      ('area', 2): dict(gflops=11.4, gflops_lower_bound=True, step_ratio=1.7),
+  }
+  md = lm_study.corpus_report(results, costs, 'code')
+  assert '| 14.00 | 1.000x |' in md and '| >=11.40 | 1.700x |' in md
+  assert 'lower bound' in md
+  assert 'lower bound' not in lm_study.corpus_report(results, {('baseline', 2): costs[('baseline', 2)]}, 'code')
