@@ -416,7 +416,15 @@ def csv_fields(paper_columns: Sequence[PaperColumn] = ()) -> list[str]:
   fields = ['table', 'variant']
   for c in MEASURED:
     fields += [c, f'{c}_rel']
-  fields += ['gflops_lower_bound', 'step_ms_min', 'step_ms_max', 'step_ratio', 'repeats', 'compile_s', 'loss']
+  fields += [
+      'gflops_lower_bound',
+      'step_ms_min',
+      'step_ms_max',
+      'step_ratio',
+      'repeats',
+      'compile_s',
+      'loss',
+  ]
   for p in paper_columns:
     fields.append(p.key)
     if p.relative:

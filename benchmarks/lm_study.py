@@ -537,7 +537,7 @@ def corpus_report(
   if any(costs.get((r['arm'], r['depth']), {}).get('gflops_lower_bound') for r in rs):
     lines += [
         '',
-        '`>=`: the step has a loop (area attention\'s query blocks) whose body XLA\'s'
+        "`>=`: the step has a loop (area attention's query blocks) whose body XLA's"
         ' `cost_analysis()` counts once, so its GFLOPs are a lower bound.',
     ]
   lines += ['', f'### Learning curves (validation {name}, mean over seeds)', '']

@@ -163,8 +163,15 @@ def test_images_group_trains_resnets_on_the_digits_and_reports_error(tmp_path):
 def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
   def result(arm, seed, bpc):
     return dict(
-        corpus='code', arm=arm, depth=2, steps=10, seed=seed, key=f'{arm}{seed}',
-        val_bpc=bpc, test_bpc=bpc, val_curve=[[10, bpc]],
+        corpus='code',
+        arm=arm,
+        depth=2,
+        steps=10,
+        seed=seed,
+        key=f'{arm}{seed}',
+        val_bpc=bpc,
+        test_bpc=bpc,
+        val_curve=[[10, bpc]],
     )
 
   results = [result(a, s, 2.0 + s) for a in ('baseline', 'area') for s in (0, 1)]
@@ -175,4 +182,6 @@ def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
   md = lm_study.corpus_report(results, costs, 'code')
   assert '| 14.00 | 1.000x |' in md and '| >=11.40 | 1.700x |' in md
   assert 'lower bound' in md
-  assert 'lower bound' not in lm_study.corpus_report(results, {('baseline', 2): costs[('baseline', 2)]}, 'code')
+  assert 'lower bound' not in lm_study.corpus_report(
+      results, {('baseline', 2): costs[('baseline', 2)]}, 'code'
+  )
