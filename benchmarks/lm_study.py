@@ -15,6 +15,13 @@ with a result and resumes an interrupted run from its last checkpoint (the
 trainer's own resume, every ``eval_every`` steps). Stop the study at any time
 (Ctrl-C, SIGTERM: the running trainer saves its step) and start it again.
 
+**Several processes.** Start the same command twice (e.g. one per core, each
+``nice``): a process claims each run before training it (:func:`claim`), so the
+two never train the same run and share the list. On this 2-core machine two
+processes together ran 4.5 steps/s against 3.5 for one alone (depth 2): the
+trainer's input pipeline, evaluation and checkpoints then overlap the other's
+steps.
+
 **Paired by seed.** Every arm of a comparison runs with the same seeds; a seed
 fixes the data order and the initialisation of every parameter whose path and
 shape the arms share (flax folds the module path into the key), so differences
@@ -291,6 +298,51 @@ def result_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
   return study_dir / 'results' / f'{run.key}.json'
 
 
+def _claim_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
+  return study_dir / 'runs' / f'{run.key}.claim'
+
+
+def _alive_study_process(pid: int) -> bool:
+  """Whether ``pid`` is a running ``benchmarks.lm_study`` process (a claim by
+  any other, or by a process gone since, e.g. before a restart, is stale)."""
+  try:
+    cmdline = pathlib.Path(f'/proc/{pid}/cmdline').read_bytes()
+  except OSError:
+    return False
+  return b'lm_study' in cmdline
+
+
+def claim(study_dir: pathlib.Path, run: Run) -> bool:
+  """Takes ``run`` for this process, so that several study processes started
+  on the same ``study_dir`` (one per core is faster than one alone: module
+  docstring) never train the same run: False if a live study process holds it.
+  The claim is ``<study_dir>/runs/<key>.claim`` holding the holder's pid; a
+  stale one is taken over; :func:`release` removes it."""
+  path = _claim_path(study_dir, run)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  me = str(os.getpid())
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+  except FileExistsError:
+    try:
+      holder = int(path.read_text() or 0)
+    except (OSError, ValueError):
+      holder = 0
+    if holder and holder != os.getpid() and _alive_study_process(holder):
+      return False
+    tmp = path.with_name(f'{path.name}.{me}')
+    tmp.write_text(me)
+    os.replace(tmp, path)  # take the stale claim over
+    return path.read_text() == me  # another taker may have replaced it meanwhile
+  with os.fdopen(fd, 'w') as f:
+    f.write(me)
+  return True
+
+
+def release(study_dir: pathlib.Path, run: Run) -> None:
+  _claim_path(study_dir, run).unlink(missing_ok=True)
+
+
 def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]:
   """Trains (or resumes) ``run`` in this process and records its result."""
   import shutil  # pylint: disable=g-import-not-at-top
@@ -367,16 +419,24 @@ def run_all(
   for i, run in enumerate(runs):
     if result_path(study_dir, run).exists():
       continue
-    log(f'[{i + 1}/{len(runs)}] {run.key}')
-    if in_process:
-      train_one(run, sizes, study_dir)
-    else:
-      cmd = [sys.executable, '-m', 'benchmarks.lm_study', f'--study_dir={study_dir}']
-      cmd += [f'--train_one={run.key}'] + _size_flags(sizes)
-      proc = subprocess.run(cmd, cwd=ROOT, check=False)
-      if proc.returncode:
-        raise SystemExit(f'{run.key} exited with {proc.returncode}; rerun to resume.')
-    trained.append(run)
+    if not claim(study_dir, run):
+      log(f'[{i + 1}/{len(runs)}] {run.key}: another study process is training it; next')
+      continue
+    try:
+      if result_path(study_dir, run).exists():  # finished while we were claiming it
+        continue
+      log(f'[{i + 1}/{len(runs)}] {run.key}')
+      if in_process:
+        train_one(run, sizes, study_dir)
+      else:
+        cmd = [sys.executable, '-m', 'benchmarks.lm_study', f'--study_dir={study_dir}']
+        cmd += [f'--train_one={run.key}'] + _size_flags(sizes)
+        proc = subprocess.run(cmd, cwd=ROOT, check=False)
+        if proc.returncode:
+          raise SystemExit(f'{run.key} exited with {proc.returncode}; rerun to resume.')
+      trained.append(run)
+    finally:
+      release(study_dir, run)
   return trained
 
 

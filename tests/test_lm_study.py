@@ -2,6 +2,8 @@
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -185,3 +187,30 @@ def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
   assert 'lower bound' not in lm_study.corpus_report(
       results, {('baseline', 2): costs[('baseline', 2)]}, 'code'
   )
+
+
+def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
+  study = tmp_path / 'study'
+  run = lm_study.Run('code', 'baseline', 1, TINY.steps, 0)
+  # A stand-in for another study process: its command line names lm_study.
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import time; time.sleep(60)', 'benchmarks.lm_study']
+  )
+  try:
+    path = study / 'runs' / f'{run.key}.claim'
+    path.parent.mkdir(parents=True)
+    path.write_text(str(holder.pid))
+    assert lm_study.run_all([run], TINY, study, in_process=True, log=lambda s: None) == []
+    assert not lm_study.result_path(study, run).exists() and path.read_text() == str(holder.pid)
+  finally:
+    holder.kill()
+    holder.wait()
+  # Its holder gone, the claim is stale: taken over, trained, released.
+  assert lm_study.run_all([run], TINY, study, in_process=True, log=lambda s: None) == [run]
+  assert lm_study.result_path(study, run).exists() and not path.exists()
+  # A claim by a process that is not a study (pid 1: init) is stale too.
+  other = lm_study.Run('code', 'cp', 1, TINY.steps, 0)
+  (study / 'runs' / f'{other.key}.claim').write_text('1')
+  assert lm_study.claim(study, other) and lm_study.claim(study, other)  # re-entrant for its holder
+  lm_study.release(study, other)
+  assert not (study / 'runs' / f'{other.key}.claim').exists()
