@@ -194,8 +194,10 @@ def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
   run = lm_study.Run('code', 'baseline', 1, TINY.steps, 0)
   # A stand-in for another study process: its command line names lm_study.
   holder = subprocess.Popen(
-      [sys.executable, '-c', 'import time; time.sleep(60)', 'benchmarks.lm_study']
+      [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)', 'lm_study'],
+      stdout=subprocess.PIPE,
   )
+  holder.stdout.readline()  # it runs (its command line is its own, not the forking one's)
   try:
     path = study / 'runs' / f'{run.key}.claim'
     path.parent.mkdir(parents=True)
@@ -204,7 +206,7 @@ def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
     assert not lm_study.result_path(study, run).exists() and path.read_text() == str(holder.pid)
   finally:
     holder.kill()
-    holder.wait()
+    holder.communicate()
   # Its holder gone, the claim is stale: taken over, trained, released.
   assert lm_study.run_all([run], TINY, study, in_process=True, log=lambda s: None) == [run]
   assert lm_study.result_path(study, run).exists() and not path.exists()
