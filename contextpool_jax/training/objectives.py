@@ -42,6 +42,28 @@ def cross_entropy(logits: Array, labels: Array, smoothing: float = 0.0) -> Array
   return optax.softmax_cross_entropy(logits, optax.smooth_labels(onehot, smoothing))
 
 
+def _token_sums(
+    logits: Array, labels: Array, w: Array, smoothing: float = 0.0
+) -> tuple[Array, dict[str, Array]]:
+  """``(trained loss sum, {'loss', 'accuracy', 'weight'} sums)`` over the
+  token positions weighted by ``w [b, n]``; the trained loss has the label
+  smoothing, the reported ``'loss'`` does not."""
+  nll = cross_entropy(logits, labels)
+  trained = nll if smoothing == 0.0 else cross_entropy(logits, labels, smoothing)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return jnp.sum(trained * w), {
+      'loss': jnp.sum(nll * w),
+      'accuracy': jnp.sum(correct * w),
+      'weight': jnp.sum(w),
+  }
+
+
+def _token_means(sums: dict[str, float]) -> dict[str, float]:
+  """Per-token mean loss (nats) and accuracy from :func:`_token_sums`' totals."""
+  w = max(sums['weight'], 1e-9)
+  return {'loss': sums['loss'] / w, 'accuracy': sums['accuracy'] / w}
+
+
 class Objective:
   """Loss and metrics of one kind of experiment (see the module docstring)."""
 
@@ -82,25 +104,14 @@ class LanguageModelling(Objective):
     return jnp.sum(batch['weights'])
 
   def loss(self, logits, batch):
-    labels, w = batch['tokens'][:, 1:], batch['weights']
-    nll = cross_entropy(logits, labels)
-    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    return jnp.sum(nll * w), {
-        'loss': jnp.sum(nll * w),
-        'accuracy': jnp.sum(correct * w),
-        'weight': jnp.sum(w),
-    }
+    return _token_sums(logits, batch['tokens'][:, 1:], batch['weights'])
 
   def eval_sums(self, logits, batch):
     return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
-    w = max(sums['weight'], 1e-9)
-    return {
-        'loss': sums['loss'] / w,
-        'bpc': sums['loss'] / w / math.log(2.0),
-        'accuracy': sums['accuracy'] / w,
-    }
+    means = _token_means(sums)
+    return {**means, 'bpc': means['loss'] / math.log(2.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,25 +130,14 @@ class Translation(Objective):
   def loss(self, logits, batch):
     targets = batch['targets']
     w = (targets != 0).astype(jnp.float32)
-    ce = cross_entropy(logits, targets, self.label_smoothing)
-    nll = cross_entropy(logits, targets)
-    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    return jnp.sum(ce * w), {
-        'loss': jnp.sum(nll * w),
-        'accuracy': jnp.sum(correct * w),
-        'weight': jnp.sum(w),
-    }
+    return _token_sums(logits, targets, w, self.label_smoothing)
 
   def eval_sums(self, logits, batch):
     return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
-    w = max(sums['weight'], 1e-9)
-    return {
-        'loss': sums['loss'] / w,
-        'perplexity': math.exp(min(sums['loss'] / w, 50.0)),
-        'accuracy': sums['accuracy'] / w,
-    }
+    means = _token_means(sums)
+    return {**means, 'perplexity': math.exp(min(means['loss'], 50.0))}
 
 
 @dataclasses.dataclass(frozen=True)
