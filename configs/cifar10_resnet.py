@@ -13,13 +13,11 @@ learning rate 0.1 divided by 10 at 32k and 48k iterations, 64k iterations;
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 
 def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
   names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
-  if arg not in names:
-    raise ConfigError(f'configs/cifar10_resnet.py:{arg!r}: expected one of {names}.')
+  common.check_choice('cifar10_resnet.py', arg, names)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 64_000
@@ -29,25 +27,6 @@ def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
   c.log_every_steps = 100
   c.eval_splits = ('test',)
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=10))
-  c.optimizer.update(
-      name='sgd',
-      learning_rate=0.1,
-      schedule='piecewise',
-      warmup_steps=0,
-      boundaries=(32_000, 48_000),
-      decay_factor=0.1,
-      momentum=0.9,
-      nesterov=False,
-      weight_decay=1e-4,
-  )
-  c.dataset = ml_collections.ConfigDict(
-      dict(
-          name='cifar10',
-          data_dir='',
-          image_size=32,
-          train_split='train',
-          eval_split='test',
-          eval_batch_size=1000,
-      )
-  )
+  c.optimizer.update(**common.step_sgd(boundaries=(32_000, 48_000)))
+  c.dataset = common.image_dataset('cifar10', 32, eval_split='test')
   return c

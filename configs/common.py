@@ -1,6 +1,15 @@
-"""Fields every config has, with defaults; experiment files override them."""
+"""Fields every config has, with defaults; experiment files override them.
+
+Also the pieces several experiment files share: the check of a config
+argument, the step-decay SGD recipe of the ResNet papers and the fields of an
+image dataset.
+"""
+
+from typing import Sequence
 
 import ml_collections
+
+from contextpool_jax.errors import ConfigError
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,3 +53,44 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.dataset = ml_collections.ConfigDict()
   return c
+
+
+def check_choice(config_file: str, arg: str, allowed: Sequence[str]) -> None:
+  """Raises ConfigError naming the file, the argument and the allowed values."""
+  if arg not in allowed:
+    raise ConfigError(f'configs/{config_file}:{arg!r}: expected one of {tuple(allowed)}.')
+
+
+def step_sgd(boundaries: Sequence[int], learning_rate: float = 0.1) -> dict:
+  """The ResNet papers' recipe: SGD, momentum 0.9 (no Nesterov), weight decay
+  1e-4, the learning rate divided by 10 at each boundary step, no warm-up.
+  For ``c.optimizer.update(**step_sgd(...))``."""
+  return dict(
+      name='sgd',
+      learning_rate=learning_rate,
+      schedule='piecewise',
+      warmup_steps=0,
+      boundaries=tuple(boundaries),
+      decay_factor=0.1,
+      momentum=0.9,
+      nesterov=False,
+      weight_decay=1e-4,
+  )
+
+
+def image_dataset(
+    name: str, image_size: int, eval_split: str, eval_batch_size: int = 1000, **extra
+) -> ml_collections.ConfigDict:
+  """``c.dataset`` of an image classification task (TFDS ``name``, training on
+  its ``'train'`` split); ``extra``: crop and augmentation fields."""
+  return ml_collections.ConfigDict(
+      dict(
+          name=name,
+          data_dir='',
+          image_size=image_size,
+          train_split='train',
+          eval_split=eval_split,
+          eval_batch_size=eval_batch_size,
+          **extra,
+      )
+  )

@@ -17,13 +17,11 @@ learning rate 0.05 with 100 warm-up steps and a cosine decay over 2,000 steps
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 
 def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
   names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
-  if arg not in names:
-    raise ConfigError(f'configs/digits_resnet.py:{arg!r}: expected one of {names}.')
+  common.check_choice('digits_resnet.py', arg, names)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 2_000
@@ -42,14 +40,7 @@ def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
       nesterov=False,
       weight_decay=5e-4,
   )
-  c.dataset = ml_collections.ConfigDict(
-      dict(
-          name='sklearn_digits',
-          data_dir='',
-          image_size=16,
-          train_split='train',
-          eval_split='validation',
-          eval_batch_size=300,
-      )
+  c.dataset = common.image_dataset(
+      'sklearn_digits', 16, eval_split='validation', eval_batch_size=300
   )
   return c

@@ -21,7 +21,6 @@ in the README.
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 _TRAIN_IMAGES = 1_281_167
 _NAMES = (
@@ -36,8 +35,7 @@ _NAMES = (
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
-  if arg not in _NAMES:
-    raise ConfigError(f'configs/imagenet_resnet.py:{arg!r}: expected one of {_NAMES}.')
+  common.check_choice('imagenet_resnet.py', arg, _NAMES)
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))
@@ -62,26 +60,6 @@ def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
         weight_decay=1e-4,
     )
   else:
-    c.optimizer.update(
-        name='sgd',
-        learning_rate=0.1,
-        schedule='piecewise',
-        warmup_steps=0,
-        boundaries=tuple(e * steps_per_epoch for e in (30, 60, 80)),
-        decay_factor=0.1,
-        momentum=0.9,
-        nesterov=False,
-        weight_decay=1e-4,
-    )
-  c.dataset = ml_collections.ConfigDict(
-      dict(
-          name='imagenet2012',
-          data_dir='',
-          image_size=224,
-          train_split='train',
-          eval_split='validation',
-          eval_batch_size=1000,
-          crop_area_min=0.08,
-      )
-  )
+    c.optimizer.update(**common.step_sgd(boundaries=[e * steps_per_epoch for e in (30, 60, 80)]))
+  c.dataset = common.image_dataset('imagenet2012', 224, eval_split='validation', crop_area_min=0.08)
   return c

@@ -14,15 +14,13 @@ error message says where the tar files go).
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 _TRAIN_IMAGES = 1_281_167
 
 
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
   names = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti16')
-  if arg not in names:
-    raise ConfigError(f'configs/imagenet_vit.py:{arg!r}: expected one of {names}.')
+  common.check_choice('imagenet_vit.py', arg, names)
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024
@@ -46,22 +44,17 @@ def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
       b2=0.999,
       end_learning_rate=1e-5,
   )
-  c.dataset = ml_collections.ConfigDict(
-      dict(
-          name='imagenet2012',
-          data_dir='',
-          image_size=224,
-          train_split='train',
-          eval_split='validation',
-          eval_batch_size=1000,
-          crop_area_min=0.08,
-          randaugment_num_ops=2,
-          randaugment_magnitude=9,
-          randaugment_magnitude_std=0.5,
-          randaugment_prob=0.5,
-          mixup_alpha=0.8,
-          cutmix_alpha=1.0,
-          mixup_switch_prob=0.5,
-      )
+  c.dataset = common.image_dataset(
+      'imagenet2012',
+      224,
+      eval_split='validation',
+      crop_area_min=0.08,
+      randaugment_num_ops=2,
+      randaugment_magnitude=9,
+      randaugment_magnitude_std=0.5,
+      randaugment_prob=0.5,
+      mixup_alpha=0.8,
+      cutmix_alpha=1.0,
+      mixup_switch_prob=0.5,
   )
   return c

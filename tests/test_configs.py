@@ -61,9 +61,22 @@ def test_every_config_is_valid(name, arg):
   assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
 
 
-def test_bad_config_argument_is_a_clear_error():
-  with pytest.raises(ValueError, match='configs/wmt14.py'):
-    _load('wmt14', 'en-de,huge,cp')
+@pytest.mark.parametrize(
+    'name,arg',
+    [
+        ('wmt14', 'en-de,huge,cp'),
+        ('cifar10_resnet', 'resnet45'),
+        ('imagenet_resnet', 'cp_resnet34'),
+        ('imagenet_vit', 'vit_l16'),
+        ('digits_resnet', 'resnet21'),
+        ('default', 'cp'),
+    ],
+)
+def test_bad_config_argument_is_a_clear_error(name, arg):
+  """The message names the file and the argument (and what is allowed)."""
+  with pytest.raises(ValueError, match=f'configs/{name}.py.*{arg!r}') as e:
+    _load(name, arg)
+  assert 'expected' in str(e.value) or 'not one of' in str(e.value)
 
 
 def _shrink(config, workdir_steps=3):
