@@ -314,17 +314,13 @@ def translate(
   )
   max_len = max_len or int(config.dataset.max_target_len)
   inputs = encode_sentences(vocab, sentences, int(config.dataset.max_source_len))
-  if beam_size == 1:
-    fn = functools.partial(decoding.greedy_decode, model, max_len=max_len, eos_id=vocab.eos_id)
-  else:
-    fn = functools.partial(
-        decoding.beam_search,
-        model,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_len=max_len,
-        eos_id=vocab.eos_id,
-    )
+  fn = decoding.decoder(
+      model,
+      max_len=max_len,
+      beam_size=None if beam_size == 1 else beam_size,
+      alpha=alpha,
+      eos_id=vocab.eos_id,
+  )
   ids = jax.device_get(jax.jit(fn)(variables, inputs))
   return [vocab.decode(row) for row in ids]
 

@@ -13,7 +13,6 @@ Li et al. (2019) report for WMT14 EN-DE, which is usually higher (Post, 2018,
 
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -57,22 +56,17 @@ def make_decode_fn(
     min_segment: Optional[int] = decoding.MIN_SEGMENT,
 ) -> Callable[[Any, Any], jax.Array]:
   """A jitted ``(params, inputs) -> ids [b, max_len]``: beam search, or greedy if
-  ``beam_size`` is None."""
-  if beam_size is None:
-    fn = functools.partial(
-        decoding.greedy_decode, model, max_len=max_len, eos_id=eos_id, min_segment=min_segment
-    )
-  else:
-    fn = functools.partial(
-        decoding.beam_search,
-        model,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_len=max_len,
-        eos_id=eos_id,
-        min_segment=min_segment,
-    )
-  return jax.jit(fn)
+  ``beam_size`` is None (:func:`decoding.decoder`)."""
+  return jax.jit(
+      decoding.decoder(
+          model,
+          max_len=max_len,
+          beam_size=beam_size,
+          alpha=alpha,
+          eos_id=eos_id,
+          min_segment=min_segment,
+      )
+  )
 
 
 def decode_and_score(

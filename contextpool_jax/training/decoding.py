@@ -68,7 +68,8 @@ finishes from the best ``k`` and the stop test compares equal lengths,
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -308,6 +309,25 @@ def beam_search(
       cache=cache,
   )
   return seqs[:, 0]
+
+
+def decoder(
+    model,
+    *,
+    max_len: int,
+    beam_size: Optional[int] = 4,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    min_segment: Optional[int] = MIN_SEGMENT,
+    cache: bool = True,
+) -> Callable[[Any, Array], Array]:
+  """``(params, inputs) -> ids [batch, max_len]``, not jitted: :func:`beam_search`
+  with ``beam_size`` beams and length penalty ``alpha``, or :func:`greedy_decode`
+  if ``beam_size`` is None."""
+  common = dict(max_len=max_len, eos_id=eos_id, min_segment=min_segment, cache=cache)
+  if beam_size is None:
+    return functools.partial(greedy_decode, model, **common)
+  return functools.partial(beam_search, model, beam_size=beam_size, alpha=alpha, **common)
 
 
 def _gather_beams(x: Array, idx: Array) -> Array:
