@@ -16,13 +16,11 @@ reduced context (256 bytes, step 128; the paper uses 32k, step 512). Not a paper
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
-  if variant not in ('', 'baseline'):
-    raise ConfigError(f"configs/default.py variant {variant!r} is not one of '', 'baseline'.")
+  common.check_choice('default.py', variant, ('', 'baseline'))
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500

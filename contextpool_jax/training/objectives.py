@@ -85,8 +85,9 @@ class Objective:
     return batch
 
   def eval_sums(self, logits: Array, batch: Batch) -> dict[str, Array]:
-    """Metric sums of an evaluation batch (padding excluded)."""
-    raise NotImplementedError
+    """Metric sums of an evaluation batch (padding excluded); by default the
+    metric sums of :meth:`loss`."""
+    return self.loss(logits, batch)[1]
 
   def finalize(self, sums: dict[str, float]) -> dict[str, float]:
     """Reported metrics from the metric sums of a whole split."""
@@ -105,9 +106,6 @@ class LanguageModelling(Objective):
 
   def loss(self, logits, batch):
     return _token_sums(logits, batch['tokens'][:, 1:], batch['weights'])
-
-  def eval_sums(self, logits, batch):
-    return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
     means = _token_means(sums)
@@ -131,9 +129,6 @@ class Translation(Objective):
     targets = batch['targets']
     w = (targets != 0).astype(jnp.float32)
     return _token_sums(logits, targets, w, self.label_smoothing)
-
-  def eval_sums(self, logits, batch):
-    return self.loss(logits, batch)[1]
 
   def finalize(self, sums):
     means = _token_means(sums)
