@@ -554,6 +554,46 @@ def _by_seed(results, **match) -> dict[int, dict[str, Any]]:
   return {r['seed']: r for r in results if all(r[k] == v for k, v in match.items())}
 
 
+def _curve_tables(
+    rs: Sequence[dict[str, Any]],
+    groups: Sequence[tuple[int, int]],
+    field: str,
+    scale: float = 1.0,
+) -> list[str]:
+  """One markdown table per ``(steps, depth)`` group: ``field`` (a
+  ``[(step, value)]`` curve) times ``scale``, mean over seeds, per arm, at ten
+  or so steps (always the last)."""
+  lines = []
+  for steps, depth in groups:
+    curves = {}
+    for arm in ARMS:
+      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      by_step: dict[int, list[float]] = {}
+      for r in mine.values():
+        for step, v in r.get(field, []):
+          by_step.setdefault(step, []).append(v * scale)
+      if by_step:
+        curves[arm] = {s: statistics.mean(v) for s, v in by_step.items()}
+    if not curves:
+      continue
+    all_steps = sorted({s for c in curves.values() for s in c})
+    shown = all_steps if len(all_steps) <= 10 else all_steps[:: math.ceil(len(all_steps) / 10)]
+    if all_steps[-1] not in shown:
+      shown.append(all_steps[-1])
+    lines += [
+        f'{steps} steps, depth {depth}:',
+        '',
+        '| arm | ' + ' | '.join(str(s) for s in shown) + ' |',
+        '| --- |' + ' --- |' * len(shown),
+    ]
+    for arm, c in curves.items():
+      lines.append(
+          f'| {arm} | ' + ' | '.join(f'{c[s]:.3f}' if s in c else '-' for s in shown) + ' |'
+      )
+    lines.append('')
+  return lines
+
+
 def corpus_report(
     results: Sequence[dict[str, Any]], costs: dict[tuple[str, int], dict[str, Any]], corpus: str
 ) -> str:
@@ -601,34 +641,17 @@ def corpus_report(
         ' `cost_analysis()` counts once, so its GFLOPs are a lower bound.',
     ]
   lines += ['', f'### Learning curves (validation {name}, mean over seeds)', '']
-  for steps, depth in groups:
-    curves = {}
-    for arm in ARMS:
-      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
-      if not mine:
-        continue
-      by_step: dict[int, list[float]] = {}
-      for r in mine.values():
-        for step, v in r['val_curve']:
-          by_step.setdefault(step, []).append(v)
-      curves[arm] = {s: statistics.mean(v) for s, v in by_step.items()}
-    if not curves:
-      continue
-    all_steps = sorted({s for c in curves.values() for s in c})
-    shown = all_steps if len(all_steps) <= 10 else all_steps[:: math.ceil(len(all_steps) / 10)]
-    if all_steps[-1] not in shown:
-      shown.append(all_steps[-1])
+  lines += _curve_tables(rs, groups, 'val_curve')
+  longer = [g for g in groups if g[0] > groups[0][0]] if metric == 'bpc' else []
+  if longer:
+    # Is a late reversal overfitting (train still better) or slower
+    # optimisation (train worse too)? The training loss tells them apart.
     lines += [
-        f'{steps} steps, depth {depth}:',
+        '### Training loss along the longer runs (BPC: the mean over the training steps'
+        ' since the previous evaluation, mean over seeds)',
         '',
-        '| arm | ' + ' | '.join(str(s) for s in shown) + ' |',
-        '| --- |' + ' --- |' * len(shown),
     ]
-    for arm, c in curves.items():
-      lines.append(
-          f'| {arm} | ' + ' | '.join(f'{c[s]:.3f}' if s in c else '-' for s in shown) + ' |'
-      )
-    lines.append('')
+    lines += _curve_tables(rs, longer, 'train_curve', scale=1 / math.log(2))
   return '\n'.join(lines)
 
 

@@ -1,6 +1,7 @@
 """The LM study runner (benchmarks/lm_study.py): plans, records, resumes, reports."""
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -187,6 +188,37 @@ def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
   assert 'lower bound' not in lm_study.corpus_report(
       results, {('baseline', 2): costs[('baseline', 2)]}, 'code'
   )
+
+
+def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
+  def result(arm, steps, seed, train_nats):
+    return dict(
+        corpus='code',
+        arm=arm,
+        depth=2,
+        steps=steps,
+        seed=seed,
+        key=f'{arm}{steps}{seed}',
+        val_bpc=1.0,
+        test_bpc=1.0,
+        val_curve=[[steps, 1.0]],
+        train_curve=[[steps // 2, 2 * train_nats], [steps, train_nats]],
+    )
+
+  # Seeds 0 and 1 of the long baseline: 1 and 3 bits at the end, mean 2.
+  results = [
+      result('baseline', 10, 0, math.log(2)),
+      result('baseline', 40, 0, math.log(2)),
+      result('baseline', 40, 1, 3 * math.log(2)),
+      result('cp', 40, 0, 1.5 * math.log(2)),
+  ]
+  md = lm_study.corpus_report(results, {}, 'code')
+  train = md.split('### Training loss along the longer runs')[1]
+  assert '40 steps, depth 2:' in train and '10 steps' not in train
+  assert '| baseline | 4.000 | 2.000 |' in train and '| cp | 3.000 | 1.500 |' in train
+  # One length only: nothing is longer, so no training-loss table.
+  short = [r for r in results if r['steps'] == 10]
+  assert 'Training loss' not in lm_study.corpus_report(short, {}, 'code')
 
 
 def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
