@@ -90,10 +90,13 @@ class Arm:
 ARMS = {
     'baseline': Arm('transformer'),
     'cp': Arm('contextpool', {}),
-    # Other adaptive-context baselines (area attention paper's basic form; its
-    # local-attention baseline), at the model's default area/window sizes.
+    # Other adaptive-context baselines: the area attention paper's basic form
+    # at the model's default area sizes; local attention over the previous 64
+    # bytes, a quarter of the study's context (the LM's default window, 256,
+    # would read all of a 256-byte context: the baseline again, which
+    # make_config refuses).
     'area': Arm('area', model=dict(attention='area')),
-    'local': Arm('local', model=dict(attention='local')),
+    'local': Arm('local', model=dict(attention='local', local_window=64)),
     # Table 1: pooling weights; Table 3: locality and mapping.
     'cp_uniform': Arm('contextpool', dict(weights='uniform')),
     'cp_nonlocal': Arm('contextpool', dict(weights='nonlocal')),
@@ -265,6 +268,15 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
     c.progress_bar = False
     c.log_pool_sizes = False
     c.dataset.seq_len = sizes.seq_len
+    from contextpool_jax.models import transformer  # pylint: disable=g-import-not-at-top
+
+    window = c.model.get('local_window', transformer.TransformerLM.local_window)
+    if c.model.get('attention') == 'local' and window >= sizes.seq_len:
+      raise ValueError(
+          f'arm {run.arm!r}: model.local_window={window} >= seq_len='
+          f'{sizes.seq_len} reads the whole context, so the arm is the baseline again;'
+          ' expected a window below seq_len'
+      )
     c.dataset.eval_context = sizes.seq_len
     c.dataset.eval_step = sizes.seq_len // 2
     c.dataset.eval_max_bytes = sizes.eval_max_bytes

@@ -71,6 +71,16 @@ def test_arms_build_configs_that_differ_only_where_they_say(tmp_path):
   assert base.dataset.data_dir == cp.dataset.data_dir  # corpora prepared once per study
 
 
+def test_the_local_arm_reads_less_than_the_whole_context(tmp_path):
+  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': 256})
+  local = lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
+  assert local.model.attention == 'local' and local.model.local_window < sizes.seq_len
+  # A window as long as the context would train the baseline under another name.
+  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': local.model.local_window})
+  with pytest.raises(ValueError, match=r"'local'.*local_window=64 >= seq_len=64"):
+    lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
+
+
 def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   study = tmp_path / 'study'
   runs = [
