@@ -31,7 +31,7 @@ are paired per seed.
 
 * ``depth``: ``baseline`` vs ``cp`` at every ``--depths`` on every corpus;
 * ``ablation``: at ``--ablation_depth`` on ``--ablation_corpus``, area (basic)
-  and local attention, ContextPool's ablation rows (Tables 1 and 3: uniform and
+  and local attention (the previous 64 bytes), ContextPool's ablation rows (Tables 1 and 3: uniform and
   non-local weights; no locality, fixed window, random sparse; MLP and
   self-attention mappings) and the defaults the README's decisions chose (A1
   ``size_norm``, A3 ``residual``, ``context_pool_position``) against their
@@ -654,7 +654,7 @@ def corpus_report(
     ]
   lines += ['', f'### Learning curves (validation {name}, mean over seeds)', '']
   lines += _curve_tables(rs, groups, 'val_curve')
-  longer = [g for g in groups if g[0] > groups[0][0]] if metric == 'bpc' else []
+  longer = [g for g in groups if g[0] > groups[0][0]] if metric == 'bpc' and groups else []
   if longer:
     # Is a late reversal overfitting (train still better) or slower
     # optimisation (train worse too)? The training loss tells them apart.
