@@ -76,8 +76,9 @@ def test_the_local_arm_reads_less_than_the_whole_context(tmp_path):
   local = lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
   assert local.model.attention == 'local' and local.model.local_window < sizes.seq_len
   # A window as long as the context would train the baseline under another name.
-  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': local.model.local_window})
-  with pytest.raises(ValueError, match=r"'local'.*local_window=64 >= seq_len=64"):
+  w = local.model.local_window
+  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': w})
+  with pytest.raises(ValueError, match=rf"'local'.*local_window={w} >= seq_len={w}\b"):
     lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
 
 
