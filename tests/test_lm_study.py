@@ -37,8 +37,8 @@ def test_plan_pairs_every_arm_by_seed_without_duplicates():
   keys = [r.key for r in runs]
   assert len(keys) == len(set(keys))
   # depth: 2 corpora x 2 depths x 2 arms; ablation adds its arms at depth 2 on
-  # code (baseline and cp there are the depth group's); long: 2 arms.
-  per_seed = 2 * 2 * 2 + len(lm_study.ABLATION_ARMS) + 2
+  # code (baseline and cp there are the depth group's); long: its arms.
+  per_seed = 2 * 2 * 2 + len(lm_study.ABLATION_ARMS) + len(lm_study.LONG_ARMS)
   assert len(runs) == 2 * per_seed
   for seed in (0, 1):
     mine = {(r.corpus, r.arm, r.depth, r.steps) for r in runs if r.seed == seed}
