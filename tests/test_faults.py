@@ -5,11 +5,13 @@ command again ends with exactly the parameters of an uninterrupted run, or
 stops with one clear message.
 """
 
+import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -17,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import default as default_config
 from contextpool_jax.training import checkpoints, trainer
 from contextpool_jax.training.load import load_variables
 from conftest import REPO
@@ -290,3 +293,41 @@ def test_resuming_with_a_different_model_names_what_differs(corpus, tmp_path):
   assert (workdir / 'config.json').read_text() == saved  # nothing written or restored
   # Fields that do not change the saved state may change (here the step count).
   assert trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4), str(workdir))['step'] == 4
+
+
+def _torn_reads(write, path, rewrites=300):
+  """How many of a reader's parses of ``path`` fail while ``write`` rewrites it
+  ``rewrites`` times (what another process's resume check sees)."""
+  write()
+  done, torn, reads = threading.Event(), [0], [0]
+
+  def reader():
+    while not done.is_set():
+      try:
+        json.loads(path.read_text())
+      except (json.JSONDecodeError, FileNotFoundError):
+        torn[0] += 1
+      reads[0] += 1
+
+  thread = threading.Thread(target=reader)
+  thread.start()
+  for _ in range(rewrites):
+    write()
+  done.set()
+  thread.join()
+  assert reads[0] > 0
+  return torn[0]
+
+
+def test_the_saved_config_is_never_seen_half_written(tmp_path):
+  # On a resume, process 0 rewrites config.json while the other processes read
+  # it in check_resume_config. A torn read stopped one process of a 2-process
+  # resume under load, and the other then died at the shutdown barrier.
+  config = default_config.get_config()
+  path = tmp_path / checkpoints.CONFIG_FILE
+  assert _torn_reads(lambda: checkpoints.write_config(tmp_path, config), path) == 0
+  assert json.loads(path.read_text()) == json.loads(config.to_json_best_effort())
+  assert [p.name for p in tmp_path.iterdir()] == [checkpoints.CONFIG_FILE]  # no temporaries left
+  # The probe can fail: a plain rewrite (truncate, then write) is seen torn.
+  naive = lambda: path.write_text(config.to_json_best_effort(indent=2))
+  assert _torn_reads(naive, path) > 0

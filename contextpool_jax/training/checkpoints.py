@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 import warnings
 from typing import Any, Callable, Optional
 
@@ -29,7 +30,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+# A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
 CONFIG_FILE = 'config.json'
+CHECKPOINTS_DIR = 'checkpoints'
 DAMAGED_DIR = 'damaged_checkpoints'
 # Config fields a resumed run must share with the saved one: they fix the
 # structure and meaning of the saved state. Everything else (steps, rates,
@@ -76,6 +79,18 @@ def config_differences(
       for k in sorted(set(now) | set(before))
       if before.get(k, missing) != now.get(k, missing)
   ]
+
+
+def write_config(directory: epath.PathLike, config: ml_collections.ConfigDict) -> epath.Path:
+  """Writes ``config`` as ``directory/CONFIG_FILE``, atomically: to a unique
+  temporary file, then renamed over it. On a resume, the other processes read
+  this file (:func:`check_resume_config`) while process 0 rewrites it. A plain
+  write truncates first, so a reader could see an empty file and stop with a
+  JSON error, leaving process 0 at its next barrier."""
+  path = epath.Path(directory) / CONFIG_FILE
+  tmp = path.parent / f'.{CONFIG_FILE}.tmp-{uuid.uuid4().hex}'
+  tmp.write_text(config.to_json_best_effort(indent=2))
+  return tmp.replace(path)
 
 
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:

@@ -34,10 +34,13 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from contextpool_jax.training import checkpoints
+
 PathLike = Union[str, pathlib.Path]
 
-CONFIG_FILE = 'config.json'
-CHECKPOINTS_DIR = 'checkpoints'
+# A training workdir's layout (written by the trainer).
+CONFIG_FILE = checkpoints.CONFIG_FILE
+CHECKPOINTS_DIR = checkpoints.CHECKPOINTS_DIR
 EXPORT_FILE = 'variables.msgpack'
 STATE_ITEM = 'state'
 # What load restores from a checkpoint's 'state' item (TrainState fields).
@@ -252,5 +255,5 @@ def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = No
   out.mkdir(parents=True, exist_ok=True)
   state = jax.tree.map(np.asarray, variables)
   (out / EXPORT_FILE).write_bytes(flax.serialization.msgpack_serialize(state))
-  (out / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  checkpoints.write_config(out, config)
   return out

@@ -192,14 +192,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
   manager = checkpoints.manager(
-      workdir / 'checkpoints', keep=run.keep_checkpoints, asynchronous=run.async_checkpointing
+      workdir / checkpoints.CHECKPOINTS_DIR,
+      keep=run.keep_checkpoints,
+      asynchronous=run.async_checkpointing,
   )
   preemption = None
   try:  # everything after here closes the manager on the way out
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
     if is_main:
-      (workdir / checkpoints.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+      checkpoints.write_config(workdir, config)
 
     task = tasks.make_task(config, str(workdir))
     _prepare_on_first_process(task)
@@ -220,7 +222,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       task.data.eval_batches(split, *process)
     found = checkpoints.restore_latest(
         manager,
-        workdir / 'checkpoints',
+        workdir / checkpoints.CHECKPOINTS_DIR,
         lambda: ocp.args.Composite(
             state=ocp.args.StandardRestore(target),
             data=grain.checkpoint.CheckpointRestore(train_iter),
