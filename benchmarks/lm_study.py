@@ -112,10 +112,11 @@ ARMS = {
     'cp_at_output': Arm('contextpool', {}, dict(context_pool_position='output')),
 }
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp'))
-# The long group. Trained 4x longer, the default ContextPool falls behind the
-# baseline because it optimises more slowly (its training loss trails too).
-# With A3's residual, attention reads x + pool(x), keeping each byte's own
-# features. That makes it the candidate fix, so it is trained long too.
+# The long group. Trained 4x longer, the default ContextPool ends behind the
+# baseline, and its training loss trails too: it optimises more slowly. With
+# A3's residual, attention reads x + pool(x), keeping each byte's own features.
+# That made it the candidate fix, so it is trained long too (it did not help:
+# README "Results").
 LONG_ARMS = ('baseline', 'cp', 'cp_residual')
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)

@@ -321,8 +321,9 @@ def _torn_reads(write, path, rewrites=300):
 
 def test_the_saved_config_is_never_seen_half_written(tmp_path):
   # On a resume, process 0 rewrites config.json while the other processes read
-  # it in check_resume_config. A torn read stopped one process of a 2-process
-  # resume under load, and the other then died at the shutdown barrier.
+  # it in check_resume_config. Under load, a 2-process resume failed that way:
+  # process 1 left before the first barrier (as a torn read makes it do), and
+  # process 0, still waiting there, failed the shutdown barrier.
   config = default_config.get_config()
   path = tmp_path / checkpoints.CONFIG_FILE
   assert _torn_reads(lambda: checkpoints.write_config(tmp_path, config), path) == 0
