@@ -31,11 +31,11 @@ are paired per seed.
 
 * ``depth``: ``baseline`` vs ``cp`` at every ``--depths`` on every corpus;
 * ``ablation``: at ``--ablation_depth`` on ``--ablation_corpus``, area (basic)
-  and local attention (the previous 64 bytes), ContextPool's ablation rows (Tables 1 and 3: uniform and
-  non-local weights; no locality, fixed window, random sparse; MLP and
-  self-attention mappings) and the defaults the README's decisions chose (A1
-  ``size_norm``, A3 ``residual``, ``context_pool_position``) against their
-  alternatives;
+  and local attention (a window a quarter of the context: ``ARMS['local']``),
+  ContextPool's ablation rows (Tables 1 and 3: uniform and non-local weights;
+  no locality, fixed window, random sparse; MLP and self-attention mappings)
+  and the defaults the README's decisions chose (A1 ``size_norm``, A3
+  ``residual``, ``context_pool_position``) against their alternatives;
 * ``long``: ``baseline`` vs ``cp`` and ``cp_residual`` (:data:`LONG_ARMS`) at
   ``--ablation_depth`` trained ``--long_steps``, so "faster early" and "better
   at the end" can be told apart;

@@ -1,5 +1,6 @@
 """The LM study runner (benchmarks/lm_study.py): plans, records, resumes, reports."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -72,12 +73,12 @@ def test_arms_build_configs_that_differ_only_where_they_say(tmp_path):
 
 
 def test_the_local_arm_reads_less_than_the_whole_context(tmp_path):
-  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': 256})
+  sizes = dataclasses.replace(TINY, seq_len=256)
   local = lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
   assert local.model.attention == 'local' and local.model.local_window < sizes.seq_len
   # A window as long as the context would train the baseline under another name.
   w = local.model.local_window
-  sizes = lm_study.Sizes(**{**TINY.__dict__, 'seq_len': w})
+  sizes = dataclasses.replace(TINY, seq_len=w)
   with pytest.raises(ValueError, match=rf"'local'.*local_window={w} >= seq_len={w}\b"):
     lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
 
@@ -139,11 +140,11 @@ def test_sizes_of_a_study_cannot_change(tmp_path):
   assert json.loads((tmp_path / 'sizes.json').read_text())['steps'] == TINY.steps
   lm_study.check_sizes(tmp_path, TINY)
   with pytest.raises(app.UsageError, match='steps'):
-    lm_study.check_sizes(tmp_path, lm_study.Sizes(**{**TINY.__dict__, 'steps': 8}))
+    lm_study.check_sizes(tmp_path, dataclasses.replace(TINY, steps=8))
 
 
 def test_images_group_trains_resnets_on_the_digits_and_reports_error(tmp_path):
-  sizes = lm_study.Sizes(**{**TINY.__dict__, 'image_steps': 4})
+  sizes = dataclasses.replace(TINY, image_steps=4)
   runs = lm_study.plan(
       ['images'],
       corpora=['code'],
