@@ -111,13 +111,34 @@ ARMS = {
     'cp_residual': Arm('contextpool', dict(residual=True)),
     'cp_at_output': Arm('contextpool', {}, dict(context_pool_position='output')),
 }
-ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp'))
+# Issue 27: arms against the late deficit of the default ContextPool, each a
+# field (README "Decisions"), screened on the long setup. SEQ_LEN stands for
+# the study's --size_seq_len.
+SEQ_LEN = 'seq_len'
+LATE_ARMS = {
+    # Where and what the attention reads pooled (model fields).
+    'cp_after_attention': Arm('contextpool', {}, dict(context_pool_first_layer=1)),
+    'cp_kv': Arm('contextpool', {}, dict(context_pool_reads='kv')),
+    'cp_q': Arm('contextpool', {}, dict(context_pool_reads='q')),
+    'cp_half_heads': Arm('contextpool', {}, dict(context_pool_heads=2)),  # of the 4 heads
+    # How the pooled features replace the input, and the sizes (layer fields).
+    'cp_gate': Arm('contextpool', dict(gate=True)),
+    'cp_narrow': Arm('contextpool', dict(size_bias_init=-3.2)),  # s ~ 0.04: sigma ~ 1 at r n = 25.6
+    'cp_ratio_small': Arm('contextpool', dict(ratio=0.025)),
+    'cp_static_n': Arm('contextpool', dict(sigma_length=SEQ_LEN)),
+}
+ARMS.update(LATE_ARMS)
+ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)
 # The long group. Trained 4x longer, the default ContextPool ends behind the
 # baseline, and its training loss trails too: it optimises more slowly. With
 # A3's residual, attention reads x + pool(x), keeping each byte's own features.
 # That made it the candidate fix, so it is trained long too (it did not help:
 # README "Results").
 LONG_ARMS = ('baseline', 'cp', 'cp_residual')
+# The long runs of these seeds keep a checkpoint every DIAGNOSTIC_PERIOD steps
+# for benchmarks/lm_diagnostics.py (pool sizes, per-position loss, gradients).
+DIAGNOSED_SEEDS = (0,)
+DIAGNOSTIC_PERIOD = 500
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
 GROUPS = ('depth', 'ablation', 'long', 'images', 'costs')
@@ -168,6 +189,7 @@ def plan(
     ablation_corpus: str,
     ablation_depth: int,
     ablation_arms: Sequence[str] = ABLATION_ARMS,
+    long_arms: Sequence[str] = LONG_ARMS,
     image_depths: Sequence[int] = (20,),
 ) -> list[Run]:
   """The training runs of ``groups``, in the order they run (seed-major, so a
@@ -187,7 +209,7 @@ def plan(
           for a in ('baseline', 'cp', *ablation_arms)
       ]
     if 'long' in groups:
-      runs += [Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed) for a in LONG_ARMS]
+      runs += [Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed) for a in long_arms]
     if 'images' in groups:
       runs += [
           Run(IMAGES, a, d, sizes.image_steps, seed)
@@ -251,7 +273,9 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
   c = default.get_config('baseline' if arm.context_pool is None else '')
   with c.unlocked():
     if arm.context_pool is not None:
-      c.model.context_pool.update(arm.context_pool)
+      c.model.context_pool.update(
+          {k: sizes.seq_len if v == SEQ_LEN else v for k, v in arm.context_pool.items()}
+      )
     c.model.update(
         dict(
             num_layers=run.depth,
@@ -359,23 +383,57 @@ def release(study_dir: pathlib.Path, run: Run) -> None:
   _claim_path(study_dir, run).unlink(missing_ok=True)
 
 
+def diagnosed(run: Run, sizes: Sizes) -> bool:
+  """Whether ``run`` keeps checkpoints along training for
+  :mod:`benchmarks.lm_diagnostics`: the long LM runs of :data:`DIAGNOSED_SEEDS`."""
+  return run.corpus in CORPORA and run.steps == sizes.long_steps and run.seed in DIAGNOSED_SEEDS
+
+
+def diagnostics_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
+  return study_dir / 'diagnostics' / f'{run.key}.json'
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix('.tmp')
+  tmp.write_text(json.dumps(value, indent=1))
+  os.replace(tmp, path)
+
+
 def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]:
-  """Trains (or resumes) ``run`` in this process and records its result."""
+  """Trains (or resumes) ``run`` in this process and records its result and,
+  for a :func:`diagnosed` run, its diagnostics. A run that has a result is
+  trained again only for its diagnostics: the recorded result is kept, and the
+  diagnostics hold both validation BPCs (the retrained run should repeat it)."""
   import shutil  # pylint: disable=g-import-not-at-top
 
+  from benchmarks import lm_diagnostics  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
   workdir = study_dir / 'runs' / run.key
   t0 = time.time()
-  out = trainer.train_and_evaluate(make_config(run, sizes, study_dir), str(workdir))
+  config = make_config(run, sizes, study_dir)
+  if diagnosed(run, sizes):
+    config.keep_checkpoint_period = DIAGNOSTIC_PERIOD
+  out = trainer.train_and_evaluate(config, str(workdir))
   if out.get('preempted'):
     raise SystemExit(143)
+  metric = METRICS[run.corpus]
+  recorded = result_path(study_dir, run)
+  if diagnosed(run, sizes):
+    d = lm_diagnostics.diagnose(workdir, sizes.eval_max_bytes)
+    d.update(key=run.key, val_bpc_this_training=out['eval_validation'][metric])
+    if recorded.exists():
+      d['val_bpc_recorded'] = json.loads(recorded.read_text())[f'val_{metric}']
+    _write_json(diagnostics_path(study_dir, run), d)
+  if recorded.exists():  # trained again for its diagnostics only
+    shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)
+    return json.loads(recorded.read_text())
   lines = _read_jsonl(workdir / 'metrics.jsonl')
   if run.corpus == IMAGES:  # error in percent from top-1 accuracy
     lines = [dict(l, error=100 * (1 - l['top1'])) if 'top1' in l else l for l in lines]
     for split in ('validation', 'test'):
       out[f'eval_{split}']['error'] = 100 * (1 - out[f'eval_{split}']['top1'])
-  metric = METRICS[run.corpus]
   rates = [v for _, v in _curve(lines, 'train', 'steps_per_sec')]
   result = dict(
       dataclasses.asdict(run),
@@ -393,11 +451,7 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
       sizes=dataclasses.asdict(sizes),
       **{f'{split}_{metric}': out[f'eval_{name}'][metric] for split, name in _SPLITS},
   )
-  path = result_path(study_dir, run)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix('.tmp')
-  tmp.write_text(json.dumps(result, indent=1))
-  os.replace(tmp, path)
+  _write_json(recorded, result)
   shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)  # only needed to resume
   return result
 
@@ -421,25 +475,36 @@ def check_sizes(study_dir: pathlib.Path, sizes: Sizes) -> None:
     path.write_text(json.dumps(dataclasses.asdict(sizes), indent=1))
 
 
+def done(study_dir: pathlib.Path, run: Run, sizes: Sizes, diagnose_existing: bool) -> bool:
+  """``run`` has a result and, if ``diagnose_existing`` and it is
+  :func:`diagnosed`, its diagnostics."""
+  if not result_path(study_dir, run).exists():
+    return False
+  return (
+      not (diagnose_existing and diagnosed(run, sizes)) or diagnostics_path(study_dir, run).exists()
+  )
+
+
 def run_all(
     runs: Sequence[Run],
     sizes: Sizes,
     study_dir: pathlib.Path,
     *,
     in_process: bool = False,
+    diagnose_existing: bool = False,
     log=print,
 ) -> list[Run]:
-  """Trains every run without a result (each in a subprocess unless
+  """Trains every run that is not :func:`done` (each in a subprocess unless
   ``in_process``); returns the runs trained now."""
   trained = []
   for i, run in enumerate(runs):
-    if result_path(study_dir, run).exists():
+    if done(study_dir, run, sizes, diagnose_existing):
       continue
     if not claim(study_dir, run):
       log(f'[{i + 1}/{len(runs)}] {run.key}: another study process is training it; next')
       continue
     try:
-      if result_path(study_dir, run).exists():  # finished while we were claiming it
+      if done(study_dir, run, sizes, diagnose_existing):  # finished while we were claiming it
         continue
       log(f'[{i + 1}/{len(runs)}] {run.key}')
       if in_process:
@@ -772,6 +837,12 @@ _IMAGE_DEPTHS = flags.DEFINE_list('image_depths', ['20'], 'ResNet depths of the 
 _REPORT = flags.DEFINE_string('report', None, 'Write the report to this directory and stop.')
 _TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key.')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
+_LONG_ARMS = flags.DEFINE_list('long_arms', list(LONG_ARMS), 'Arms of the long group.')
+_DIAGNOSE_EXISTING = flags.DEFINE_bool(
+    'diagnose_existing',
+    False,
+    'Train again the diagnosed runs (long, seed 0) that have a result but no diagnostics.',
+)
 _SIZE_FLAGS = {
     f.name: flags.DEFINE_integer(f'size_{f.name}', f.default, f'Sizes.{f.name}')
     for f in dataclasses.fields(Sizes)
@@ -803,6 +874,7 @@ def main(argv):
     return
   _check_choices('groups', _GROUPS.value, GROUPS)
   _check_choices('corpora', _CORPORA.value, CORPORA)
+  _check_choices('long_arms', _LONG_ARMS.value, list(ARMS))
   depths, seeds = [int(d) for d in _DEPTHS.value], [int(s) for s in _SEEDS.value]
   runs = plan(
       _GROUPS.value,
@@ -812,14 +884,16 @@ def main(argv):
       sizes=sizes,
       ablation_corpus=_ABL_CORPUS.value,
       ablation_depth=_ABL_DEPTH.value,
+      long_arms=_LONG_ARMS.value,
       image_depths=[int(d) for d in _IMAGE_DEPTHS.value],
   )
   if _DRY_RUN.value:
     for run in runs:
-      print(('done ' if result_path(study_dir, run).exists() else 'todo ') + run.key)
+      finished = done(study_dir, run, sizes, _DIAGNOSE_EXISTING.value)
+      print(('done ' if finished else 'todo ') + run.key)
     return
   check_sizes(study_dir, sizes)
-  run_all(runs, sizes, study_dir)
+  run_all(runs, sizes, study_dir, diagnose_existing=_DIAGNOSE_EXISTING.value)
   if 'costs' in _GROUPS.value:
     everything = plan(
         GROUPS,

@@ -23,6 +23,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 1000
   c.log_every_steps = 50
   c.keep_checkpoints = 3
+  c.keep_checkpoint_period = 0  # also keep every checkpoint whose step is a multiple (0: off)
   c.async_checkpointing = True
   c.nan_check_every_steps = 0  # extra host checks for a NaN/inf loss every N steps
   # (0: only at log and checkpoint steps, no per-step sync)

@@ -15,6 +15,7 @@ default"; without a default the entry is required.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from typing import Any, Iterable, Optional, Sequence
@@ -69,6 +70,12 @@ def check_positive(
     raise ConfigError(
         f'{owner}.{field}={value!r} is invalid; expected a {kind} ' f'{bound}{extra}.'
     )
+
+
+def check_finite(owner: str, field: str, value: Any) -> None:
+  """Raises unless ``value`` is a finite real number (not a bool)."""
+  if not (_is_number(value) and math.isfinite(value)):
+    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a finite number.')
 
 
 def check_probability(owner: str, field: str, value: Any) -> None:

@@ -133,6 +133,7 @@ _NEG = -1e30
 _MIN_TWO_VARIANCE = 1e-12
 
 _OWNER = 'ContextPool'
+_ZEROS = nn.initializers.zeros_init()
 
 
 # ----------------------------------------------------------------------------
@@ -198,30 +199,16 @@ def squared_distances(q_coords: Sequence[Array], k_coords: Sequence[Array]) -> A
 # ----------------------------------------------------------------------------
 
 
-def pooling_sigma(
-    raw_size: Array,
-    valid: Array,
-    *,
-    size_norm: str,
-    causal: bool,
-    ratio: float,
-    grid_extent: Optional[float],
-) -> Array:
-  """Gaussian standard deviations in token units, ``[batch, n]`` (float32).
-
-  ``s`` is the normalised pooling size in [0, 1] (A1):
+def normalised_size(raw_size: Array, valid: Array, *, size_norm: str, causal: bool) -> Array:
+  """The normalised pooling sizes ``s`` in [0, 1], ``[batch, n]`` float32 (A1),
+  from the mapping's raw size channel ``[batch, n]``:
 
   * ``'softmax'``: the paper's literal reading, a softmax of the raw sizes over
     the valid positions (for ``causal``: over the valid positions ``<= i``, a
     prefix softmax, so that s_i never depends on later tokens);
   * ``'sigmoid'``: a per-token squashing, ``s_i = sigmoid(raw_i)``.
 
-  Sequences: ``sigma_i = r * n_i * s_i`` where ``n_i`` is the number of tokens
-  token i pools over: the number of valid tokens (not the padded length, so the
-  amount of padding never changes a real token's output) or, for ``causal``,
-  the number of valid tokens ``<= i`` (so the output at i is the same whatever
-  the length of the future). Grids: ``sigma = r * S * (h + w) / 2`` with the
-  static grid size (``grid_extent``).
+  0 at padded positions.
   """
   z = jnp.where(valid, raw_size.astype(jnp.float32), _NEG)
   if size_norm == 'sigmoid':
@@ -230,9 +217,34 @@ def pooling_sigma(
     s = jnp.exp(z - jax.lax.cumlogsumexp(z, axis=1))
   else:
     s = jax.nn.softmax(z, axis=1)
-  s = jnp.where(valid, s, 0.0)
+  return jnp.where(valid, s, 0.0)
+
+
+def pooling_sigma(
+    s: Array,
+    valid: Array,
+    *,
+    causal: bool,
+    ratio: float,
+    grid_extent: Optional[float],
+    length: Optional[float] = None,
+) -> Array:
+  """Gaussian standard deviations in token units, ``[batch, n]`` (float32), from
+  the normalised sizes ``s`` (:func:`normalised_size`).
+
+  Sequences: ``sigma_i = r * n_i * s_i`` where ``n_i`` is the number of tokens
+  token i pools over: the number of valid tokens (not the padded length, so the
+  amount of padding never changes a real token's output) or, for ``causal``,
+  the number of valid tokens ``<= i`` (so the output at i is the same whatever
+  the length of the future); or, when ``length`` is given
+  (``ContextPool.sigma_length``), that static n for every token, so a token's
+  size does not depend on where it sits in the window. Grids: ``sigma = r * S
+  * (h + w) / 2`` with the static grid size (``grid_extent``).
+  """
   if grid_extent is not None:
     extent = grid_extent
+  elif length is not None:
+    extent = length
   elif causal:
     extent = jnp.cumsum(valid, axis=1, dtype=jnp.float32)
   else:
@@ -1099,7 +1111,8 @@ class ContextPool(nn.Module):
   Sows into ``'intermediates'`` (``apply(..., mutable=['intermediates'])``):
   ``'pool_weights'``: the normalised weights w, ``[batch, *spatial]`` (for
   ``weights='nonlocal'`` the pairwise weights ``[batch, *out_spatial, *spatial]``);
-  ``'pool_sigma'``: sigma in token units, ``[batch, *spatial]`` (for
+  ``'pool_size'``: the normalised size s in [0, 1] (:func:`normalised_size`)
+  and ``'pool_sigma'``: sigma in token units, both ``[batch, *spatial]`` (for
   ``'adaptive_window'`` the window radius; not sown for localities without a
   learned size). Output position o uses the sigma of its centre.
 
@@ -1111,15 +1124,31 @@ class ContextPool(nn.Module):
       and raw size channels (only the channels the variant uses are predicted).
     size_norm: A1. ``'sigmoid'`` (default: per token, sigma in (0, r n)) or
       ``'softmax'`` (the literal reading: over positions, so sizes sum to 1
-      and the average sigma is r tokens). See :func:`pooling_sigma`. Default
+      and the average sigma is r tokens). See :func:`normalised_size`. Default
       chosen by ``benchmarks/ablation_default.py`` (README "Results"): on the
       offline LM, sigmoid gave lower validation BPC than softmax in every
       placement (e.g. 2.34 vs 2.45 at seed 0); on a grid the softmax reading
       makes every sigma a small fraction of a cell (r (h + w) / 2 / (h w)),
       i.e. an identity layer.
     ratio: r; None means 0.1 for sequences, 0.05 for grids.
+    sigma_length: sequences only: a static n in ``sigma_i = r n s_i`` (e.g. the
+      model's context length), so that a token's pooling size does not depend
+      on its position in the window (an extension: the paper's n is "the
+      sequence length"). None (default): n counts the real tokens (causal: the
+      real tokens ``<= i``). Causality and padding invariance hold either way.
+    size_bias_init: initial bias of the raw size channel (the mapping's last
+      layer), i.e. where ``s = sigmoid(raw)`` starts (``'sigmoid'``: about
+      ``sigmoid(size_bias_init)``); 0.0 (default) is flax's zero bias. A
+      negative value starts narrow: ``-3.2`` gives ``s ~ 0.04``, sigma ~ 1
+      token at ``r n = 25.6`` (an extension; the paper gives no init).
     residual: A3. False: the pooled features replace the input (the paper's
       "pool them ... for use in the next attention block"); True: ``x + pool(x)``.
+    gate: an extension of A3 (not in the paper): a learned per-feature gate
+      ``g [features]``, ``y = x + g * (pool(x) - x)``, so every channel can
+      learn how much of its pooled value replaces its own (g = 1: the paper's
+      replacement, g = 0: the identity). Not combined with ``residual``.
+    gate_init: the gate's initial value (every feature), 1.0: the paper's
+      replacement at initialisation.
     causal: A4. Sequences only. No output depends on a later input: the
       support is ``j <= i``; the cnn mapping is left-padded; the mlp mapping is
       per token; the attention mapping and non-local weights are causally
@@ -1200,7 +1229,11 @@ class ContextPool(nn.Module):
   mapping: str = 'cnn'
   size_norm: str = 'sigmoid'
   ratio: Optional[float] = None
+  sigma_length: Optional[int] = None
+  size_bias_init: float = 0.0
   residual: bool = False
+  gate: bool = False
+  gate_init: float = 1.0
   causal: bool = False
   strides: Union[int, Sequence[int]] = 1
   window_shape: Optional[Union[int, Sequence[int]]] = None
@@ -1254,7 +1287,10 @@ class ContextPool(nn.Module):
       raise ConfigError(
           f'{_OWNER}.random_seed={self.random_seed!r} is invalid; ' 'expected an int.'
       )
-    for name in ('residual', 'causal', 'decode'):
+    v.check_positive(_OWNER, 'sigma_length', self.sigma_length, allow_none=True, integer=True)
+    v.check_finite(_OWNER, 'size_bias_init', self.size_bias_init)
+    v.check_finite(_OWNER, 'gate_init', self.gate_init)
+    for name in ('residual', 'gate', 'causal', 'decode'):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(
             f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; ' 'expected True or False.'
@@ -1263,6 +1299,11 @@ class ContextPool(nn.Module):
       raise ConfigError(
           f'{_OWNER}.decode=True needs causal=True (streaming reads x_<=t only); '
           f'got causal={self.causal!r}.'
+      )
+    if self.gate and self.residual:
+      raise ConfigError(
+          f'{_OWNER}.gate=True with residual=True: choose one way to combine x and '
+          'pool(x) (gate: x + g * (pool(x) - x); residual: x + pool(x)).'
       )
 
   def _check_inputs(self, x: Array, mask: Optional[Array]) -> tuple[int, ...]:
@@ -1280,6 +1321,11 @@ class ContextPool(nn.Module):
           f'features]; got a grid of shape {x.shape}. Causal pooling '
           'is only defined for 1D sequences.'
       )
+    if self.sigma_length is not None and ndim != 1:
+      raise ConfigError(
+          f'{_OWNER}.sigma_length={self.sigma_length!r} is for sequences; got a grid of '
+          f'shape {x.shape} (grids use sigma = r S (h + w) / 2). Allowed: None.'
+      )
     if self.causal and any(s != 1 for s in strides):
       raise ConfigError(
           f'{_OWNER}.strides={self.strides!r} is not allowed with ' 'causal=True; allowed: 1.'
@@ -1293,32 +1339,47 @@ class ContextPool(nn.Module):
 
   # -- m(X) ------------------------------------------------------------------
 
+  def _out_bias_init(self, channels: int) -> Callable[..., Array]:
+    """Bias init of the mapping's last layer: zeros, and ``size_bias_init`` on
+    the raw size channel (the last one) when the variant has one."""
+    uses_size = self.locality in ('gaussian', 'adaptive_window')
+
+    def init(key, shape, dtype=jnp.float32):
+      del key
+      bias = jnp.zeros(shape, dtype)
+      return bias.at[..., -1].set(self.size_bias_init) if uses_size else bias
+
+    return init
+
   def _mapping(self, x: Array, valid: Array, channels: int, dtype: Dtype) -> Array:
     """m(X): ``[batch, *spatial, features] -> [batch, n, channels]`` raw outputs."""
     batch, spatial = x.shape[0], x.shape[1:-1]
     act = ACTIVATIONS[self.activation]
     valid_sp = valid.reshape(valid.shape[0], *spatial, 1)
     x = _mask_features(valid_sp, x, 0.0)
-    dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype, name=name)
+    dense = lambda f, name, bias_init=_ZEROS: nn.Dense(
+        f, dtype=dtype, param_dtype=self.param_dtype, bias_init=bias_init, name=name
+    )
     if self.mapping == 'cnn':
       k = self.kernel_size
       padding = [(k - 1, 0)] if self.causal else 'SAME'
-      conv = lambda f, name: nn.Conv(
+      conv = lambda f, name, bias_init=_ZEROS: nn.Conv(
           f,
           (k,) * len(spatial),
           padding=padding,
           dtype=dtype,
           param_dtype=self.param_dtype,
+          bias_init=bias_init,
           name=name,
       )
       h = act(conv(self.hidden_features, 'mapping_conv_0')(x))
       # Zero the hidden map at padded positions too, so that padding behaves
       # exactly like the convolution's own zero padding.
       h = _mask_features(valid_sp, h, 0.0)
-      out = conv(channels, 'mapping_conv_1')(h)
+      out = conv(channels, 'mapping_conv_1', self._out_bias_init(channels))(h)
     elif self.mapping == 'mlp':
       h = act(dense(self.hidden_features, 'mapping_dense_0')(x))
-      out = dense(channels, 'mapping_dense_1')(h)
+      out = dense(channels, 'mapping_dense_1', self._out_bias_init(channels))(h)
     else:  # 'attention'
       tokens = x.reshape(batch, math.prod(spatial), x.shape[-1])
       attn_mask = valid[:, None, :, None] & valid[:, None, None, :]
@@ -1326,7 +1387,7 @@ class ContextPool(nn.Module):
         attn_mask = attn_mask & jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
       # decode: its own key/value cache (see _decode_step).
       h = self._mapping_attention(dtype, self.decode)(tokens, tokens, mask=attn_mask)
-      out = dense(channels, 'mapping_dense')(h)
+      out = dense(channels, 'mapping_dense', self._out_bias_init(channels))(h)
     return out.reshape(batch, math.prod(spatial), channels).astype(jnp.float32)
 
   def _mapping_attention(self, dtype: Dtype, decode: bool) -> nn.Module:
@@ -1429,14 +1490,16 @@ class ContextPool(nn.Module):
 
     sigma_q = None
     if uses_size:
+      size = normalised_size(raw[..., -1], valid, size_norm=self.size_norm, causal=self.causal)
       sigma = pooling_sigma(
-          raw[..., -1],
+          size,
           valid,
-          size_norm=self.size_norm,
           causal=self.causal,
           ratio=ratio,
           grid_extent=(sum(spatial) / 2 if ndim == 2 else None),
+          length=self.sigma_length,
       )
+      self.sow('intermediates', 'pool_size', size.reshape(batch, *spatial))
       self.sow('intermediates', 'pool_sigma', sigma.reshape(batch, *spatial))
       sigma_q = sigma[:, q_index]  # [b, m]
 
@@ -1463,11 +1526,24 @@ class ContextPool(nn.Module):
       y = _pool_blockwise(rule, self.block_size, inputs, self.gaussian_skip_nats)
 
     x_centres = tokens[:, q_index]
-    if self.residual:
-      y = x_centres + y
+    y = self._combine(x_centres, y)
     # Padded positions are passed through unchanged.
     y = _mask_features(centres.valid[..., None], y, x_centres)
     return y.reshape(batch, *out_spatial, features)
+
+  def _combine(self, x: Array, pooled: Array) -> Array:
+    """What the layer returns at the centres from their inputs ``x`` and the
+    pooled features (both ``[batch, m, features]``): the pooled features (the
+    paper), ``x + pooled`` (``residual``) or ``x + g * (pooled - x)``
+    (``gate``), for the whole-sequence call and the decoding step alike."""
+    if self.residual:
+      return x + pooled
+    if self.gate:
+      g = self.param(
+          'gate', nn.initializers.constant(self.gate_init), (x.shape[-1],), self.param_dtype
+      )
+      return x + g.astype(x.dtype) * (pooled - x)
+    return pooled
 
   # -- streaming (decode=True) -----------------------------------------------
 
@@ -1522,30 +1598,33 @@ class ContextPool(nn.Module):
     act = ACTIVATIONS[self.activation]
     keep = valid[..., None]  # [b, 1, 1]
     x = _mask_features(keep, x, 0.0)
-    dense = lambda f, name: nn.Dense(f, dtype=dtype, param_dtype=self.param_dtype, name=name)
+    dense = lambda f, name, bias_init=_ZEROS: nn.Dense(
+        f, dtype=dtype, param_dtype=self.param_dtype, bias_init=bias_init, name=name
+    )
     if self.mapping == 'cnn':
-      conv = lambda f, name: nn.Conv(
+      conv = lambda f, name, bias_init=_ZEROS: nn.Conv(
           f,
           (self.kernel_size,),
           padding='VALID',
           dtype=dtype,
           param_dtype=self.param_dtype,
+          bias_init=bias_init,
           name=name,
       )
       window = jnp.concatenate([cache['conv_inputs'].value, x.astype(dtype)], axis=1)
       h = _mask_features(keep, act(conv(self.hidden_features, 'mapping_conv_0')(window)), 0.0)
       hidden = jnp.concatenate([cache['conv_hidden'].value, h.astype(dtype)], axis=1)
-      out = conv(channels, 'mapping_conv_1')(hidden)
+      out = conv(channels, 'mapping_conv_1', self._out_bias_init(channels))(hidden)
       cache['conv_inputs'].value = window[:, 1:]
       cache['conv_hidden'].value = hidden[:, 1:]
     elif self.mapping == 'mlp':
-      out = dense(channels, 'mapping_dense_1')(
+      out = dense(channels, 'mapping_dense_1', self._out_bias_init(channels))(
           act(dense(self.hidden_features, 'mapping_dense_0')(x))
       )
     else:  # 'attention': flax's cache masks j > t; the cached validity masks padding.
       attn_mask = valid[:, None, :, None] & cache['valid'].value[:, None, None, :]
       h = self._mapping_attention(dtype, True)(x, x, mask=attn_mask)
-      out = dense(channels, 'mapping_dense')(h)
+      out = dense(channels, 'mapping_dense', self._out_bias_init(channels))(h)
     return out.reshape(x.shape[0], channels).astype(jnp.float32)
 
   def _decode_step(self, x: Array, mask: Optional[Array], deterministic: bool) -> Array:
@@ -1614,7 +1693,8 @@ class ContextPool(nn.Module):
         cache['size_lse'].value = lse
         s = jnp.exp(z - lse[:, None])
       ratio = self.ratio if self.ratio is not None else DEFAULT_RATIO[1]
-      sigma = ratio * count[:, None] * jnp.where(valid, s, 0.0)
+      extent = count[:, None] if self.sigma_length is None else self.sigma_length
+      sigma = ratio * extent * jnp.where(valid, s, 0.0)
 
     centres = Centres(index=t[None].astype(jnp.int32), valid=valid, sigma=sigma, theta=theta)
     context = Context(
@@ -1626,6 +1706,4 @@ class ContextPool(nn.Module):
     )
     y = _pool_dense(self.pool_rule((length,), dropout=False), PoolInputs(centres, context))
     cache['cache_index'].value = t + 1
-    if self.residual:
-      y = x + y
-    return _mask_features(valid[..., None], y, x)
+    return _mask_features(valid[..., None], self._combine(x, y), x)

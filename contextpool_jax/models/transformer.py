@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -94,6 +94,10 @@ def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
 
 
 CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
+# Which inputs of the self-attention read the pooled features
+# (context_pool_position='attention_input'): queries, keys and values; keys and
+# values only; queries only.
+CONTEXT_POOL_READS = ('qkv', 'kv', 'q')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +128,15 @@ class TransformerConfig:
     context_pool: None (off) or a mapping of ContextPool field overrides.
     context_pool_position: ``'attention_input' | 'output'``
       (:class:`TransformerLayer`).
+    context_pool_first_layer: the first layer with ContextPool (0: every
+      layer). 1 is the paper's "after each attention block ... for use in the
+      next attention block" read literally with ``'attention_input'``: layer
+      0's attention reads the unpooled embeddings.
+    context_pool_reads: ``'attention_input'`` only: which inputs of the
+      self-attention read the pooled features, ``'qkv'`` (default) | ``'kv'``
+      (queries read ``LN x``) | ``'q'`` (keys and values read ``LN x``).
+    context_pool_heads: ``'attention_input'`` only: how many heads (the first
+      ones) read the pooled features; the others read ``LN x``. None: all.
     scan_layers: one ``nn.scan`` over the identical layers of each stack.
     remat: recompute each layer's activations in the backward pass.
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
@@ -144,6 +157,9 @@ class TransformerConfig:
   area_key_mode: str = 'mean'
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'attention_input'
+  context_pool_first_layer: int = 0
+  context_pool_reads: str = 'qkv'
+  context_pool_heads: Optional[int] = None
   scan_layers: bool = False
   remat: bool = False
   dtype: Optional[Dtype] = None
@@ -167,6 +183,7 @@ class TransformerConfig:
     ):
       v.check_positive(owner, field, getattr(self, field), integer=True)
     v.check_positive(owner, 'num_area_layers', self.num_area_layers, integer=True, allow_zero=True)
+    self.check_context_pool_placement(owner)
     v.check_probability(owner, 'dropout_rate', self.dropout_rate)
     v.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
     if self.emb_dim % self.num_heads:
@@ -174,13 +191,80 @@ class TransformerConfig:
           f'{owner}.num_heads={self.num_heads!r} does not divide ' f'emb_dim={self.emb_dim!r}.'
       )
 
+  def check_context_pool_placement(self, owner: str) -> None:
+    """The ``context_pool_*`` placement fields (first layer, reads, heads)."""
+    v.check_choice(owner, 'context_pool_reads', self.context_pool_reads, CONTEXT_POOL_READS)
+    v.check_positive(
+        owner,
+        'context_pool_first_layer',
+        self.context_pool_first_layer,
+        integer=True,
+        allow_zero=True,
+    )
+    v.check_positive(
+        owner, 'context_pool_heads', self.context_pool_heads, integer=True, allow_none=True
+    )
+    if self.context_pool is None:
+      return
+    if self.context_pool_first_layer >= self.num_layers:
+      raise ConfigError(
+          f'{owner}.context_pool_first_layer={self.context_pool_first_layer!r} leaves no '
+          f'layer with ContextPool (num_layers={self.num_layers}); expected 0 to '
+          f'{self.num_layers - 1}, or context_pool=None for no ContextPool.'
+      )
+    if self.context_pool_heads is not None and self.context_pool_heads > self.num_heads:
+      raise ConfigError(
+          f'{owner}.context_pool_heads={self.context_pool_heads!r} exceeds '
+          f'num_heads={self.num_heads}; expected 1 to {self.num_heads}, or None (all).'
+      )
+    split = self.context_pool_reads != 'qkv' or self.context_pool_heads is not None
+    if split and self.context_pool_position != 'attention_input':
+      raise ConfigError(
+          f'{owner}.context_pool_reads={self.context_pool_reads!r} / context_pool_heads='
+          f'{self.context_pool_heads!r} choose what the attention reads, which needs '
+          f"context_pool_position='attention_input' (got {self.context_pool_position!r}); "
+          "allowed with 'output': reads='qkv', heads=None."
+      )
+    if self.context_pool_heads is not None and self.attention == 'area':
+      raise ConfigError(
+          f'{owner}.context_pool_heads={self.context_pool_heads!r} is not supported with '
+          "attention='area' (area attention pools its own keys); allowed: None."
+      )
+
+
+class HeadMix(NamedTuple):
+  """An attention input whose first ``heads`` heads read ``pooled`` and the
+  others ``plain`` (both ``[batch, length, features]``): the query, key and
+  value projections of those heads are applied to ``pooled``
+  (``TransformerConfig.context_pool_heads``)."""
+
+  pooled: Array
+  plain: Array
+  heads: int
+
+
+def _width(inputs: Array | HeadMix) -> int:
+  return (inputs.plain if isinstance(inputs, HeadMix) else inputs).shape[-1]
+
+
+def _project(proj: nn.Module, inputs: Array | HeadMix) -> Array:
+  """``proj`` (``[..., features] -> [..., heads, head_dim]``) of ``inputs``; for
+  a :class:`HeadMix`, heads ``< inputs.heads`` project ``pooled``, the rest
+  ``plain`` (one set of parameters)."""
+  if not isinstance(inputs, HeadMix):
+    return proj(inputs)
+  pooled, plain = proj(inputs.pooled), proj(inputs.plain)
+  first = jnp.arange(pooled.shape[-2]) < inputs.heads
+  return jnp.where(first[:, None], pooled, plain)
+
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention; standard, local window or area (Li et al., 2019).
 
   ``__call__(inputs_q, inputs_kv, mask, deterministic)`` with inputs
-  ``[batch, length, features]`` and a bool mask broadcastable to
-  ``[batch, heads, q_len, kv_len]``. Standard and local attention use
+  ``[batch, length, features]`` (standard and local attention: or a
+  :class:`HeadMix`, different inputs for different heads) and a bool mask
+  broadcastable to ``[batch, heads, q_len, kv_len]``. Standard and local attention use
   ``jax.nn.dot_product_attention`` (on GPU it can dispatch to cuDNN flash
   attention); local attention passes ``local_window_size``. Every attention of
   the family is this module (built in :meth:`TransformerLayer.make_attention`).
@@ -225,16 +309,22 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(
-      self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array], deterministic: bool
+      self,
+      inputs_q: Array | HeadMix,
+      inputs_kv: Array | HeadMix,
+      mask: Optional[Array],
+      deterministic: bool,
   ) -> Array:
     cfg = self.config
-    features = inputs_q.shape[-1]
+    features = _width(inputs_q)
     if self.decode and self.causal and mask is not None:
       raise ValueError(
           'MultiHeadAttention: decode=True takes mask=None (decoded tokens are '
           f'all real); got a mask of shape {jnp.shape(mask)}.'
       )
     if self.kind == 'area':
+      if isinstance(inputs_q, HeadMix) or isinstance(inputs_kv, HeadMix):
+        raise ConfigError('MultiHeadAttention: area attention takes arrays, not a HeadMix.')
       return AreaAttention(
           num_heads=cfg.num_heads,
           max_area_width=cfg.max_area_width,
@@ -259,11 +349,11 @@ class MultiHeadAttention(nn.Module):
         param_dtype=cfg.param_dtype,
         kernel_init=_KERNEL_INIT,
     )
-    q = dense(name='query')(inputs_q)
+    q = _project(dense(name='query'), inputs_q)
     if self.decode and not self.causal:  # cross-attention over a fixed memory
       return self._output(features, self._memory_attention(q, inputs_kv, mask, dense))
-    k = dense(name='key')(inputs_kv)
-    val = dense(name='value')(inputs_kv)
+    k = _project(dense(name='key'), inputs_kv)
+    val = _project(dense(name='value'), inputs_kv)
     window = None
     if self.kind == 'local':
       window = (cfg.local_window, 0 if self.causal else cfg.local_window)
@@ -271,7 +361,7 @@ class MultiHeadAttention(nn.Module):
     if self.causal and not stepping:
       if self.decode:  # the first call: create the cache for this length
         self._cached_keys_values(k, val, window)
-      cm = causal_mask(inputs_q.shape[1])
+      cm = causal_mask(q.shape[1])
       mask = cm if mask is None else mask & cm
     rate = cfg.attention_dropout_rate
     if stepping:
@@ -423,13 +513,30 @@ class TransformerLayer(nn.Module):
       :class:`~contextpool_jax.layers.context_pool.ContextPool`); after the
       cache-creating call on the full length, ``x`` is one token ``[batch, 1,
       emb_dim]``, a real one (``x_valid`` True).
+    use_context_pool: False: this layer has no ContextPool even if the model
+      has (the stack sets it from ``config.context_pool_first_layer``).
   """
+
+  def attention_inputs(
+      self, h: Array, pooled: Optional[Array]
+  ) -> tuple[Array | HeadMix, Array | HeadMix]:
+    """The self-attention's query and key/value inputs from ``h = LN(x)`` and
+    its pooled features (None: no ContextPool before the attention), by
+    ``config.context_pool_reads`` and ``config.context_pool_heads``."""
+    cfg = self.config
+    if pooled is None:
+      return h, h
+    if cfg.context_pool_heads is not None:
+      pooled = HeadMix(pooled, h, cfg.context_pool_heads)
+    reads = cfg.context_pool_reads
+    return (pooled if 'q' in reads else h), (pooled if 'kv' in reads else h)
 
   config: TransformerConfig
   attention_kind: str = 'standard'
   causal: bool = False
   deterministic: bool = True
   decode: bool = False
+  use_context_pool: bool = True
 
   def make_attention(self, kind: str, causal: bool, name: str) -> MultiHeadAttention:
     """The layer's attention modules (self and cross), all built here."""
@@ -449,19 +556,20 @@ class TransformerLayer(nn.Module):
     drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
 
     pool = make_context_pool(
-        cfg.context_pool,
+        cfg.context_pool if self.use_context_pool else None,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
         name='context_pool',
         **({'causal': True, 'decode': self.decode} if self.causal else {}),
     )
     h = norm(name='self_attention_norm')(x)
+    pooled = None
     if pool is not None and cfg.context_pool_position == 'attention_input':
-      h = pool(h, x_valid, self.deterministic)  # attention reads pooled features
+      pooled = pool(h, x_valid, self.deterministic)  # attention reads pooled features
     # Decoding: every cached token is real (a cache has no key mask).
     self_mask = None if self.decode else padding_mask(x_valid, x_valid)
     h = self.make_attention(self.attention_kind, self.causal, 'self_attention')(
-        h, h, self_mask, self.deterministic
+        *self.attention_inputs(h, pooled), self_mask, self.deterministic
     )
     x = x + drop(h)
     if memory is not None:
@@ -495,7 +603,8 @@ class TransformerStack(nn.Module):
   """``num_layers`` TransformerLayers and a final LayerNorm (an encoder, decoder or LM).
 
   With ``attention='area'`` the first ``num_area_layers`` layers use area
-  attention and the rest standard attention (Li et al., 2019). With
+  attention and the rest standard attention (Li et al., 2019); with
+  ContextPool, layers before ``context_pool_first_layer`` have none. With
   ``scan_layers`` the identical layers after those are one ``nn.scan``
   (parameters stacked on a leading axis), so one layer is compiled instead of
   n. ``remat`` recomputes each layer's activations in the backward pass.
@@ -531,10 +640,17 @@ class TransformerStack(nn.Module):
     )
     args = (valid,) if memory is None else (valid, memory, memory_valid)
     num_area = min(cfg.num_area_layers, cfg.num_layers) if cfg.attention == 'area' else 0
-    for i in range(num_area):
-      x = layer(attention_kind='area', name=f'layer_{i}')(x, *args)
     rest_kind = 'standard' if cfg.attention == 'area' else cfg.attention
-    rest = cfg.num_layers - num_area
+    # The first layers differ from the rest (area attention, no ContextPool):
+    # built one by one; the identical rest may be one nn.scan.
+    first = max(num_area, cfg.context_pool_first_layer if cfg.context_pool is not None else 0)
+    for i in range(first):
+      x = layer(
+          attention_kind='area' if i < num_area else rest_kind,
+          use_context_pool=i >= cfg.context_pool_first_layer,
+          name=f'layer_{i}',
+      )(x, *args)
+    rest = cfg.num_layers - first
     if cfg.scan_layers and rest > 1:
       scanned = nn.scan(
           _ScanBody,
@@ -547,7 +663,7 @@ class TransformerStack(nn.Module):
           x, *args
       )
     else:
-      for i in range(num_area, cfg.num_layers):
+      for i in range(first, cfg.num_layers):
         x = layer(attention_kind=rest_kind, name=f'layer_{i}')(x, *args)
     return nn.LayerNorm(dtype=cfg.dtype, param_dtype=cfg.param_dtype, name='norm')(x)
 

@@ -45,10 +45,18 @@ class CheckpointError(RuntimeError):
 
 
 def manager(
-    directory: epath.Path, *, keep: int, asynchronous: bool = True
+    directory: epath.Path, *, keep: int, keep_period: int = 0, asynchronous: bool = True
 ) -> ocp.CheckpointManager:
-  """The run's orbax manager: keeps the newest ``keep`` steps, writes in the background."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous)
+  """The run's orbax manager: keeps the newest ``keep`` steps and, with
+  ``keep_period`` > 0, every step that is a multiple of it (e.g. for analyses
+  of the model along training); writes in the background."""
+  policies = ocp.checkpoint_managers
+  preservation = policies.LatestN(keep)
+  if keep_period:
+    preservation = policies.AnyPreservationPolicy([preservation, policies.EveryNSteps(keep_period)])
+  options = ocp.CheckpointManagerOptions(
+      preservation_policy=preservation, enable_async_checkpointing=asynchronous
+  )
   return ocp.CheckpointManager(directory, options=options)
 
 

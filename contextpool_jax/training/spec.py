@@ -38,6 +38,7 @@ class RunSpec:
   eval_every_steps: int
   checkpoint_every_steps: int
   keep_checkpoints: int
+  keep_checkpoint_period: int  # 0: off
   async_checkpointing: bool
   nan_check_every_steps: int  # 0: only at log and checkpoint steps
   eval_splits: tuple[str, ...]
@@ -86,6 +87,7 @@ def resolve_spec(
       eval_every_steps=read_int('eval_every_steps'),
       checkpoint_every_steps=read_int('checkpoint_every_steps'),
       keep_checkpoints=read_int('keep_checkpoints'),
+      keep_checkpoint_period=checks.read_int(config, 'keep_checkpoint_period', default=0),
       async_checkpointing=flag('async_checkpointing'),
       nan_check_every_steps=read_int('nan_check_every_steps', minimum=0),
       eval_splits=splits,

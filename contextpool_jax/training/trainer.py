@@ -194,6 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   manager = checkpoints.manager(
       workdir / checkpoints.CHECKPOINTS_DIR,
       keep=run.keep_checkpoints,
+      keep_period=run.keep_checkpoint_period,
       asynchronous=run.async_checkpointing,
   )
   preemption = None

@@ -1,0 +1,257 @@
+r"""What a character LM does along training: pool sizes, per-position loss, gradients.
+
+Issue 27 asks why ContextPool, ahead early, ends behind the baseline after
+4,000 steps. :func:`diagnose` reads a workdir whose checkpoints were kept
+along training (``config.keep_checkpoint_period``; the LM study keeps them
+for its long runs of seed 0, ``benchmarks/lm_study.py``) and measures, at
+every kept step:
+
+* **pool sizes** per ContextPool layer (the sown ``pool_size`` s in [0, 1]
+  and ``pool_sigma`` in tokens), on the validation windows: the share of
+  tokens with s > 0.5 (where the sigmoid's gradient towards narrowing is
+  damped) and the median sigma, per position bucket;
+* **the pooled features' norm** ``|CP(LN x)| / |LN x|`` per bucket (with
+  ``context_pool_position='attention_input'``: what the attention reads
+  against what it would read without ContextPool);
+* **validation BPC per position bucket** (0-63, 64-127, 128-255: the study's
+  validation scores positions 128-255 of each window, its first window
+  excepted) over the non-overlapping full windows of the validation split;
+* **the gradient norm** of the training loss on fixed training windows, in
+  total and per module (embedder, ``layer_i/context_pool``,
+  ``layer_i/self_attention``, ``layer_i/mlp``, norms).
+
+The trainer's own gradient norm along training (``metrics.jsonl``, the mean
+over each log interval) is added to the result. :func:`report` turns the
+diagnostics of several runs into markdown tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from contextpool_jax.data import lm_input
+from contextpool_jax.layers.context_pool import ContextPool
+from contextpool_jax.training import objectives
+from contextpool_jax.training.load import checkpoint_steps, load, read_config
+
+BUCKETS = ((0, 64), (64, 128), (128, 256))  # position ranges [lo, hi) of a 256-byte window
+WIDE = 0.5  # s above this counts as a wide pool
+GRAD_WINDOWS = 64  # fixed training windows of the gradient norm
+GRAD_SEED = 27
+BATCH = 16
+
+
+def bucket_name(lo: int, hi: int) -> str:
+  return f'{lo}-{hi - 1}'
+
+
+def _windows(
+    split: lm_input.text_builders.ByteSplit, starts: np.ndarray, length: int
+) -> np.ndarray:
+  """``int32 [len(starts), length + 1]``: the bytes from each start."""
+  return np.stack([split.read(int(s), int(s) + length + 1) for s in starts]).astype(np.int32)
+
+
+def validation_windows(config, max_bytes: int) -> np.ndarray:
+  """The non-overlapping full windows ``[w, seq_len + 1]`` of the first
+  ``max_bytes`` of the validation split (the study's ``eval_max_bytes``)."""
+  split = lm_input.load_split(config, 'validation')
+  n = config.dataset.seq_len
+  usable = min(len(split), max_bytes)
+  return _windows(split, np.arange(0, usable - n - 1 + 1, n), n)
+
+
+def training_windows(config) -> np.ndarray:
+  """:data:`GRAD_WINDOWS` training windows at seeded offsets (the same for every run)."""
+  split = lm_input.load_split(config, 'train')
+  n = config.dataset.seq_len
+  rng = np.random.default_rng(GRAD_SEED)
+  return _windows(split, np.sort(rng.integers(0, len(split) - n - 1, GRAD_WINDOWS)), n)
+
+
+def _is_probed(module, method_name: str) -> bool:
+  """Captured outputs: each ContextPool and the norm whose output it pools."""
+  return method_name == '__call__' and (
+      isinstance(module, ContextPool) or module.name == 'self_attention_norm'
+  )
+
+
+def _forward(model, variables, tokens):
+  """Per-position NLL ``[b, n]`` (nats) and the captured/sown intermediates, flat."""
+  logits, inter = model.apply(
+      variables,
+      tokens[:, :-1],
+      mutable=['intermediates'],
+      capture_intermediates=_is_probed,
+  )
+  nll = objectives.cross_entropy(logits, tokens[:, 1:])
+  flat = flax.traverse_util.flatten_dict(inter['intermediates'], sep='/')
+  return nll, {k: v[0] for k, v in flat.items()}
+
+
+def _layer_stats(flat: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
+  """Per ContextPool layer: s, sigma and the norm ratio per bucket (numpy in)."""
+  out = {}
+  for key in sorted(k for k in flat if k.endswith('/pool_sigma')):
+    layer = key[: -len('/pool_sigma')]  # .../layer_i/context_pool
+    s, sigma = flat[f'{layer}/pool_size'], flat[key]
+    pooled = flat.get(f'{layer}/__call__')
+    plain = flat.get(f'{layer.rsplit("/", 1)[0]}/self_attention_norm/__call__')
+    ratio = None
+    if pooled is not None and plain is not None and pooled.shape == plain.shape:
+      ratio = np.linalg.norm(pooled, axis=-1) / np.maximum(np.linalg.norm(plain, axis=-1), 1e-9)
+    stats = {}
+    named = [(bucket_name(lo, hi), lo, hi) for lo, hi in BUCKETS if hi <= n]
+    for name, lo, hi in named + [('all', 0, n)]:
+      b = {
+          'share_s_above_half': float(np.mean(s[:, lo:hi] > WIDE)),
+          'median_s': float(np.median(s[:, lo:hi])),
+          'median_sigma': float(np.median(sigma[:, lo:hi])),
+          'p90_sigma': float(np.quantile(sigma[:, lo:hi], 0.9)),
+      }
+      if ratio is not None:
+        b['norm_ratio'] = float(np.mean(ratio[:, lo:hi]))
+      stats[name] = b
+    out[layer.removeprefix('decoder/')] = stats
+  return out
+
+
+def _group(path: tuple[str, ...]) -> str:
+  """``layer_0/context_pool`` for ``('decoder', 'layer_0', 'context_pool', ...)``."""
+  parts = [p for p in path if p != 'decoder']
+  return '/'.join(parts[:2]) if parts[0].startswith('layer_') else parts[0]
+
+
+def gradient_norms(model, variables, tokens: np.ndarray) -> dict[str, float]:
+  """The norm of the mean training loss's gradient on ``tokens``, total and per module group."""
+
+  def loss(params):
+    logits = model.apply({**variables, 'params': params}, tokens[:, :-1])
+    return jnp.mean(objectives.cross_entropy(logits, tokens[:, 1:]))
+
+  grads = jax.jit(jax.grad(loss))(variables['params'])
+  squares: dict[str, float] = {}
+  for path, g in flax.traverse_util.flatten_dict(grads).items():
+    squares[_group(path)] = squares.get(_group(path), 0.0) + float(jnp.sum(jnp.square(g)))
+  norms = {k: math.sqrt(v) for k, v in sorted(squares.items())}
+  norms['total'] = math.sqrt(sum(squares.values()))
+  return norms
+
+
+def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dict[str, Any]:
+  """The diagnostics of one set of variables (module docstring)."""
+  n = valid.shape[1] - 1
+  forward = jax.jit(lambda v, t: _forward(model, v, t))
+  nll_sum, batches = np.zeros(n), []
+  for i in range(0, len(valid), BATCH):
+    nll, flat = forward(variables, valid[i : i + BATCH])
+    nll_sum += np.asarray(nll, np.float64).sum(0)
+    batches.append({k: np.asarray(v, np.float32) for k, v in flat.items()})
+  bpc = nll_sum / len(valid) / math.log(2.0)
+  merged = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  return {
+      'val_bpc_by_bucket': {
+          bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in BUCKETS if hi <= n
+      },
+      'val_bpc_all_positions': float(bpc.mean()),
+      'layers': _layer_stats(merged, n),
+      'grad_norm': gradient_norms(model, variables, train),
+  }
+
+
+def diagnose(workdir: pathlib.Path, max_bytes: int) -> dict[str, Any]:
+  """Diagnostics of every kept checkpoint of ``workdir`` (and the trainer's
+  gradient norm along training), ``{'steps': {step: ...}, 'train_grad_norm':
+  [(step, norm)]}``."""
+  config = read_config(workdir)
+  valid, train = validation_windows(config, max_bytes), training_windows(config)
+  steps = {}
+  for step in checkpoint_steps(workdir):
+    model, variables, _ = load(workdir, step)
+    steps[step] = diagnose_step(model, variables, valid, train)
+  lines = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines() if l]
+  grad = {
+      l['step']: l['grad_norm'] for l in lines if l.get('split') == 'train' and 'grad_norm' in l
+  }
+  return {
+      'validation_windows': int(len(valid)),
+      'steps': steps,
+      'train_grad_norm': sorted(grad.items()),
+  }
+
+
+# ----------------------------------------------------------------------------
+# Report.
+# ----------------------------------------------------------------------------
+
+
+def _row(cells: Sequence[Any]) -> str:
+  return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+  return [_row(header), _row(['---'] * len(header)), *(_row(r) for r in rows), '']
+
+
+def report(diagnostics: dict[str, dict[str, Any]]) -> str:
+  """Markdown tables of ``{run key: diagnose(...)}``: per-position validation
+  BPC, pool sizes and norm ratios per layer, gradient norms, along training."""
+  lines = ['## Per-position validation BPC (non-overlapping 256-byte windows)', '']
+  names = [bucket_name(lo, hi) for lo, hi in BUCKETS]
+  rows = []
+  for key, d in diagnostics.items():
+    for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0])):
+      by = s['val_bpc_by_bucket']
+      rows.append([key, step, *(f'{by[b]:.3f}' if b in by else '-' for b in names)])
+  lines += _table(['run', 'step', *names], rows)
+
+  lines += ['## Pool sizes and pooled-feature norm per layer', '']
+  lines += [
+      f'share s > {WIDE}: tokens whose normalised size s exceeds {WIDE} (sigmoid:'
+      ' gradient towards narrowing damped); sigma in tokens; norm ratio: mean'
+      ' |CP(LN x)| / |LN x|.',
+      '',
+  ]
+  rows = []
+  for key, d in diagnostics.items():
+    for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0])):
+      for layer, st in s['layers'].items():
+        cells = [key, step, layer, f'{st["all"]["share_s_above_half"]:.2f}']
+        for b in names:
+          cells.append(f'{st[b]["median_sigma"]:.2f}' if b in st else '-')
+        cells += [
+            f'{st[b]["norm_ratio"]:.2f}' if 'norm_ratio' in st.get(b, {}) else '-'
+            for b in (names[0], names[-1])
+        ]
+        rows.append(cells)
+  lines += _table(
+      [
+          'run',
+          'step',
+          'layer',
+          'share s > 0.5',
+          *(f'median sigma {b}' for b in names),
+          f'norm ratio {names[0]}',
+          f'norm ratio {names[-1]}',
+      ],
+      rows,
+  )
+
+  lines += ['## Gradient norm of the training loss (64 fixed training windows)', '']
+  rows = []
+  for key, d in diagnostics.items():
+    for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0])):
+      g = s['grad_norm']
+      cp = math.sqrt(sum(v**2 for k, v in g.items() if k.endswith('/context_pool')))
+      att = math.sqrt(sum(v**2 for k, v in g.items() if k.endswith('/self_attention')))
+      rows.append([key, step, f'{g["total"]:.3f}', f'{att:.3f}', f'{cp:.3f}'])
+  lines += _table(['run', 'step', 'total', 'self-attention', 'ContextPool'], rows)
+  return '\n'.join(lines)
