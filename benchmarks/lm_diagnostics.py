@@ -13,9 +13,9 @@ every kept step:
 * **the pooled features' norm** ``|CP(LN x)| / |LN x|`` per bucket (with
   ``context_pool_position='attention_input'``: what the attention reads
   against what it would read without ContextPool);
-* **validation BPC per position bucket** (0-63, 64-127, 128-255: the study's
-  validation scores positions 128-255 of each window, its first window
-  excepted) over the non-overlapping full windows of the validation split;
+* **validation BPC per position bucket** (:func:`buckets`: 0-63, 64-127,
+  128-255 of a 256-byte window; the study's validation scores the second
+  half of each window, its first window excepted) over the non-overlapping full windows of the validation split;
 * **the gradient norm** of the training loss on fixed training windows, in
   total and per module (embedder, ``layer_i/context_pool``,
   ``layer_i/self_attention``, ``layer_i/mlp``, norms).
@@ -42,11 +42,17 @@ from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.training import objectives
 from contextpool_jax.training.load import checkpoint_steps, load, read_config
 
-BUCKETS = ((0, 64), (64, 128), (128, 256))  # position ranges [lo, hi) of a 256-byte window
 WIDE = 0.5  # s above this counts as a wide pool
 GRAD_WINDOWS = 64  # fixed training windows of the gradient norm
 GRAD_SEED = 27
 BATCH = 16
+
+
+def buckets(n: int) -> tuple[tuple[int, int], ...]:
+  """Position ranges ``[lo, hi)`` of an n-byte window: its first and second
+  quarter and its second half (0-63, 64-127, 128-255 at n = 256; the second
+  half is what the study's validation scores)."""
+  return ((0, n // 4), (n // 4, n // 2), (n // 2, n))
 
 
 def bucket_name(lo: int, hi: int) -> str:
@@ -109,7 +115,7 @@ def _layer_stats(flat: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any
     if pooled is not None and plain is not None and pooled.shape == plain.shape:
       ratio = np.linalg.norm(pooled, axis=-1) / np.maximum(np.linalg.norm(plain, axis=-1), 1e-9)
     stats = {}
-    named = [(bucket_name(lo, hi), lo, hi) for lo, hi in BUCKETS if hi <= n]
+    named = [(bucket_name(lo, hi), lo, hi) for lo, hi in buckets(n)]
     for name, lo, hi in named + [('all', 0, n)]:
       b = {
           'share_s_above_half': float(np.mean(s[:, lo:hi] > WIDE)),
@@ -158,9 +164,8 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
   bpc = nll_sum / len(valid) / math.log(2.0)
   merged = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
   return {
-      'val_bpc_by_bucket': {
-          bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in BUCKETS if hi <= n
-      },
+      'val_bpc_by_bucket': {bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in buckets(n)},
+      'window': n,
       'val_bpc_all_positions': float(bpc.mean()),
       'layers': _layer_stats(merged, n),
       'grad_norm': gradient_norms(model, variables, train),
@@ -204,8 +209,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 def report(diagnostics: dict[str, dict[str, Any]]) -> str:
   """Markdown tables of ``{run key: diagnose(...)}``: per-position validation
   BPC, pool sizes and norm ratios per layer, gradient norms, along training."""
-  lines = ['## Per-position validation BPC (non-overlapping 256-byte windows)', '']
-  names = [bucket_name(lo, hi) for lo, hi in BUCKETS]
+  first = next(iter(diagnostics.values()))
+  n = next(iter(first['steps'].values()))['window']
+  lines = [f'## Per-position validation BPC (non-overlapping {n}-byte windows)', '']
+  names = [bucket_name(lo, hi) for lo, hi in buckets(n)]
   rows = []
   for key, d in diagnostics.items():
     for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0])):

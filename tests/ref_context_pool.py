@@ -90,11 +90,11 @@ def softmax(z, valid):
   return e / e.sum()
 
 
-def sizes_to_sigma(raw, mask, *, size_norm, causal, ratio, grid=False):
+def sizes_to_sigma(raw, mask, *, size_norm, causal, ratio, grid=False, length=None):
   """s = softmax over positions (prefix softmax if causal) or sigmoid; sigma = r n s.
 
-  Sequences: n is the number of real tokens (causal: real tokens <= i).
-  Grids: sigma = r * S * (h + w) / 2.
+  Sequences: n is the number of real tokens (causal: real tokens <= i), or the
+  static ``length`` when given. Grids: sigma = r * S * (h + w) / 2.
   """
   raw = np.asarray(raw, np.float64)
   mask = np.asarray(mask, bool)
@@ -113,6 +113,8 @@ def sizes_to_sigma(raw, mask, *, size_norm, causal, ratio, grid=False):
       s[i] = softmax(flat, visible)[i]
     if grid:
       extent[i] = sum(raw.shape) / 2.0
+    elif length is not None:
+      extent[i] = length
     elif causal:
       extent[i] = fmask[: i + 1].sum()
     else:

@@ -99,6 +99,75 @@ def test_sigma_and_weights_follow_the_paper(size_norm, causal):
     )
 
 
+def _ref_cnn_raw(p, x, mask, causal):
+  """The cnn mapping's raw outputs ``[n, 2]`` of one example, by the reference convolutions."""
+  m = np.asarray(mask)
+  xm = np.where(m[:, None], x, 0.0)
+  conv = lambda z, name: ref.conv(z, p[name]['kernel'], p[name]['bias'], causal=causal)
+  return conv(ref.relu(conv(xm, 'mapping_conv_0')) * m[:, None], 'mapping_conv_1')
+
+
+@pytest.mark.parametrize('size_norm', ['softmax', 'sigmoid'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_static_sigma_length_replaces_n(size_norm, causal):
+  """sigma_length=L: sigma_i = r L s_i at every position (not r n_i s_i), then Eq. 4."""
+  x = _x((B, N, D))
+  mask = _right_pad_mask(B, N, [N, 5])
+  module = ContextPool(size_norm=size_norm, causal=causal, ratio=0.1, sigma_length=20)
+  params, y, inter = _init_apply(module, x, mask)
+  for b in range(B):
+    m = np.asarray(mask[b])
+    raw = _ref_cnn_raw(params['params'], np.asarray(x[b]), m, causal)
+    sigma = ref.sizes_to_sigma(
+        raw[:, 1], m, size_norm=size_norm, causal=causal, ratio=0.1, length=20
+    )
+    chex.assert_trees_all_close(
+        np.asarray(inter['pool_sigma'][b])[m], sigma[m], atol=3e-7, rtol=1e-6
+    )
+    want = ref.pool(x[b], ref.softmax(raw[:, 0], m), sigma, mask=m, causal=causal)
+    chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize('mapping', MAPPINGS)
+def test_size_bias_init_sets_the_initial_size(mapping):
+  """The raw size channel's bias starts at size_bias_init (the weight channel's
+  at 0), so with a zero last kernel every real token starts at s = sigmoid(b)."""
+  x = _x((B, N, D))
+  module = ContextPool(mapping=mapping, causal=True, size_bias_init=-3.2)
+  params = module.init(jax.random.key(0), x)['params']
+  last = {'cnn': 'mapping_conv_1', 'mlp': 'mapping_dense_1', 'attention': 'mapping_dense'}[mapping]
+  chex.assert_trees_all_equal(params[last]['bias'], jnp.array([0.0, -3.2]))
+  params[last]['kernel'] = jnp.zeros_like(params[last]['kernel'])
+  _, inter = module.apply({'params': params}, x, mutable=['intermediates'])
+  s = inter['intermediates']['pool_size'][0]
+  chex.assert_trees_all_close(s, jnp.full(s.shape, 1.0 / (1.0 + np.exp(3.2))), atol=1e-7, rtol=0)
+  # No size channel (a fixed window): the one weight channel keeps a zero bias.
+  fixed = ContextPool(locality='fixed_window', size_bias_init=-3.2).init(jax.random.key(0), x)
+  chex.assert_trees_all_equal(fixed['params']['mapping_conv_1']['bias'], jnp.zeros(1))
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_gate_interpolates_between_input_and_pooled_features(causal):
+  """gate: y = x + g * (Eq. 4's pooled x - x), g learned per feature from gate_init."""
+  x = _x((B, N, D))
+  mask = _right_pad_mask(B, N, [N, 6])
+  module = ContextPool(gate=True, gate_init=0.25, causal=causal, ratio=0.3)
+  params = module.init(jax.random.key(1), x, mask)
+  chex.assert_trees_all_equal(params['params']['gate'], jnp.full((D,), 0.25))
+  g = jnp.array([0.0, 0.7, 1.3])
+  params['params']['gate'] = g
+  params, y, inter = _init_apply(module, x, mask, params=params)
+  for b in range(B):
+    m = np.asarray(mask[b])
+    pooled = ref.pool(x[b], inter['pool_weights'][b], inter['pool_sigma'][b], mask=m, causal=causal)
+    xb = np.asarray(x[b], np.float64)
+    want = np.where(m[:, None], xb + np.asarray(g) * (pooled - xb), xb)
+    chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-6, rtol=0)
+  # g = 0 everywhere is the identity.
+  params['params']['gate'] = jnp.zeros((D,))
+  chex.assert_trees_all_equal(module.apply(params, x, mask), x)
+
+
 @pytest.mark.parametrize('mapping', MAPPINGS)
 @pytest.mark.parametrize('causal', [False, True])
 def test_mapping_variants_match_reference(mapping, causal):
@@ -425,6 +494,10 @@ CAUSAL_CASES = (
         dict(residual=True),
         dict(mapping='attention', weights='nonlocal'),
         dict(kernel_size=5, size_norm='sigmoid', weights='unnormalized'),
+        dict(sigma_length=6),
+        dict(sigma_length=6, size_norm='softmax'),
+        dict(gate=True, gate_init=0.5),
+        dict(size_bias_init=-0.5),
     ]
 )
 
@@ -463,6 +536,7 @@ PAD_CASES = (
     + [dict(locality=l) for l in LOCALITIES]
     + [dict(mapping=m) for m in MAPPINGS]
     + [dict(size_norm='softmax'), dict(residual=True)]
+    + [dict(sigma_length=12), dict(gate=True, gate_init=0.5)]
 )
 
 
@@ -508,6 +582,7 @@ ALL_VARIANTS = (
     + [dict(locality=l) for l in LOCALITIES]
     + [dict(mapping=m) for m in MAPPINGS]
     + [dict(size_norm='softmax', causal=True)]
+    + [dict(sigma_length=16, causal=True), dict(gate=True, gate_init=0.5)]
     + [dict(strides=2)]
 )
 
@@ -647,6 +722,11 @@ def test_dropout_on_pooling_weights():
         ('strides', 0),
         ('strides', (2, 2, 2)),
         ('window_shape', (0, 1)),
+        ('sigma_length', 0),
+        ('sigma_length', 2.5),
+        ('size_bias_init', float('nan')),
+        ('gate_init', 'one'),
+        ('gate', 'yes'),
     ],
 )
 def test_invalid_config_raises_naming_field_and_value(field, value):
@@ -670,6 +750,13 @@ def test_wrong_rank_raises(shape):
 def test_mismatched_mask_raises():
   with pytest.raises(ValueError, match=r'mask has shape \(2, 5\); expected'):
     ContextPool().init(jax.random.key(0), _x((2, 6, D)), jnp.ones((2, 5), bool))
+
+
+def test_sigma_length_on_a_grid_and_gate_with_residual_raise():
+  with pytest.raises(ValueError, match='sigma_length=8 is for sequences'):
+    ContextPool(sigma_length=8).init(jax.random.key(0), _x((1, 4, 4, D)))
+  with pytest.raises(ValueError, match='gate=True with residual=True'):
+    ContextPool(gate=True, residual=True).init(jax.random.key(0), _x((1, 4, D)))
 
 
 def test_causal_grid_and_causal_strides_raise():

@@ -69,6 +69,9 @@ def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
         dict(size_norm='softmax', locality='adaptive_window'),
         dict(residual=True, kernel_size=1),
         dict(kernel_size=5, activation='gelu'),
+        dict(gate=True, gate_init=0.5),
+        dict(sigma_length=12, size_norm='softmax'),
+        dict(sigma_length=5, size_bias_init=-2.0),
     ],
 )
 def test_context_pool_stream_other_fields(fields):
@@ -117,6 +120,14 @@ MODEL_CASES = {
         num_area_layers=1,
     ),
     'scan_cp': dict(num_layers=3, scan_layers=True, context_pool={}),
+    'cp_split': dict(
+        num_layers=3,
+        scan_layers=True,
+        context_pool=dict(gate=True, sigma_length=16),
+        context_pool_first_layer=1,
+        context_pool_reads='kv',
+        context_pool_heads=1,
+    ),
     'scan_local_remat': dict(num_layers=3, scan_layers=True, remat=True, attention='local'),
 }
 SOURCE = jnp.array([[3, 4, 5, 6, 1, 0, 0], [7, 1, 0, 0, 0, 0, 0]], jnp.int32)  # padded source
@@ -162,7 +173,7 @@ def test_transformer_cached_decoding_equals_full_forward(case):
   chex.assert_trees_all_close(cached, full, atol=5e-5, rtol=5e-5)
 
 
-@pytest.mark.parametrize('case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp'])
+@pytest.mark.parametrize('case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp', 'cp_split'])
 def test_lm_cached_decoding_equals_full_forward(case):
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
   tokens = jax.random.randint(jax.random.key(7), (2, 10), 0, 13)

@@ -121,6 +121,49 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
 
 
+def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, monkeypatch):
+  """The long runs of seed 0 keep a checkpoint every DIAGNOSTIC_PERIOD steps and
+  record their diagnostics; a recorded run trained again for its diagnostics
+  keeps its result and repeats its validation BPC exactly (same seed, same data)."""
+  monkeypatch.setattr(lm_study, 'DIAGNOSTIC_PERIOD', 2)
+  study = tmp_path / 'study'
+  runs = [lm_study.Run('code', arm, 1, TINY.long_steps, 0) for arm in ('baseline', 'cp_gate')]
+  runs.append(lm_study.Run('code', 'cp', 1, TINY.steps, 0))  # not long: no diagnostics
+  lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None)
+  for run in runs:
+    path = lm_study.diagnostics_path(study, run)
+    assert path.exists() == lm_study.diagnosed(run, TINY)
+    assert not (study / 'runs' / run.key / 'checkpoints').exists()
+  cp_run = runs[1]
+  d = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
+  assert sorted(int(s) for s in d['steps']) == [2, 4, 6]  # kept every 2 steps
+  assert set(d['steps']['6']['layers']) == {'layer_0/context_pool'}
+  recorded = lm_study.result_path(study, cp_run).read_text()
+  assert d['val_bpc_this_training'] == json.loads(recorded)['val_bpc']
+
+  lm_study.diagnostics_path(study, cp_run).unlink()
+  assert lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None) == []
+  trained = lm_study.run_all(
+      runs, TINY, study, in_process=True, diagnose_existing=True, log=lambda s: None
+  )
+  assert trained == [cp_run]
+  assert lm_study.result_path(study, cp_run).read_text() == recorded
+  again = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
+  assert again['val_bpc_this_training'] == again['val_bpc_recorded']
+  assert again['steps'] == d['steps']
+
+
+def test_late_arms_set_the_fields_they_name(tmp_path):
+  sizes = dataclasses.replace(TINY, seq_len=32, num_heads=4)
+  config = lambda arm: lm_study.make_config(lm_study.Run('code', arm, 2, 6, 0), sizes, tmp_path)
+  assert config('cp_static_n').model.context_pool.sigma_length == 32  # the study's seq_len
+  assert config('cp_half_heads').model.context_pool_heads == 2
+  assert config('cp_kv').model.context_pool_reads == 'kv'
+  assert config('cp_after_attention').model.context_pool_first_layer == 1
+  assert config('cp_gate').model.context_pool.gate is True
+  assert set(lm_study.LATE_ARMS).isdisjoint(lm_study.ABLATION_ARMS)
+
+
 def test_paired_difference_interval():
   p = lm_study.paired({0: 1.0, 1: 1.2, 2: 1.1}, {0: 0.5, 1: 0.6, 2: 0.7})
   assert p['diffs'] == pytest.approx([0.5, 0.6, 0.4])

@@ -94,6 +94,10 @@ CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(context_pool={'weights': 'nonlocal', 'mapping': 'attention'}),
     dict(context_pool={'size_norm': 'softmax'}, context_pool_position='output'),
     dict(attention='area', area_key_mode='concat'),
+    dict(context_pool={}, context_pool_first_layer=1),
+    dict(context_pool={'sigma_length': 12}, context_pool_reads='kv'),
+    dict(context_pool={'gate': True}, context_pool_reads='q'),
+    dict(context_pool={}, context_pool_heads=1, attention='local'),
 ]
 
 
@@ -140,6 +144,91 @@ def test_encoder_padding_never_changes_real_outputs(case):
   chex.assert_trees_all_close(
       apply(params, padded, targets), apply(params, inputs, targets), atol=1e-5
   )
+
+
+def _ref_attention(p, q_in, kv_in):
+  """Causal multi-head attention by loops (float64): head h's query reads
+  ``q_in[h]`` and its key and value ``kv_in[h]`` (``[length, features]`` each)."""
+  n, num_heads = q_in[0].shape[0], len(q_in)
+  proj = lambda z, name, h: z @ np.asarray(p[name]['kernel'][:, h]) + np.asarray(p[name]['bias'][h])
+  out = []
+  for h in range(num_heads):
+    q, k, v = proj(q_in[h], 'query', h), proj(kv_in[h], 'key', h), proj(kv_in[h], 'value', h)
+    o = np.zeros_like(q)
+    for i in range(n):
+      logits = np.array([q[i] @ k[j] / np.sqrt(q.shape[-1]) for j in range(i + 1)])
+      w = np.exp(logits - logits.max())
+      o[i] = (w / w.sum()) @ v[: i + 1]
+    out.append(o)
+  y = np.stack(out, 1)  # [n, heads, head_dim]
+  return np.einsum('nhd,hdf->nf', y, np.asarray(p['out']['kernel'])) + np.asarray(p['out']['bias'])
+
+
+@pytest.mark.parametrize('reads', T.CONTEXT_POOL_READS)
+@pytest.mark.parametrize('heads', [None, 1])
+def test_attention_reads_pooled_features_as_configured(reads, heads):
+  """context_pool_reads / _heads: a head's query (key and value) projects the
+  pooled LN x where it reads pooled features, else LN x (numpy reference)."""
+  cfg = T.TransformerConfig(
+      **dict(TINY, num_heads=2), context_pool={}, context_pool_reads=reads, context_pool_heads=heads
+  )
+  layer = T.TransformerLayer(cfg, causal=True)
+  x = jax.random.normal(jax.random.key(0), (1, 6, 32))
+  valid = jnp.ones((1, 6), bool)
+  params = _spread(layer.init(jax.random.key(1), x, valid))
+  _, inter = layer.apply(params, x, valid, capture_intermediates=True, mutable=['intermediates'])
+  got = lambda name: np.asarray(inter['intermediates'][name]['__call__'][0][0], np.float64)
+  plain, pooled = got('self_attention_norm'), got('context_pool')
+  assert not np.allclose(plain, pooled)
+  pooled_head = [heads is None or h < heads for h in range(2)]
+  q_in = [pooled if 'q' in reads and pooled_head[h] else plain for h in range(2)]
+  kv_in = [pooled if 'kv' in reads and pooled_head[h] else plain for h in range(2)]
+  want = _ref_attention(params['params']['self_attention'], q_in, kv_in)
+  # float32 against float64: 1e-6 of the largest output.
+  chex.assert_trees_all_close(got('self_attention'), want, atol=1e-6 * np.abs(want).max(), rtol=0)
+
+
+def _spread(params, scale=3.0):
+  return jax.tree.map(lambda p: p * scale, params)
+
+
+def test_context_pool_first_layer_leaves_the_first_layers_without_it():
+  """context_pool_first_layer=1 (Sec. 3: pooled "for use in the next attention
+  block"): layer 0 has no ContextPool and computes what the baseline's layer 0
+  does with the same parameters."""
+  tokens = _tokens((2, 10))
+  model = T.TransformerLM(**TINY, context_pool={}, context_pool_first_layer=1)
+  params = _init(model, tokens)['params']['decoder']
+  assert 'context_pool' not in params['layer_0'] and 'context_pool' in params['layer_1']
+  base = T.TransformerLM(**TINY)
+  bparams = _init(base, tokens)
+  chex.assert_trees_all_equal_shapes(params['layer_0'], bparams['params']['decoder']['layer_0'])
+  capture = lambda m, p: m.apply(p, tokens, capture_intermediates=True, mutable=['intermediates'])
+  p = {'params': dict(bparams['params'], decoder=params)}
+  without_cp = {k: v for k, v in params['layer_1'].items() if k != 'context_pool'}
+  p_base = {'params': dict(bparams['params'], decoder=dict(params, layer_1=without_cp))}
+  layer_0 = lambda m, p: capture(m, p)[1]['intermediates']['decoder']['layer_0']['__call__'][0]
+  chex.assert_trees_all_equal(layer_0(model, p), layer_0(base, p_base))
+
+
+@pytest.mark.parametrize(
+    'fields,message',
+    [
+        (dict(context_pool_first_layer=2), 'context_pool_first_layer=2 leaves no layer'),
+        (dict(context_pool_heads=3), 'context_pool_heads=3 exceeds num_heads=2'),
+        (
+            dict(context_pool_reads='kv', context_pool_position='output'),
+            "needs context_pool_position='attention_input'",
+        ),
+        (
+            dict(context_pool_heads=1, attention='area'),
+            "context_pool_heads=1 is not supported with attention='area'",
+        ),
+    ],
+)
+def test_bad_context_pool_placement_raises(fields, message):
+  with pytest.raises(ValueError, match=message):
+    T.TransformerLM(**TINY, context_pool={}, **fields).init(jax.random.key(0), _tokens((1, 4)))
 
 
 def test_encode_decode_equals_call():
@@ -248,6 +337,9 @@ def test_overfits_one_batch(name):
         ('local_window', 0),
         ('context_pool_position', 'before'),
         ('area_key_mode', 'rich'),
+        ('context_pool_reads', 'k'),
+        ('context_pool_heads', 0),
+        ('context_pool_first_layer', -1),
     ],
 )
 def test_bad_options_raise(field, value):

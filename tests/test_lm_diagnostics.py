@@ -1,0 +1,84 @@
+"""Diagnostics of an LM along training (benchmarks/lm_diagnostics.py, issue 27)."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks import lm_diagnostics as diag
+from contextpool_jax.models import transformer as T
+
+TINY = dict(num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, vocab_size=256)
+N = 16
+
+
+def _tokens(count, seed=0):
+  return np.asarray(jax.random.randint(jax.random.key(seed), (count, N + 1), 0, 256, jnp.int32))
+
+
+def test_buckets_are_the_quarters_and_the_scored_half():
+  assert diag.buckets(256) == ((0, 64), (64, 128), (128, 256))
+  assert [diag.bucket_name(*b) for b in diag.buckets(256)] == ['0-63', '64-127', '128-255']
+
+
+def test_per_position_bpc_and_gradient_norms_match_direct_computation():
+  model = T.TransformerLM(**TINY, context_pool={})
+  valid, train = _tokens(20), _tokens(8, seed=1)
+  variables = model.init(jax.random.key(0), valid[:1, :-1])
+  d = diag.diagnose_step(model, variables, valid, train)
+  # Per-position NLL by a log-softmax of the logits, position by position.
+  logits = np.asarray(model.apply(variables, valid[:, :-1]), np.float64)
+  nll = np.zeros(N)
+  for i in range(N):
+    z = logits[:, i]
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    nll[i] = np.mean(lse - z[np.arange(len(valid)), valid[:, i + 1]])
+  for lo, hi in diag.buckets(N):
+    want = nll[lo:hi].mean() / math.log(2)
+    assert abs(d['val_bpc_by_bucket'][diag.bucket_name(lo, hi)] - want) < 1e-4
+  # Gradient norms: the groups partition the parameters.
+  g = d['grad_norm']
+  assert {'embedder', 'layer_0/context_pool', 'layer_1/self_attention', 'layer_0/mlp'} <= set(g)
+  loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
+      model.apply({'params': p}, train[:, :-1]), train[:, 1:]
+  ).mean()
+  total = float(optax.tree.norm(jax.grad(loss)(variables['params'])))
+  assert abs(g['total'] - total) < 1e-4 * total
+  parts = math.sqrt(sum(v**2 for k, v in g.items() if k != 'total'))
+  assert abs(parts - total) < 1e-4 * total
+
+
+def test_pool_size_statistics_of_a_known_size():
+  """With the size channel's kernel zeroed, s = sigmoid(bias) everywhere and
+  sigma = r (i + 1) s at position i (causal n): the statistics follow."""
+  model = T.TransformerLM(**TINY, context_pool={'size_bias_init': 1.0})
+  valid = _tokens(4)
+  variables = model.init(jax.random.key(0), valid[:1, :-1])
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, p: jnp.zeros_like(p)
+      if 'mapping_conv_1' in jax.tree_util.keystr(path) and 'kernel' in jax.tree_util.keystr(path)
+      else p,
+      variables['params'],
+  )
+  d = diag.diagnose_step(model, {'params': params}, valid, valid)
+  s = 1 / (1 + math.exp(-1.0))
+  for layer in ('layer_0/context_pool', 'layer_1/context_pool'):
+    st = d['layers'][layer]
+    assert st['all']['share_s_above_half'] == 1.0
+    assert abs(st['all']['median_s'] - s) < 1e-6
+    lo, hi = diag.buckets(N)[-1]
+    want = np.median(0.1 * np.arange(lo + 1, hi + 1) * s)
+    assert abs(st[diag.bucket_name(lo, hi)]['median_sigma'] - want) < 1e-5
+    assert 0 < st['all']['norm_ratio'] < 2
+
+
+def test_a_model_without_context_pool_has_no_layer_statistics():
+  model = T.TransformerLM(**TINY)
+  valid = _tokens(4)
+  variables = model.init(jax.random.key(0), valid[:1, :-1])
+  d = diag.diagnose_step(model, variables, valid, valid)
+  assert d['layers'] == {} and d['window'] == N
+  chex.assert_tree_all_finite(d['val_bpc_by_bucket'])
