@@ -774,6 +774,36 @@ def write_report(study_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib
     written.append(path)
   if costs and any(r['corpus'] in CORPORA for r in results):
     written.append(_plot(results, costs, out_dir / 'lm_study_cost.png'))
+  written += _long_report(study_dir, results, out_dir)
+  return written
+
+
+def load_diagnostics(study_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
+  """``{run key: diagnostics}``, in :data:`ARMS` order (baseline first)."""
+  found = {p.stem: json.loads(p.read_text()) for p in (study_dir / 'diagnostics').glob('*.json')}
+  return dict(sorted(found.items(), key=lambda kv: (list(ARMS).index(parse_key(kv[0]).arm), kv[0])))
+
+
+def _long_report(study_dir, results, out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """The long runs' figures (learning curves, per-position losses) and the
+  diagnostics' tables, when there are long runs / diagnostics."""
+  from benchmarks import lm_diagnostics, lm_study_figures  # pylint: disable=g-import-not-at-top
+
+  written = []
+  lm = [r for r in results if r['corpus'] in CORPORA]
+  long_steps = max((r['steps'] for r in lm), default=0)
+  if any(r['steps'] < long_steps for r in lm):  # a longer group exists
+    written.append(
+        lm_study_figures.long_curves(lm, long_steps, list(ARMS), out_dir / 'lm_study_long.png')
+    )
+  diagnostics = load_diagnostics(study_dir)
+  if diagnostics:
+    path = out_dir / 'lm_study_diagnostics.md'
+    path.write_text(lm_diagnostics.report(diagnostics) + '\n')
+    written.append(path)
+    written.append(
+        lm_study_figures.position_losses(diagnostics, out_dir / 'lm_study_positions.png')
+    )
   return written
 
 

@@ -1,0 +1,80 @@
+"""Figures of the LM study's long runs (issue 27): learning curves and per-position losses.
+
+* :func:`long_curves`: validation BPC along training per arm of each long
+  group (corpus, depth, steps): the mean over seeds and, with several seeds,
+  the band between the lowest and the highest seed.
+* :func:`position_losses`: from the diagnostics of the seed-0 long runs
+  (:mod:`benchmarks.lm_diagnostics`), the validation BPC of each position
+  bucket along training, one panel per bucket.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _long_groups(results: Sequence[dict[str, Any]], long_steps: int) -> list[tuple[str, int]]:
+  return sorted({(r['corpus'], r['depth']) for r in results if r['steps'] == long_steps})
+
+
+def long_curves(
+    results: Sequence[dict[str, Any]], long_steps: int, arm_order: Sequence[str], path: pathlib.Path
+) -> pathlib.Path:
+  """One panel per long (corpus, depth): validation BPC vs step per arm."""
+  groups = _long_groups(results, long_steps)
+  fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 5), squeeze=False)
+  for ax, (corpus, depth) in zip(axes[0], groups):
+    mine = [
+        r for r in results if (r['corpus'], r['depth'], r['steps']) == (corpus, depth, long_steps)
+    ]
+    for arm in [a for a in arm_order if any(r['arm'] == a for r in mine)]:
+      curves = [dict(r['val_curve']) for r in mine if r['arm'] == arm]
+      steps = sorted(set.intersection(*(set(c) for c in curves)))
+      mean = [statistics.mean(c[s] for c in curves) for s in steps]
+      style = dict(lw=2.2, color='k') if arm == 'baseline' else dict(lw=1.4)
+      (line,) = ax.plot(
+          steps, mean, label=f'{arm} ({len(curves)} seed{"s" * (len(curves) > 1)})', **style
+      )
+      if len(curves) > 1:
+        lo = [min(c[s] for c in curves) for s in steps]
+        hi = [max(c[s] for c in curves) for s in steps]
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_ylim(top=min(ax.get_ylim()[1], 2.6))
+    ax.set_xlabel('training step')
+    ax.set_ylabel('validation BPC')
+    ax.set_title(f'{corpus}, depth {depth}: mean over seeds, band = seed range')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def position_losses(diagnostics: dict[str, dict[str, Any]], path: pathlib.Path) -> pathlib.Path:
+  """One panel per position bucket: validation BPC vs step per diagnosed run."""
+  first = next(iter(next(iter(diagnostics.values()))['steps'].values()))
+  names = list(first['val_bpc_by_bucket'])
+  fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
+  for ax, name in zip(axes[0], names):
+    for key, d in diagnostics.items():
+      steps = sorted(d['steps'], key=int)
+      values = [d['steps'][s]['val_bpc_by_bucket'][name] for s in steps]
+      style = dict(lw=2.2, color='k') if '-baseline-' in key else dict(lw=1.4)
+      ax.plot([int(s) for s in steps], values, marker='o', ms=3, label=key, **style)
+    ax.set_xlabel('training step')
+    ax.set_ylabel('validation BPC')
+    ax.set_title(f'positions {name} of the window')
+    ax.grid(alpha=0.3)
+  axes[0][-1].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
