@@ -1,9 +1,11 @@
 r"""Sample text from a trained LM workdir, or translate with a translation workdir.
 
   python -m contextpool_jax.sample --workdir /tmp/cp --prompt "def " --length 200 \
-      [--temperature 0.8] [--top_k 40] [--seed 0] [--step N]
-  python -m contextpool_jax.sample --workdir /tmp/wmt --sentence "A small house." \
-      [--sentence ...] [--beam_size 4] [--alpha 0.6] [--max_len 0]
+      --temperature 0.8 --top_k 40 --seed 0
+  python -m contextpool_jax.sample --workdir /tmp/wmt --sentence "A small house." --beam_size 4
+
+Other flags: ``--step N`` (a checkpoint; default the latest); translation: ``--sentence`` once
+per sentence, ``--alpha 0.6`` (length penalty), ``--max_len 0`` (0: the config's).
 
 Language models (``config.task == 'lm'``, byte-level: the prompt is UTF-8 encoded,
 the continuation decoded with replacement characters for incomplete sequences):

@@ -13,10 +13,18 @@ iterator, no dataset.
 :func:`load` reads it back like a workdir, so an export can be shared without the
 optimizer state (about a third of the size with Adam) and without orbax.
 
-  model, variables, config = load('/tmp/cp')            # latest step
-  logits = model.apply(variables, tokens)                # [batch, length, 256]
-  export_params('/tmp/cp', '/tmp/cp_export')
-  model, variables, config = load('/tmp/cp_export')
+With ``/tmp/cp`` a workdir of ``python train.py --config configs/default.py --workdir /tmp/cp``
+(tests/test_readme.py runs these examples against a short run of it):
+
+  >>> import jax.numpy as jnp
+  >>> from contextpool_jax.training import export_params, load
+  >>> model, variables, config = load('/tmp/cp')           # the latest step
+  >>> tokens = jnp.asarray([list(b'def main():')], jnp.int32)
+  >>> model.apply(variables, tokens).shape                  # [batch, length, 256]
+  (1, 11, 256)
+  >>> export_params('/tmp/cp', '/tmp/cp_params')
+  PosixPath('/tmp/cp_params')
+  >>> model, variables, config = load('/tmp/cp_params')    # an export loads like a workdir
 """
 
 from __future__ import annotations
