@@ -316,6 +316,17 @@ def test_defaults_come_from_the_modules():
             'unknown override --config.model.xyzzy; config.model has: area_key_mode, ',
         ),
         (
+            'configs/default.py',
+            'model.remat',
+            "override --config.model.remat is not offered: set from the run's config.remat.",
+        ),
+        (
+            'configs/default.py',
+            'model.context_pool.causal',
+            'override --config.model.context_pool.causal is not offered: the model that inserts '
+            'ContextPool sets it',
+        ),
+        (
             'configs/default.py:baseline',
             'model.context_pool.ratio',
             'override --config.model.context_pool.ratio: config.model.context_pool is None in '

@@ -177,13 +177,26 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------
 
 
+def _not_offered(where: str, key: str) -> Optional[str]:
+  """Why a model (or ContextPool) field is not a config entry, or None."""
+  if where == 'config.model' and key in NOT_OFFERED:
+    return NOT_OFFERED[key]
+  if where == 'config.model.context_pool' and key in CONTEXT_POOL_MODEL_FIELDS:
+    return (
+        'the model that inserts ContextPool sets it (a decoder causal=True and decode, a '
+        "ResNet strides, the model's dtypes; window_shape goes with strides)"
+    )
+  return None
+
+
 def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> None:
   """Raises ConfigError for the first override path that is not an entry of ``config``.
 
   ``overrides``: dotted paths below the config (``'model.context_pool.ratio'``
   for ``--config.model.context_pool.ratio=...``). The one-line message names the
   override, the config file and the closest keys at the level where the path
-  leaves the config (all of its keys when none is close).
+  leaves the config (all of its keys when none is close), or why a model field
+  is not an entry (:data:`NOT_OFFERED`, ``CONTEXT_POOL_MODEL_FIELDS``).
   """
   for path in overrides:
     node, where = config, 'config'
@@ -200,6 +213,11 @@ def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> 
             f'{node!r}, not a section with fields.'
         )
       if key not in node:
+        reason = _not_offered(where, key)
+        if reason:
+          raise ConfigError(
+              f'config file {config_file}: override --config.{path} is not offered: {reason}.'
+          )
         keys = [str(k) for k in node.keys()]
         close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
         hint = (
