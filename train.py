@@ -5,8 +5,11 @@ r"""Trains and evaluates any experiment of the papers from a config.
       --config.dataset.data_dir=/data/tfds
 
 The config is locked: ``--config.<key>=<value>`` overrides a field and an
-unknown key is an error. Re-running with the same ``--workdir`` resumes from
-its latest checkpoint.
+unknown key is a one-line error naming the closest keys, before anything is
+prepared or compiled. Every field of the model (and of its ContextPool) is a
+key: the config files fill them in with the modules' defaults
+(``configs/common.py``), e.g. ``--config.model.context_pool.ratio=0.025``.
+Re-running with the same ``--workdir`` resumes from its latest checkpoint.
 
 Several processes (README "Multi-host"): on a Cloud TPU pod, SLURM, Open MPI or
 Kubernetes pass ``--jax_distributed`` on every host (JAX finds the cluster);
@@ -43,6 +46,37 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process: 0..num_pro
 flags.mark_flags_as_required(['config', 'workdir'])
 
 PREEMPTED_EXIT_CODE = 143
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """``app.run``'s flag parsing, with one line for an override that does not fit the config.
+
+  config_flags applies ``--config.<path>`` overrides while parsing; a path the
+  config does not have ends there in a traceback (KeyError / AttributeError /
+  ValueError), which becomes ``error: config file F: unknown override
+  --config.<path>; did you mean: ...?``. Changing ``model.name`` is refused: the
+  config's model fields were filled in for its own model.
+  """
+  from contextpool_jax.training import config_fields  # pylint: disable=g-import-not-at-top
+
+  try:
+    rest = app.parse_flags_with_usage(argv)
+  except Exception:  # pylint: disable=broad-except  # explained below, or re-raised
+    message = config_fields.override_error(argv)
+    if message is None:
+      raise
+    _fail(message)
+  message = config_fields.model_name_error(
+      argv, config_flags.get_override_values(flags.FLAGS['config'])
+  )
+  if message:
+    _fail(message)
+  return rest
 
 
 def initialize_distributed() -> None:
@@ -88,8 +122,7 @@ def main(argv):
       trainer.NonFiniteLossError,
       checkpoints.CheckpointError,
   ) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(1)
+    _fail(str(e))
   if result.get('preempted'):
     # The checkpoint is saved; end like a process stopped by SIGTERM (128 + 15), so
     # `train.py ... && next-stage` does not go on with an unfinished run.
@@ -104,4 +137,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -83,4 +83,4 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
           eval_max_bytes=0,
       )
   )
-  return c
+  return common.complete(c)

@@ -29,4 +29,4 @@ def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=10))
   c.optimizer.update(**common.step_sgd(boundaries=(32_000, 48_000)))
   c.dataset = common.image_dataset('cifar10', 32, eval_split='test')
-  return c
+  return common.complete(c)

@@ -1,8 +1,9 @@
 """Fields every config has, with defaults; experiment files override them.
 
 Also the pieces several experiment files share: the check of a config
-argument, the step-decay SGD recipe of the ResNet papers and the fields of an
-image dataset.
+argument, the step-decay SGD recipe of the ResNet papers, the fields of an
+image dataset, and :func:`complete`, which every ``get_config`` returns through
+so that each field of its model can be overridden from the command line.
 """
 
 from typing import Sequence
@@ -10,6 +11,7 @@ from typing import Sequence
 import ml_collections
 
 from contextpool_jax.errors import ConfigError
+from contextpool_jax.training import config_fields
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -54,6 +56,18 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.dataset = ml_collections.ConfigDict()
   return c
+
+
+def complete(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``c`` with every field of the model ``c.model.name`` builds in ``c.model`` (and
+  of ContextPool in ``c.model.context_pool`` when it is a mapping), with the
+  modules' defaults where the file sets none (config_fields.complete).
+
+  A config file lists only what differs from the modules' defaults and returns
+  ``common.complete(c)``: ``--config.model.<field>`` and
+  ``--config.model.context_pool.<field>`` then reach every field.
+  """
+  return config_fields.complete(c)
 
 
 def check_choice(config_file: str, arg: str, allowed: Sequence[str]) -> None:

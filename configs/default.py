@@ -11,6 +11,12 @@ reduced context (256 bytes, step 128; the paper uses 32k, step 512). Not a paper
   python train.py --config configs/default.py:baseline --workdir /tmp/base   # no ContextPool
   python train.py --config configs/default.py --workdir /tmp/cp2 \
       --config.model.context_pool.size_norm=softmax          # an ablation (README: A1)
+  python train.py --config configs/default.py --workdir /tmp/cp3 \
+      --config.model.context_pool.ratio=0.025 --config.model.context_pool_heads=2
+
+Every field of the model and of its ContextPool can be overridden so
+(``common.complete`` fills in the ones this file does not set, with the modules'
+defaults); ``<workdir>/config.json`` records them all.
 """
 
 import ml_collections
@@ -37,7 +43,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
           num_heads=4,
           dropout_rate=0.0,
           context_pool_position='attention_input',
-          # The ContextPool fields an ablation changes (ContextPool defaults otherwise).
+          # The ContextPool fields the paper's ablations change, at their defaults
+          # (listed for reference; common.complete fills in every other field).
           context_pool=dict(
               size_norm='sigmoid',
               residual=False,
@@ -73,4 +80,4 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
           eval_max_bytes=64 * 1024,
       )
   )
-  return c
+  return common.complete(c)

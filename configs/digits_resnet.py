@@ -43,4 +43,4 @@ def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
   c.dataset = common.image_dataset(
       'sklearn_digits', 16, eval_split='validation', eval_batch_size=300
   )
-  return c
+  return common.complete(c)

@@ -62,4 +62,4 @@ def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
   else:
     c.optimizer.update(**common.step_sgd(boundaries=[e * steps_per_epoch for e in (30, 60, 80)]))
   c.dataset = common.image_dataset('imagenet2012', 224, eval_split='validation', crop_area_min=0.08)
-  return c
+  return common.complete(c)

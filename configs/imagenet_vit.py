@@ -57,4 +57,4 @@ def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
       cutmix_alpha=1.0,
       mixup_switch_prob=0.5,
   )
-  return c
+  return common.complete(c)

@@ -91,4 +91,4 @@ def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
           eval_batch_size=256,
       )
   )
-  return c
+  return common.complete(c)

@@ -14,6 +14,13 @@ from contextpool_jax.layers.context_pool import ContextPool
 
 Dtype = Any
 
+# ContextPool fields that the model inserting it sets (make_context_pool's
+# ``defaults``: a decoder's ``causal`` and ``decode``, a ResNet's ``strides``; the
+# model's ``dtype`` and ``param_dtype``), and ``window_shape``, which only places
+# the centres of a strided pool. A config does not offer them
+# (contextpool_jax.training.config_fields); every other field is a config entry.
+CONTEXT_POOL_MODEL_FIELDS = ('causal', 'decode', 'strides', 'window_shape', 'dtype', 'param_dtype')
+
 
 def module_fields(config_cls: type) -> type[nn.Module]:
   """An ``nn.Module`` base class whose fields are those of the dataclass ``config_cls``.

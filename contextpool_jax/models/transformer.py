@@ -19,7 +19,9 @@ al., 2019) with areas of up to ``max_area_width`` items in the first
 as in the paper's NMT experiments (max area 5, first two layers). Field
 ``area_key_mode`` picks the area key: ``'mean'`` (default) is the basic,
 parameter-free form (Eq. 3-4), ``'concat'`` the rich form (Eq. 9); every
-:data:`~contextpool_jax.layers.area_attention.KEY_MODES` is allowed.
+:data:`~contextpool_jax.layers.area_attention.KEY_MODES` is allowed. Field
+``area_value_mode`` picks the area value: ``'sum'`` (default, Eq. 4),
+``'mean'`` or ``'max'`` of the item values.
 
 ContextPool (field ``context_pool``; None = off, a mapping of ContextPool
 field overrides = on): "placed after each attention block, whose output token
@@ -57,6 +59,7 @@ from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks as v
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
+from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.models.common import make_context_pool
 from contextpool_jax.models.common import module_fields
 
@@ -125,6 +128,8 @@ class TransformerConfig:
     num_area_layers: the first layers that use area attention (``'area'``).
     max_area_width: largest area (``'area'``).
     area_key_mode: area key, one of the area attention ``KEY_MODES``.
+    area_value_mode: area value, one of the area attention ``VALUE_MODES``
+      (``'sum'``: Eq. 4).
     context_pool: None (off) or a mapping of ContextPool field overrides.
     context_pool_position: ``'attention_input' | 'output'``
       (:class:`TransformerLayer`).
@@ -155,6 +160,7 @@ class TransformerConfig:
   num_area_layers: int = 2
   max_area_width: int = 5
   area_key_mode: str = 'mean'
+  area_value_mode: str = 'sum'
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'attention_input'
   context_pool_first_layer: int = 0
@@ -169,6 +175,7 @@ class TransformerConfig:
     """Raises ConfigError naming ``owner.field`` for an invalid value."""
     v.check_choice(owner, 'attention', self.attention, ATTENTIONS)
     v.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
+    v.check_choice(owner, 'area_value_mode', self.area_value_mode, AREA_VALUE_MODES)
     v.check_choice(
         owner, 'context_pool_position', self.context_pool_position, CONTEXT_POOL_POSITIONS
     )
@@ -329,6 +336,7 @@ class MultiHeadAttention(nn.Module):
           num_heads=cfg.num_heads,
           max_area_width=cfg.max_area_width,
           key_mode=cfg.area_key_mode,
+          value_mode=cfg.area_value_mode,
           causal=self.causal,
           dropout_rate=cfg.attention_dropout_rate,
           decode=self.decode,

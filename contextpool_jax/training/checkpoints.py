@@ -30,6 +30,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.training import config_fields
+
 # A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
 CONFIG_FILE = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'
@@ -101,8 +104,24 @@ def write_config(directory: epath.PathLike, config: ml_collections.ConfigDict) -
   return tmp.replace(path)
 
 
+def _completed(saved: dict) -> dict:
+  """A saved config with its ``model`` completed as a config is
+  (:func:`config_fields.complete_model`), in JSON form: a ``config.json`` written
+  before its model's fields were filled in compares on the values that run used
+  (the fields' defaults), not as absent."""
+  model = saved.get('model')
+  if not isinstance(model, dict):
+    return saved
+  try:
+    model = config_fields.complete_model(model)
+  except ConfigError:  # a model name no longer registered: compare what was saved
+    return saved
+  return {**saved, 'model': json.loads(json.dumps(model))}
+
+
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``."""
+  """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``
+  (both with every model field, :mod:`config_fields`)."""
   path = workdir / CONFIG_FILE
   if not path.exists():
     return
@@ -113,7 +132,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
         f'{path} is not valid JSON ({e}); it records the config the '
         f'checkpoints in {workdir / "checkpoints"} were trained with.'
     ) from e
-  diffs = config_differences(saved, config)
+  diffs = config_differences(_completed(saved), config_fields.complete(config))
   if diffs:
     raise CheckpointError(
         f'{workdir} holds checkpoints of a different configuration than the one given '

@@ -48,7 +48,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax.training import checkpoints, evaluators, optim, sharding, spec as spec_lib
+from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, sharding
+from contextpool_jax.training import spec as spec_lib
 from contextpool_jax.training import steps, tasks
 
 
@@ -186,8 +187,14 @@ def _abstract_with_shardings(abstract, shardings):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains and evaluates ``config`` in ``workdir``; returns the final metrics."""
+  """Trains and evaluates ``config`` in ``workdir``; returns the final metrics.
+
+  ``config.model`` is completed first (every field of the model, with its default
+  where the config sets none: :func:`config_fields.complete`), so ``config.json``
+  records the values used.
+  """
   run = validate_config(config)
+  config = config_fields.complete(config)
   workdir = epath.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -205,7 +212,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       checkpoints.write_config(workdir, config)
 
     task = tasks.make_task(config, str(workdir))
-    _prepare_on_first_process(task)
     tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
     mesh = sharding.make_mesh()
     data_sharding = sharding.batch_sharding(mesh)
@@ -214,6 +220,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
     init_fn = steps.make_init_fn(task.model, task.objective, task.data.init_batch(), tx)
     abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
+    _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
     shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
     target = _abstract_with_shardings(abstract, shardings)
 
