@@ -25,6 +25,11 @@ set) with :class:`NonFiniteLossError` naming the step. Checkpoints are only
 written for good states, so the last checkpoint is the last good one. A
 SIGTERM saves a checkpoint at the current step and stops (:class:`Preemption`).
 
+A file that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
+``config.json``: a full disk, a file-size limit) stops the run with one
+:class:`WriteError` naming the path, the cause and the checkpoint a rerun
+resumes from (:mod:`.storage`).
+
 The host never waits for the step it has just dispatched: metric sums are
 accumulated on the devices inside the jitted steps and read (through
 :func:`sharding.fetch`, correct with any number of processes) only at log,
@@ -34,7 +39,6 @@ evaluation and checkpoint steps, and the host runs at most
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -48,8 +52,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax.training import checkpoints, evaluators, optim, sharding, spec as spec_lib
-from contextpool_jax.training import steps, tasks
+from contextpool_jax.errors import WriteError
+from contextpool_jax.training import checkpoints, evaluators, optim, sharding
+from contextpool_jax.training import spec as spec_lib
+from contextpool_jax.training import steps, storage, tasks
+
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -102,35 +111,56 @@ class Preemption:
 # ----------------------------------------------------------------------------
 
 
+def _histogram_bins() -> list[float]:
+  """tensorboardX's default ('tensorflow') histogram bins."""
+  edges, v = [], 1e-12
+  while v < 1e20:
+    edges.append(v)
+    v *= 1.1
+  return [-e for e in reversed(edges)] + [0.0] + edges
+
+
 class Writer:
-  """TensorBoard event files (tensorboardX) + ``metrics.jsonl``; process 0 only."""
+  """TensorBoard event files + ``metrics.jsonl``; process 0 only.
+
+  Both are written from the loop (:mod:`.storage`): a write that fails raises
+  WriteError there.
+  """
 
   def __init__(self, workdir: epath.Path, enabled: bool):
     self.enabled = enabled
     if enabled:
-      import tensorboardX  # pylint: disable=g-import-not-at-top
-
-      self.tb = tensorboardX.SummaryWriter(str(workdir / 'tensorboard'))
-      self.jsonl = open(workdir / 'metrics.jsonl', 'a')
+      self.tb = storage.EventFile(workdir / TENSORBOARD_DIR)
+      self.jsonl = storage.JsonLines(workdir / METRICS_FILE)
+      self._bins = _histogram_bins()
 
   def scalars(self, step: int, metrics: dict[str, float], prefix: str) -> None:
     if not self.enabled:
       return
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+
+    self.jsonl.write({'step': step, 'split': prefix, **metrics})
     for k, val in metrics.items():
-      self.tb.add_scalar(f'{prefix}/{k}', val, step)
-    self.jsonl.write(json.dumps({'step': step, 'split': prefix, **metrics}) + '\n')
-    self.jsonl.flush()
+      self.tb.add(step, summary.scalar(f'{prefix}/{k}', val))
+    self.tb.flush()
 
   def histograms(self, step: int, values: dict[str, np.ndarray], prefix: str) -> None:
     if not self.enabled:
       return
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+
     for k, val in values.items():
-      self.tb.add_histogram(f'{prefix}/{k}', np.asarray(val, np.float32).ravel(), step)
+      flat = np.asarray(val, np.float32).ravel()
+      self.tb.add(step, summary.histogram(f'{prefix}/{k}', flat, self._bins))
+    self.tb.flush()
 
   def close(self) -> None:
     if self.enabled:
-      self.tb.close()
-      self.jsonl.close()
+      self.enabled = False
+      try:
+        self.tb.close()
+      finally:
+        self.jsonl.close()
 
 
 def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
@@ -186,18 +216,35 @@ def _abstract_with_shardings(abstract, shardings):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains and evaluates ``config`` in ``workdir``; returns the final metrics."""
+  """Trains and evaluates ``config`` in ``workdir``; returns the final metrics.
+
+  Raises (besides the config, data and checkpoint errors): WriteError if a file
+  of the run cannot be written.
+  """
   run = validate_config(config)
   workdir = epath.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  with storage.writing(workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+  with storage.quiet_orbax_io_errors():
+    return _train(config, run, workdir)
+
+
+def _train(
+    config: ml_collections.ConfigDict,
+    run: spec_lib.RunSpec,
+    workdir: epath.Path,
+) -> dict[str, Any]:
+  """:func:`train_and_evaluate` once the config is read."""
   is_main = jax.process_index() == 0
-  manager = checkpoints.manager(
-      workdir / checkpoints.CHECKPOINTS_DIR,
-      keep=run.keep_checkpoints,
-      keep_period=run.keep_checkpoint_period,
-      asynchronous=run.async_checkpointing,
-  )
-  preemption = None
+  with storage.writing(workdir / checkpoints.CHECKPOINTS_DIR):
+    manager = checkpoints.manager(
+        workdir / checkpoints.CHECKPOINTS_DIR,
+        keep=run.keep_checkpoints,
+        keep_period=run.keep_checkpoint_period,
+        asynchronous=run.async_checkpointing,
+    )
+  saver = checkpoints.Saver(manager, workdir / checkpoints.CHECKPOINTS_DIR, manager.latest_step())
+  preemption, completed, write_error = None, False, None
   try:  # everything after here closes the manager on the way out
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
@@ -232,6 +279,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if found is not None:
       start, restored = found
       state = restored['state']
+      saver.complete = start
       print(f'Resumed from {workdir / "checkpoints"} at step {start}.', flush=True)
     else:
       start = 0
@@ -273,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     def check_finite():
       bad = int(sharding.fetch(state.bad_step))
       if bad >= 0:
-        manager.wait_until_finished()
+        saver.finish()
         raise NonFiniteLossError(
             f'non-finite loss or gradient at step {bad}; training stopped. The last good '
             f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.'
@@ -311,9 +359,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           )
       if due(done, run.checkpoint_every_steps, total) or preempted:
         check_finite()
-        manager.save(
+        saver.save(
             done,
-            args=ocp.args.Composite(
+            ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
             ),
         )
@@ -325,12 +373,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             f'{workdir / "checkpoints"}; rerun the same command to resume.'
         )
         break
+    completed = True
+  except WriteError as e:
+    write_error = e
+    raise
   finally:
-    if preemption is not None:
-      preemption.close()
-      pbar.close()
-      writer.close()
-    manager.wait_until_finished()
-    manager.close()
+    # Close everything even if one fails; a failure here (the last checkpoint's
+    # background write, the last metrics) is raised unless another error is.
+    closers = [preemption.close, pbar.close, writer.close] if preemption is not None else []
+    failure = None
+    for close in closers + [saver.finish, manager.close]:
+      try:
+        close()
+      except Exception as e:  # pylint: disable=broad-except
+        failure = failure or e
+    if completed and isinstance(failure, WriteError):
+      write_error = failure
+    if write_error is not None:  # after saver.finish: the checkpoint a rerun resumes from
+      write_error.hint = write_error.hint or saver.hint()
+    if failure is not None and completed:
+      raise failure
   result.update(step=int(sharding.fetch(state.step)), train_history=history, workdir=str(workdir))
   return result
