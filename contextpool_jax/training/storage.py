@@ -16,6 +16,9 @@ or vanished directory: every writer of the run raises
   (tensorboardX's ``SummaryWriter`` writes from a thread: on a write error that
   thread dies with a traceback and the loop then blocks forever on its full
   queue.)
+* :func:`resume_metrics` cuts ``metrics.jsonl`` back to the step a run resumes
+  from, so the lines a killed run logged after its last checkpoint (or a line
+  torn by a full disk) are neither duplicated nor kept half.
 * :func:`quiet_orbax_io_errors`: orbax logs a traceback for each failed write
   before raising it; the trainer reports the failure itself, in one line.
 """
@@ -106,6 +109,32 @@ def write_atomic(path: epath.PathLike, data: str | bytes) -> epath.Path:
         tmp.unlink()
 
 
+def _is_record(line: bytes, step: int) -> bool:
+  try:
+    record = json.loads(line)
+  except ValueError:
+    return False
+  return isinstance(record, dict) and isinstance(record.get('step'), int) and record['step'] <= step
+
+
+def resume_metrics(path: epath.PathLike, step: int) -> int:
+  """Keeps the complete lines of ``path`` (``metrics.jsonl``) logged at steps <= ``step``
+  (the step the run resumes from; 0: a fresh start) and returns how many it removed:
+  lines of steps the previous run logged after its last checkpoint (the resumed run
+  logs them again) and a last line torn by a kill or a full disk."""
+  path = epath.Path(path)
+  if not path.exists():
+    return 0
+  with writing(path):
+    data = path.read_bytes()
+  *lines, tail = data.split(b'\n')  # ``tail``: after the last newline (a torn line or b'')
+  kept = [line for line in lines if _is_record(line, step)]
+  removed = len(lines) - len(kept) + (tail != b'')
+  if removed:
+    write_atomic(path, ''.join(line.decode() + '\n' for line in kept))
+  return removed
+
+
 class JsonLines:
   """Appends one JSON line per record to ``path``; a line is written whole or the
   write raises WriteError (a torn line is cut off again, as far as the disk lets)."""
@@ -143,9 +172,14 @@ def _masked_crc32c(data: bytes) -> int:
 
 class EventFile:
   """A TensorBoard event file (TFRecord of ``Event`` protos) written from the caller's
-  thread: :meth:`flush` raises WriteError where the disk fails."""
+  thread: :meth:`flush` raises WriteError where the disk fails.
 
-  def __init__(self, directory: epath.PathLike):
+  ``purge_from``: a rerun of a workdir starts its file with a ``SessionLog.START`` at
+  that step, which makes TensorBoard drop the events a killed run logged from that
+  step on (the resumed run logs those steps again); tensorboardX's ``purge_step``.
+  """
+
+  def __init__(self, directory: epath.PathLike, purge_from: Optional[int] = None):
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
 
     self._pb = event_pb2
@@ -158,6 +192,9 @@ class EventFile:
       self._file = open(self.path, 'xb')  # pylint: disable=consider-using-with
     self._failed = False
     self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+    if purge_from is not None:
+      start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+      self._write(event_pb2.Event(wall_time=time.time(), step=purge_from, session_log=start))
     self.flush()
 
   def add(self, step: int, summary: Any) -> None:

@@ -28,7 +28,9 @@ SIGTERM saves a checkpoint at the current step and stops (:class:`Preemption`).
 A file that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
 ``config.json``: a full disk, a file-size limit) stops the run with one
 :class:`WriteError` naming the path, the cause and the checkpoint a rerun
-resumes from (:mod:`.storage`).
+resumes from (:mod:`.storage`). A resumed run first cuts ``metrics.jsonl``
+back to its start step, so a killed run's lines after its last checkpoint are
+logged once, by the rerun.
 
 The host never waits for the step it has just dispatched: metric sums are
 accumulated on the devices inside the jitted steps and read (through
@@ -124,13 +126,25 @@ class Writer:
   """TensorBoard event files + ``metrics.jsonl``; process 0 only.
 
   Both are written from the loop (:mod:`.storage`): a write that fails raises
-  WriteError there.
+  WriteError there. ``start`` is the step the run starts from: ``metrics.jsonl``
+  keeps only the lines of steps up to it, and a rerun's event file tells
+  TensorBoard to drop the earlier runs' events after it (the run logs those
+  steps again).
   """
 
-  def __init__(self, workdir: epath.Path, enabled: bool):
+  def __init__(self, workdir: epath.Path, enabled: bool, start: int = 0):
     self.enabled = enabled
     if enabled:
-      self.tb = storage.EventFile(workdir / TENSORBOARD_DIR)
+      removed = storage.resume_metrics(workdir / METRICS_FILE, start)
+      if removed:
+        print(
+            f'{workdir / METRICS_FILE}: removed {removed} line(s) after step {start}, logged '
+            'by a run that stopped before its next checkpoint.',
+            flush=True,
+        )
+      tb_dir = workdir / TENSORBOARD_DIR
+      rerun = tb_dir.exists() and any('tfevents' in p.name for p in tb_dir.iterdir())
+      self.tb = storage.EventFile(tb_dir, purge_from=start + 1 if rerun else None)
       self.jsonl = storage.JsonLines(workdir / METRICS_FILE)
       self._bins = _histogram_bins()
 
@@ -310,7 +324,7 @@ def _train(
     evals = evaluators.make_evaluators(config, task, devices)
     hooks = evaluators.make_hooks(config, task, devices)
 
-    writer = Writer(workdir, is_main)
+    writer = Writer(workdir, is_main, start)
     total = run.num_train_steps
     pbar = _progress_bar(start, total, enabled=is_main and run.progress_bar)
     history: list[dict] = []
