@@ -74,11 +74,11 @@ def main(argv):
   initialize_distributed()
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import DatasetNotFoundError
-  from contextpool_jax.errors import ConfigError, DataError, WriteError
+  from contextpool_jax.errors import ConfigError, DataError, WorkdirLockedError, WriteError
   from contextpool_jax.training import checkpoints, trainer
-  # The project's own messages about the config, the data, the checkpoints and a
-  # file that cannot be written are complete in one line; anything else (a bug in
-  # a module you edited) keeps its traceback.
+  # The project's own messages about the config, the data, the checkpoints, the
+  # workdir's lock and a file that cannot be written are complete in one line;
+  # anything else (a bug in a module you edited) keeps its traceback.
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (
@@ -87,6 +87,7 @@ def main(argv):
       DatasetNotFoundError,
       trainer.NonFiniteLossError,
       checkpoints.CheckpointError,
+      WorkdirLockedError,
       WriteError,
   ) as e:
     print(f'error: {e}', file=sys.stderr)

@@ -32,3 +32,8 @@ class WriteError(OSError):
 
   def __str__(self) -> str:
     return f'cannot write {self.path}: {self.cause}' + (f'. {self.hint}' if self.hint else '')
+
+
+class WorkdirLockedError(RuntimeError):
+  """Another live run holds the workdir (``<workdir>/run.lock``); the message names the
+  workdir and the holder (host, process id, start time)."""

@@ -25,7 +25,10 @@ set) with :class:`NonFiniteLossError` naming the step. Checkpoints are only
 written for good states, so the last checkpoint is the last good one. A
 SIGTERM saves a checkpoint at the current step and stops (:class:`Preemption`).
 
-A file that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
+The run holds its workdir (:mod:`.runlock`, ``<workdir>/run.lock``) from before
+it reads anything until its last checkpoint is written: a second launch on the
+same workdir stops with :class:`WorkdirLockedError` naming the holder. A file
+that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
 ``config.json``: a full disk, a file-size limit) stops the run with one
 :class:`WriteError` naming the path, the cause and the checkpoint a rerun
 resumes from (:mod:`.storage`). A resumed run first cuts ``metrics.jsonl``
@@ -55,7 +58,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.errors import WriteError
-from contextpool_jax.training import checkpoints, evaluators, optim, sharding
+from contextpool_jax.training import checkpoints, evaluators, optim, runlock, sharding
 from contextpool_jax.training import spec as spec_lib
 from contextpool_jax.training import steps, storage, tasks
 
@@ -232,23 +235,25 @@ def _abstract_with_shardings(abstract, shardings):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains and evaluates ``config`` in ``workdir``; returns the final metrics.
 
-  Raises (besides the config, data and checkpoint errors): WriteError if a file
-  of the run cannot be written.
+  Raises (besides the config, data and checkpoint errors): WorkdirLockedError if
+  another run holds ``workdir``, before anything is read, written or compiled;
+  WriteError if a file of the run cannot be written.
   """
   run = validate_config(config)
   workdir = epath.Path(workdir)
   with storage.writing(workdir):
     workdir.mkdir(parents=True, exist_ok=True)
-  with storage.quiet_orbax_io_errors():
-    return _train(config, run, workdir)
+  with runlock.hold(workdir, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
+    return _train(config, run, workdir, lock)
 
 
 def _train(
     config: ml_collections.ConfigDict,
     run: spec_lib.RunSpec,
     workdir: epath.Path,
+    lock: runlock.RunLock,
 ) -> dict[str, Any]:
-  """:func:`train_and_evaluate` once the config is read."""
+  """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
   with storage.writing(workdir / checkpoints.CHECKPOINTS_DIR):
     manager = checkpoints.manager(
@@ -350,6 +355,9 @@ def _train(
       in_flight.add(sums)
       done = step + 1
       preempted = preemption.reached(done)
+      every = (run.log_every_steps, run.eval_every_steps, run.checkpoint_every_steps)
+      if preempted or any(due(done, n, total) for n in every):
+        lock.check()  # another run took the workdir over: stop before writing
       if run.nan_check_every_steps and done % run.nan_check_every_steps == 0:
         check_finite()
       if due(done, run.log_every_steps, total):
