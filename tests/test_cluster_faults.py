@@ -407,8 +407,11 @@ def test_a_second_launch_of_two_processes_is_refused_on_both(reference, driver, 
   workdir.mkdir()
   holder = _info(pid=sleeper.pid, pid_start=runlock.process_start(sleeper.pid), processes=2)
   (workdir / 'run.lock').write_text(json.dumps(holder))
-  out = _run(driver, args(workdir), processes=2)
+  out = _run(driver, args(workdir), processes=2, env={'JAX_LOG_COMPILES': '1'})
   assert out.returncode == 1, out.stdout[-3000:]
+  # The one computation before the refusal: process 0's verdict, broadcast.
+  compiled = re.findall(r'Compiling (\S+) ', out.stdout)
+  assert compiled and set(compiled) == {'jit(_psum)'}, compiled
   lines = [l for l in out.stdout.splitlines() if 'is in use by another run' in l]
   expected = (
       f'error: {workdir} is in use by another run: host {holder["host"]}, pid {sleeper.pid}, '

@@ -3,7 +3,9 @@
 A second launch on a live workdir (a scheduler relaunching a job whose first copy
 still runs, the same command started twice) stops with
 :class:`~contextpool_jax.errors.WorkdirLockedError` before it reads a checkpoint,
-writes a file or compiles anything, in one line naming the workdir and the holder::
+writes a file or builds the model (with several processes, the only computation
+before it is the broadcast of process 0's verdict), in one line naming the
+workdir and the holder::
 
   /w is in use by another run: host node7, pid 4242, started 2026-11-26 12:00:01 UTC (run
   3f2a9c1e, 2 process(es); lock /w/run.lock). Stop that run first, or use another --workdir.

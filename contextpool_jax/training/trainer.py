@@ -236,7 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains and evaluates ``config`` in ``workdir``; returns the final metrics.
 
   Raises (besides the config, data and checkpoint errors): WorkdirLockedError if
-  another run holds ``workdir``, before anything is read, written or compiled;
+  another run holds ``workdir``, before anything is read, written or built;
   WriteError if a file of the run cannot be written.
   """
   run = validate_config(config)
