@@ -108,11 +108,11 @@ def main(argv):
   initialize_distributed()
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import DatasetNotFoundError
-  from contextpool_jax.errors import ConfigError, DataError
+  from contextpool_jax.errors import ConfigError, DataError, WorkdirLockedError, WriteError
   from contextpool_jax.training import checkpoints, trainer
-  # The project's own messages about the config, the data and the checkpoints are
-  # complete in one line; anything else (a bug in a module you edited) keeps its
-  # traceback.
+  # The project's own messages about the config, the data, the checkpoints, the
+  # workdir's lock and a file that cannot be written are complete in one line;
+  # anything else (a bug in a module you edited) keeps its traceback.
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (
@@ -121,6 +121,8 @@ def main(argv):
       DatasetNotFoundError,
       trainer.NonFiniteLossError,
       checkpoints.CheckpointError,
+      WorkdirLockedError,
+      WriteError,
   ) as e:
     _fail(str(e))
   if result.get('preempted'):

@@ -29,6 +29,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpointing = True
   c.nan_check_every_steps = 0  # extra host checks for a NaN/inf loss every N steps
   # (0: only at log and checkpoint steps, no per-step sync)
+  # A run holds <workdir>/run.lock (training/runlock.py); a lock written on another
+  # machine counts as its holder dead after this many seconds without a heartbeat.
+  c.lock_stale_seconds = 600
   c.eval_splits = ('validation',)
   c.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16' (params stay f32)
   c.remat = False  # recompute activations in the backward pass

@@ -14,13 +14,17 @@ temporary directory that is ignored. On top of that:
   naming it and the step used instead; if no checkpoint can be read the run
   stops with :class:`CheckpointError` naming the directory, never restarting
   from step 0.
+* :class:`Saver`: a checkpoint that cannot be written (a full disk, a file-size
+  limit), also in orbax's background thread, is one
+  :class:`~contextpool_jax.errors.WriteError` naming the step's directory and
+  the cause; the previous checkpoints stay complete (orbax commits a step by a
+  rename) and :meth:`Saver.hint` names the one a rerun resumes from.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 import warnings
 from typing import Any, Callable, Optional
 
@@ -31,7 +35,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import config_fields
+from contextpool_jax.training import config_fields, storage
 
 # A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
 CONFIG_FILE = 'config.json'
@@ -61,6 +65,45 @@ def manager(
       preservation_policy=preservation, enable_async_checkpointing=asynchronous
   )
   return ocp.CheckpointManager(directory, options=options)
+
+
+class Saver:
+  """Saves the run's checkpoints through ``mgr`` (asynchronously if it does).
+
+  A step that cannot be written raises
+  :class:`~contextpool_jax.errors.WriteError` naming ``<directory>/<step>`` and
+  the cause: from :meth:`save` if it fails at once, and from the next
+  :meth:`save` or :meth:`finish` if it fails in orbax's background thread
+  (orbax itself re-raises such an error only at its next call).
+  """
+
+  def __init__(self, mgr: ocp.CheckpointManager, directory: epath.Path, latest: Optional[int]):
+    self.mgr, self.directory = mgr, directory
+    self.complete = latest  # the newest step known to be written in full (None: none)
+    self._pending: Optional[int] = None
+
+  def save(self, step: int, args: ocp.args.CheckpointArgs) -> None:
+    self.finish()
+    with storage.writing(self.directory / str(step)):
+      self.mgr.save(step, args=args)
+    self._pending = step
+
+  def finish(self) -> None:
+    """Waits for the pending save; WriteError if it failed."""
+    if self._pending is not None:
+      step, self._pending = self._pending, None
+      with storage.writing(self.directory / str(step)):
+        self.mgr.wait_until_finished()
+      self.complete = step
+
+  def hint(self) -> str:
+    """What a rerun after a failed write does."""
+    if self.complete is None:
+      return 'No checkpoint is complete yet; rerun the same command once the cause is fixed.'
+    return (
+        f'Checkpoint step {self.complete} in {self.directory} is complete; rerun the same '
+        'command once the cause is fixed to resume from it.'
+    )
 
 
 def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
@@ -98,10 +141,9 @@ def write_config(directory: epath.PathLike, config: ml_collections.ConfigDict) -
   this file (:func:`check_resume_config`) while process 0 rewrites it. A plain
   write truncates first, so a reader could see an empty file and stop with a
   JSON error, leaving process 0 at its next barrier."""
-  path = epath.Path(directory) / CONFIG_FILE
-  tmp = path.parent / f'.{CONFIG_FILE}.tmp-{uuid.uuid4().hex}'
-  tmp.write_text(config.to_json_best_effort(indent=2))
-  return tmp.replace(path)
+  return storage.write_atomic(
+      epath.Path(directory) / CONFIG_FILE, config.to_json_best_effort(indent=2)
+  )
 
 
 def _completed(saved: dict) -> dict:

@@ -42,7 +42,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from contextpool_jax.training import checkpoints
+from contextpool_jax.training import checkpoints, storage
 
 PathLike = Union[str, pathlib.Path]
 
@@ -250,9 +250,14 @@ def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = No
   dict: params and model state, no optimizer state; ``flax.serialization``
   msgpack). ``load(out_dir)`` reads it back. Returns ``out_dir``.
 
+  Both files are written whole (a temporary file renamed), ``variables.msgpack``
+  last: an export that cannot be written (a full disk) leaves no file ``load``
+  would read as an export.
+
   Raises:
     WorkdirError: as :func:`load`.
     FileExistsError: ``out_dir`` already holds an export.
+    WriteError: a file of the export cannot be written; names it and the cause.
   """
   source = pathlib.Path(workdir)
   config = read_config(source)  # checks the workdir first
@@ -260,8 +265,9 @@ def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = No
   out = pathlib.Path(out_dir)
   if (out / EXPORT_FILE).exists():
     raise FileExistsError(f'{out / EXPORT_FILE} exists; choose another out_dir.')
-  out.mkdir(parents=True, exist_ok=True)
+  with storage.writing(out):
+    out.mkdir(parents=True, exist_ok=True)
   state = jax.tree.map(np.asarray, variables)
-  (out / EXPORT_FILE).write_bytes(flax.serialization.msgpack_serialize(state))
   checkpoints.write_config(out, config)
+  storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
   return out

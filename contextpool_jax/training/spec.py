@@ -19,7 +19,7 @@ import ml_collections
 
 from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import sharding
+from contextpool_jax.training import runlock, sharding
 
 TASKS = ('lm', 'translation', 'classification')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -48,6 +48,7 @@ class RunSpec:
   init_from: str
   progress_bar: bool
   log_pool_sizes: bool
+  lock_stale_seconds: int  # run.lock of another machine: stale after this long without heartbeat
 
 
 def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
@@ -97,6 +98,9 @@ def resolve_spec(
       init_from=checks.lookup(config, 'init_from', ''),
       progress_bar=flag('progress_bar'),
       log_pool_sizes=flag('log_pool_sizes'),
+      lock_stale_seconds=checks.read_int(
+          config, 'lock_stale_seconds', minimum=1, default=runlock.DEFAULT_STALE_SECONDS
+      ),
   )
   processes = jax.process_count() if process_count is None else process_count
   devices = jax.device_count() if device_count is None else device_count

@@ -25,6 +25,16 @@ set) with :class:`NonFiniteLossError` naming the step. Checkpoints are only
 written for good states, so the last checkpoint is the last good one. A
 SIGTERM saves a checkpoint at the current step and stops (:class:`Preemption`).
 
+The run holds its workdir (:mod:`.runlock`, ``<workdir>/run.lock``) from before
+it reads anything until its last checkpoint is written: a second launch on the
+same workdir stops with :class:`WorkdirLockedError` naming the holder. A file
+that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
+``config.json``: a full disk, a file-size limit) stops the run with one
+:class:`WriteError` naming the path, the cause and the checkpoint a rerun
+resumes from (:mod:`.storage`). A resumed run first cuts ``metrics.jsonl``
+back to its start step, so a killed run's lines after its last checkpoint are
+logged once, by the rerun.
+
 The host never waits for the step it has just dispatched: metric sums are
 accumulated on the devices inside the jitted steps and read (through
 :func:`sharding.fetch`, correct with any number of processes) only at log,
@@ -34,7 +44,6 @@ evaluation and checkpoint steps, and the host runs at most
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -48,9 +57,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, sharding
+from contextpool_jax.errors import WriteError
+from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
+from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
-from contextpool_jax.training import steps, tasks
+from contextpool_jax.training import steps, storage, tasks
+
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -103,35 +117,68 @@ class Preemption:
 # ----------------------------------------------------------------------------
 
 
-class Writer:
-  """TensorBoard event files (tensorboardX) + ``metrics.jsonl``; process 0 only."""
+def _histogram_bins() -> list[float]:
+  """tensorboardX's default ('tensorflow') histogram bins."""
+  edges, v = [], 1e-12
+  while v < 1e20:
+    edges.append(v)
+    v *= 1.1
+  return [-e for e in reversed(edges)] + [0.0] + edges
 
-  def __init__(self, workdir: epath.Path, enabled: bool):
+
+class Writer:
+  """TensorBoard event files + ``metrics.jsonl``; process 0 only.
+
+  Both are written from the loop (:mod:`.storage`): a write that fails raises
+  WriteError there. ``start`` is the step the run starts from: ``metrics.jsonl``
+  keeps only the lines of steps up to it, and a rerun's event file tells
+  TensorBoard to drop the earlier runs' events after it (the run logs those
+  steps again).
+  """
+
+  def __init__(self, workdir: epath.Path, enabled: bool, start: int = 0):
     self.enabled = enabled
     if enabled:
-      import tensorboardX  # pylint: disable=g-import-not-at-top
-
-      self.tb = tensorboardX.SummaryWriter(str(workdir / 'tensorboard'))
-      self.jsonl = open(workdir / 'metrics.jsonl', 'a')
+      removed = storage.resume_metrics(workdir / METRICS_FILE, start)
+      if removed:
+        print(
+            f'{workdir / METRICS_FILE}: removed {removed} line(s) after step {start}, logged '
+            'by a run that stopped before its next checkpoint.',
+            flush=True,
+        )
+      tb_dir = workdir / TENSORBOARD_DIR
+      rerun = tb_dir.exists() and any('tfevents' in p.name for p in tb_dir.iterdir())
+      self.tb = storage.EventFile(tb_dir, purge_from=start + 1 if rerun else None)
+      self.jsonl = storage.JsonLines(workdir / METRICS_FILE)
+      self._bins = _histogram_bins()
 
   def scalars(self, step: int, metrics: dict[str, float], prefix: str) -> None:
     if not self.enabled:
       return
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+
+    self.jsonl.write({'step': step, 'split': prefix, **metrics})
     for k, val in metrics.items():
-      self.tb.add_scalar(f'{prefix}/{k}', val, step)
-    self.jsonl.write(json.dumps({'step': step, 'split': prefix, **metrics}) + '\n')
-    self.jsonl.flush()
+      self.tb.add(step, summary.scalar(f'{prefix}/{k}', val))
+    self.tb.flush()
 
   def histograms(self, step: int, values: dict[str, np.ndarray], prefix: str) -> None:
     if not self.enabled:
       return
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+
     for k, val in values.items():
-      self.tb.add_histogram(f'{prefix}/{k}', np.asarray(val, np.float32).ravel(), step)
+      flat = np.asarray(val, np.float32).ravel()
+      self.tb.add(step, summary.histogram(f'{prefix}/{k}', flat, self._bins))
+    self.tb.flush()
 
   def close(self) -> None:
     if self.enabled:
-      self.tb.close()
-      self.jsonl.close()
+      self.enabled = False
+      try:
+        self.tb.close()
+      finally:
+        self.jsonl.close()
 
 
 def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
@@ -192,19 +239,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ``config.model`` is completed first (every field of the model, with its default
   where the config sets none: :func:`config_fields.complete`), so ``config.json``
   records the values used.
+
+  Raises (besides the config, data and checkpoint errors): WorkdirLockedError if
+  another run holds ``workdir``, before anything is read, written or built;
+  WriteError if a file of the run cannot be written.
   """
   run = validate_config(config)
   config = config_fields.complete(config)
   workdir = epath.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  with storage.writing(workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+  with runlock.hold(workdir, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
+    return _train(config, run, workdir, lock)
+
+
+def _train(
+    config: ml_collections.ConfigDict,
+    run: spec_lib.RunSpec,
+    workdir: epath.Path,
+    lock: runlock.RunLock,
+) -> dict[str, Any]:
+  """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
-  manager = checkpoints.manager(
-      workdir / checkpoints.CHECKPOINTS_DIR,
-      keep=run.keep_checkpoints,
-      keep_period=run.keep_checkpoint_period,
-      asynchronous=run.async_checkpointing,
-  )
-  preemption = None
+  with storage.writing(workdir / checkpoints.CHECKPOINTS_DIR):
+    manager = checkpoints.manager(
+        workdir / checkpoints.CHECKPOINTS_DIR,
+        keep=run.keep_checkpoints,
+        keep_period=run.keep_checkpoint_period,
+        asynchronous=run.async_checkpointing,
+    )
+  saver = checkpoints.Saver(manager, workdir / checkpoints.CHECKPOINTS_DIR, manager.latest_step())
+  preemption, completed, write_error = None, False, None
   try:  # everything after here closes the manager on the way out
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
@@ -239,6 +304,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if found is not None:
       start, restored = found
       state = restored['state']
+      saver.complete = start
       print(f'Resumed from {workdir / "checkpoints"} at step {start}.', flush=True)
     else:
       start = 0
@@ -269,7 +335,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     evals = evaluators.make_evaluators(config, task, devices)
     hooks = evaluators.make_hooks(config, task, devices)
 
-    writer = Writer(workdir, is_main)
+    writer = Writer(workdir, is_main, start)
     total = run.num_train_steps
     pbar = _progress_bar(start, total, enabled=is_main and run.progress_bar)
     history: list[dict] = []
@@ -280,7 +346,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     def check_finite():
       bad = int(sharding.fetch(state.bad_step))
       if bad >= 0:
-        manager.wait_until_finished()
+        saver.finish()
         raise NonFiniteLossError(
             f'non-finite loss or gradient at step {bad}; training stopped. The last good '
             f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.'
@@ -295,6 +361,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       in_flight.add(sums)
       done = step + 1
       preempted = preemption.reached(done)
+      every = (run.log_every_steps, run.eval_every_steps, run.checkpoint_every_steps)
+      if preempted or any(due(done, n, total) for n in every):
+        lock.check()  # another run took the workdir over: stop before writing
       if run.nan_check_every_steps and done % run.nan_check_every_steps == 0:
         check_finite()
       if due(done, run.log_every_steps, total):
@@ -318,9 +387,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           )
       if due(done, run.checkpoint_every_steps, total) or preempted:
         check_finite()
-        manager.save(
+        saver.save(
             done,
-            args=ocp.args.Composite(
+            ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
             ),
         )
@@ -332,12 +401,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             f'{workdir / "checkpoints"}; rerun the same command to resume.'
         )
         break
+    completed = True
+  except WriteError as e:
+    write_error = e
+    raise
   finally:
-    if preemption is not None:
-      preemption.close()
-      pbar.close()
-      writer.close()
-    manager.wait_until_finished()
-    manager.close()
+    # Close everything even if one fails; a failure here (the last checkpoint's
+    # background write, the last metrics) is raised unless another error is.
+    closers = [preemption.close, pbar.close, writer.close] if preemption is not None else []
+    failure = None
+    for close in closers + [saver.finish, manager.close]:
+      try:
+        close()
+      except Exception as e:  # pylint: disable=broad-except
+        failure = failure or e
+    if completed and isinstance(failure, WriteError):
+      write_error = failure
+    if write_error is not None:  # after saver.finish: the checkpoint a rerun resumes from
+      write_error.hint = write_error.hint or saver.hint()
+    if failure is not None and completed:
+      raise failure
   result.update(step=int(sharding.fetch(state.step)), train_history=history, workdir=str(workdir))
   return result
