@@ -25,12 +25,15 @@ STAGES = {  # stage: (sequence length, batch size, steps, learning rate)
     'stage2': (4096, 32, 50_000, 1.25e-4),
     'stage3': (8192, 16, 50_000, 6.25e-5),
 }
+KINDS = ('cp', 'baseline')
+# Every argument of enwik8.py / text8.py ('<stage>' is '<stage>,cp').
+ARGS = tuple(s if k == 'cp' else f'{s},{k}' for s in STAGES for k in KINDS)
 
 
 def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   parts = [a.strip() for a in (arg or 'stage1').split(',')]
   stage, kind = parts[0], (parts[1] if len(parts) > 1 else 'cp')
-  if stage not in STAGES or kind not in ('cp', 'baseline'):
+  if stage not in STAGES or kind not in KINDS:
     raise ConfigError(
         f'configs/{dataset}.py:{arg!r}: expected "<stage>[,cp|baseline]" with '
         f'stage in {tuple(STAGES)}.'

@@ -14,10 +14,11 @@ import ml_collections
 
 from configs import common
 
+ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
+
 
 def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
-  names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
-  common.check_choice('cifar10_resnet.py', arg, names)
+  common.check_choice('cifar10_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 64_000

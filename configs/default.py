@@ -23,10 +23,12 @@ import ml_collections
 
 from configs import common
 
+ARGS = ('', 'baseline')  # every argument get_config takes
+
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
-  common.check_choice('default.py', variant, ('', 'baseline'))
+  common.check_choice('default.py', variant, ARGS)
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500

@@ -18,10 +18,11 @@ import ml_collections
 
 from configs import common
 
+ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
+
 
 def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
-  names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
-  common.check_choice('digits_resnet.py', arg, names)
+  common.check_choice('digits_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 2_000

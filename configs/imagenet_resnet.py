@@ -23,7 +23,7 @@ import ml_collections
 from configs import common
 
 _TRAIN_IMAGES = 1_281_167
-_NAMES = (
+ARGS = (
     'resnet50',
     'cp_resnet50',
     'resnet101',
@@ -35,7 +35,7 @@ _NAMES = (
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
-  common.check_choice('imagenet_resnet.py', arg, _NAMES)
+  common.check_choice('imagenet_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))

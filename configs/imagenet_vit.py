@@ -18,9 +18,11 @@ from configs import common
 _TRAIN_IMAGES = 1_281_167
 
 
+ARGS = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti16')
+
+
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
-  names = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti16')
-  common.check_choice('imagenet_vit.py', arg, names)
+  common.check_choice('imagenet_vit.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024

@@ -11,6 +11,8 @@ The recipe and what the paper leaves open: configs/char_lm.py.
 
 from configs import char_lm
 
+ARGS = char_lm.ARGS
+
 
 def get_config(arg: str = 'stage1'):
   return char_lm.char_lm_config('text8', arg)

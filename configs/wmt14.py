@@ -34,6 +34,7 @@ PAIRS = {
 }
 # Peak learning rates (Vaswani et al.'s d^-0.5 * warmup^-0.5 with factor 2).
 PEAK_LR = {'tiny': 2e-3, 'small': 1.4e-3, 'base': 1e-3, 'big': 7e-4}
+ARGS = tuple(f'{p},{s},{k}' for p in PAIRS for s in SIZES for k in KINDS)  # every argument
 
 
 def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:

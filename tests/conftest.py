@@ -13,8 +13,9 @@ _flags = os.environ.get('XLA_FLAGS', '')
 if '--xla_backend_optimization_level' not in _flags:
   os.environ['XLA_FLAGS'] = f'{_flags} --xla_backend_optimization_level=0'.strip()
 
-import sys
+import importlib
 import pathlib
+import sys
 
 import pytest
 
@@ -30,6 +31,16 @@ def corpus(tmp_path_factory):
   for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
     (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
   return root
+
+
+def config_cases() -> list[tuple[str, str]]:
+  """``(config name, argument)`` for every argument (``ARGS``) of every config file
+  in ``configs/``: the source of truth the config tests parametrize over."""
+  cases = []
+  for path in sorted((REPO / 'configs').glob('*.py')):
+    if 'def get_config' in path.read_text():
+      cases += [(path.stem, arg) for arg in importlib.import_module(f'configs.{path.stem}').ARGS]
+  return cases
 
 
 # tests/multi_device/ needs several (fake) devices, fixed when JAX starts:

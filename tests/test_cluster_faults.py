@@ -44,6 +44,8 @@ from conftest import REPO
 from test_faults import _committed_steps, _tiny
 from test_scale import flags
 
+pytestmark = pytest.mark.slow  # processes killed, disks filled, runs on two processes
+
 # Runs train.py (its flags are argv[1:]) with the fault that the environment
 # variable CONTEXTPOOL_TEST_FAULT describes (JSON):
 #   process:  the process (--process_id) that injects it (0 with one process);

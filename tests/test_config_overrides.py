@@ -8,6 +8,8 @@ module call intercepted: no compile, no data).
 """
 
 import dataclasses
+import importlib
+import inspect
 import json
 import pathlib
 import subprocess
@@ -29,33 +31,10 @@ from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.models.common import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.training import checkpoints, config_fields, optim, steps, tasks, trainer
-from conftest import REPO
+from conftest import REPO, config_cases
 
 # Every config file and its variants (test_every_config_file_is_listed keeps it whole).
-VARIANTS = {
-    'default': ['', 'baseline'],
-    'enwik8': ['stage1', 'stage3,baseline'],
-    'text8': ['stage2', 'stage1,baseline'],
-    'wmt14': [
-        f'{p},{s},{k}'
-        for p in ('en-de', 'en-fr')
-        for s in ('tiny', 'small', 'base', 'big')
-        for k in ('standard', 'local', 'area', 'cp')
-    ],
-    'imagenet_vit': ['vit_ti16', 'cp_vit_ti16', 'vit_s16', 'cp_vit_s16', 'vit_b16', 'cp_vit_b16'],
-    'cifar10_resnet': [f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56)],
-    'digits_resnet': [f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56)],
-    'imagenet_resnet': [
-        'resnet50',
-        'cp_resnet50',
-        'resnet101',
-        'cp_resnet101',
-        'lambda_resnet50',
-        'aa_resnet34',
-        'aa_resnet50',
-    ],
-}
-CASES = [(name, arg) for name, args in VARIANTS.items() for arg in args]
+CASES = config_cases()  # every argument of every config file
 
 
 def _config_file(name, arg):
@@ -226,9 +205,15 @@ def test_the_module_tree_receives_the_overrides(name, arg, tmp_path):
     assert {p.strides for p in pools} == {1}  # CIFAR placement: before the global pool
 
 
-def test_every_config_file_is_listed():
+def test_every_config_file_lists_its_arguments_and_its_default_is_one():
+  """``ARGS`` (what the tests parametrize over) holds each file's default argument."""
   files = {p.stem for p in (REPO / 'configs').glob('*.py') if 'def get_config' in p.read_text()}
-  assert files == set(VARIANTS)
+  assert files == {name for name, _ in CASES}
+  for name in files:
+    module = importlib.import_module(f'configs.{name}')
+    default = inspect.signature(module.get_config).parameters
+    (parameter,) = default.values()
+    assert parameter.default in module.ARGS, (name, parameter.default)
 
 
 @pytest.mark.parametrize('name,arg', CASES)
@@ -376,6 +361,7 @@ def _train_py(*args):
   )
 
 
+@pytest.mark.slow
 def test_train_py_answers_a_mistyped_override_in_one_line_before_any_work(tmp_path):
   workdir = tmp_path / 'run'
   out = _train_py(
@@ -393,6 +379,7 @@ def test_train_py_answers_a_mistyped_override_in_one_line_before_any_work(tmp_pa
   assert not workdir.exists()  # main never ran: nothing prepared or compiled
 
 
+@pytest.mark.slow
 def test_a_bad_value_gets_the_modules_check_before_the_data_is_prepared(tmp_path):
   config = _parse(
       'configs/default.py',
@@ -408,6 +395,7 @@ def test_a_bad_value_gets_the_modules_check_before_the_data_is_prepared(tmp_path
   assert not (tmp_path / 'tfds').exists()  # the corpus was not prepared
 
 
+@pytest.mark.slow
 def test_the_saved_config_records_every_field_of_a_config_built_in_code(tmp_path):
   config = default_config.get_config()
   with config.unlocked():  # an incomplete model section, as code may build it
@@ -440,6 +428,7 @@ _OLD_DEFAULT_MODEL = dict(
 )
 
 
+@pytest.mark.slow
 def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
   config = default_config.get_config()
   saved = json.loads(config.to_json_best_effort())

@@ -19,32 +19,11 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax import models
 from contextpool_jax.training import tasks, trainer
+from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-CONFIGS = {
-    'default': ['', 'baseline'],
-    'wmt14': [
-        f'{p},{s},{k}'
-        for p in ('en-de', 'en-fr')
-        for s in ('tiny', 'small', 'base', 'big')
-        for k in ('standard', 'local', 'area', 'cp')
-    ],
-    'enwik8': ['stage1', 'stage2', 'stage3', 'stage1,baseline'],
-    'text8': ['stage1', 'stage3,baseline'],
-    'imagenet_vit': ['vit_b16', 'cp_vit_b16'],
-    'cifar10_resnet': ['resnet44', 'cp_resnet44', 'cp_resnet46', 'resnet20'],
-    'digits_resnet': ['resnet20', 'cp_resnet20', 'cp_resnet32'],
-    'imagenet_resnet': [
-        'resnet50',
-        'cp_resnet50',
-        'resnet101',
-        'cp_resnet101',
-        'lambda_resnet50',
-        'aa_resnet34',
-        'aa_resnet50',
-    ],
-}
+CONFIGS = config_cases()  # every argument of every config file
 
 
 def _load(name, arg):
@@ -52,7 +31,7 @@ def _load(name, arg):
   return module.get_config(arg) if arg else module.get_config()
 
 
-@pytest.mark.parametrize('name,arg', [(n, a) for n, args in CONFIGS.items() for a in args])
+@pytest.mark.parametrize('name,arg', CONFIGS)
 def test_every_config_is_valid(name, arg):
   config = _load(name, arg)
   trainer.validate_config(config)
@@ -101,6 +80,7 @@ def _run(config, tmp_path):
   return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['enwik8', 'text8'])
 def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
   manual = tmp_path / 'manual'
@@ -158,6 +138,7 @@ def _mock_wmt(n=200):
     yield
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['cp', 'area'])
 def test_wmt14_config_trains_and_reports_bleu(kind, tmp_path):
   config = _shrink(_load('wmt14', f'en-de,tiny,{kind}'))
@@ -175,6 +156,7 @@ def _mock_images():
   return tfds.testing.mock_data(num_examples=16, policy=tfds.testing.MockPolicy.USE_CODE)
 
 
+@pytest.mark.slow
 def test_cifar10_resnet_config_trains(tmp_path):
   config = _shrink(_load('cifar10_resnet', 'cp_resnet20'))
   config.batch_size = 4
@@ -184,6 +166,7 @@ def test_cifar10_resnet_config_trains(tmp_path):
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
 
 
+@pytest.mark.slow
 def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
   # The real digits (offline, inside scikit-learn), prepared on first use in data_dir.
   config = _shrink(_load('digits_resnet', 'cp_resnet20'))
@@ -194,6 +177,7 @@ def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'arg,overrides',
     [

@@ -26,6 +26,8 @@ from conftest import REPO
 from test_scale import flags, metrics
 from test_training import tiny_config
 
+pytestmark = pytest.mark.slow  # training processes killed and resumed
+
 # Runs train.py with a fault injected: SIGKILL of the whole process at the
 # n-th call of a function (argv[1] = 'module:function', argv[2] = n; after the
 # call returns), then train.py's own flags.

@@ -83,6 +83,7 @@ def test_the_local_arm_reads_less_than_the_whole_context(tmp_path):
     lm_study.make_config(lm_study.Run('code', 'local', 2, 4, 0), sizes, tmp_path)
 
 
+@pytest.mark.slow
 def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   study = tmp_path / 'study'
   runs = [
@@ -121,6 +122,7 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
 
 
+@pytest.mark.slow
 def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, monkeypatch):
   """The long runs of seed 0 keep a checkpoint every DIAGNOSTIC_PERIOD steps and
   record their diagnostics; a recorded run trained again for its diagnostics
@@ -186,6 +188,7 @@ def test_sizes_of_a_study_cannot_change(tmp_path):
     lm_study.check_sizes(tmp_path, dataclasses.replace(TINY, steps=8))
 
 
+@pytest.mark.slow
 def test_images_group_trains_resnets_on_the_digits_and_reports_error(tmp_path):
   sizes = dataclasses.replace(TINY, image_steps=4)
   runs = lm_study.plan(
@@ -276,6 +279,7 @@ def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
   assert 'Training loss' not in lm_study.corpus_report(short, {}, 'code')
 
 
+@pytest.mark.slow
 def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
   study = tmp_path / 'study'
   run = lm_study.Run('code', 'baseline', 1, TINY.steps, 0)

@@ -19,6 +19,8 @@ from contextpool_jax import viz
 from contextpool_jax.training import WorkdirError, export_params, load, tasks, trainer
 from test_training import tiny_config  # the small offline LM config
 
+pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

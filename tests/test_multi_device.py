@@ -5,6 +5,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a subprocess with four fake devices
+
 TESTS = pathlib.Path(__file__).resolve().parent
 
 

@@ -8,6 +8,8 @@ import nbclient
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # executes the notebooks
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / 'notebooks'
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
 PROJECT = PYPROJECT['project']
@@ -34,6 +36,7 @@ def _name(requirement: str) -> str:
   return re.split(r'[\[<>=;! ]', requirement, maxsplit=1)[0].lower().replace('_', '-')
 
 
+@pytest.mark.slow
 def test_layers_and_models_import_no_training_or_data_dependency():
   script = (
       'import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.viz, '

@@ -27,7 +27,8 @@ Markers (README.md: an HTML comment right before a fenced block; several may pre
 ``<!-- readme-test: skip REASON -->``
     The block is not run. ``SKIPPED`` below lists every skipped block with its reason, and the
     README must agree with it exactly: a new block that cannot run fails until it is marked, and a
-    skip cannot creep in silently. Each is reported as a pytest skip, with its reason.
+    skip cannot creep in silently. Each is a test that checks its commands statically (programs,
+    modules, flags, configs; see ``check_command``) and does not run them.
 ``<!-- readme-test: shrink -->``
     The block's training commands (``train.py``, directly or through the launcher) run at toy
     size: ``TINY_TRAIN`` is appended (a few steps, a tiny model, 64 KiB of the corpus, the TFDS
@@ -81,6 +82,8 @@ import pytest
 
 from conftest import REPO
 from test_load_sample import translation_workdir  # pylint: disable=unused-import  # a fixture
+
+pytestmark = pytest.mark.slow  # runs the README's commands
 
 README = REPO / 'README.md'
 NOTEBOOKS = sorted((REPO / 'notebooks').glob('*.ipynb'))
@@ -707,11 +710,11 @@ def test_skipped_by_design_are_exactly_the_listed_ones():
 
 @pytest.mark.parametrize('block', SKIPPED_BLOCKS, ids=_id)
 def test_skipped_by_design(block):
-  """Not run (the reason is the skip's): its python commands are checked statically."""
+  """Not run (the reason is the skip's, listed in SKIPPED): its commands are checked statically."""
+  assert block.marker('skip') or docstring_skip(block), f'{block.where}: a skip without a reason'
   if block.lang == 'bash':
     for command in shell_commands(block.code):
       check_command(command)
-  pytest.skip(f'by design, {block.where}: {block.marker("skip") or docstring_skip(block)}')
 
 
 @pytest.mark.parametrize('block', ALONE, ids=_id)

@@ -27,6 +27,8 @@ import pytest
 from contextpool_jax.training.load import load_variables
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # training on several processes
+
 
 def flags(corpus, data_dir, workdir, steps=8, **overrides):
   """``train.py`` flags: configs/default.py shrunk, everything on inside the run."""

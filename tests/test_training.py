@@ -56,6 +56,7 @@ def _params(workdir):
   return step, jax.tree.map(np.asarray, restored['state']['params'])
 
 
+@pytest.mark.slow
 def test_trains_evaluates_and_logs(corpus, tmp_path):
   config = tiny_config(corpus, tmp_path / 'data')
   result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
@@ -73,6 +74,7 @@ def test_trains_evaluates_and_logs(corpus, tmp_path):
   assert all(np.isfinite(l['loss']) and l['steps_per_sec'] > 0 for l in train)
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_params_as_an_uninterrupted_run(corpus, tmp_path):
   data_dir = tmp_path / 'data'
   full = tiny_config(corpus, data_dir, num_train_steps=6, eval_every_steps=100)
@@ -89,6 +91,7 @@ def test_resume_gives_the_same_params_as_an_uninterrupted_run(corpus, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_full_batch(corpus, tmp_path):
   data_dir = tmp_path / 'data'
   # SGD: the update is linear in the gradient (Adam's first steps are ~sign(g), which
@@ -112,6 +115,7 @@ def test_gradient_accumulation_matches_the_full_batch(corpus, tmp_path):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5), a, b)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
   # A learning rate this large makes the parameters overflow within a few steps.
   config = tiny_config(
@@ -130,6 +134,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
   assert all(np.isfinite(p).all() for p in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_is_caught_at_the_next_log_step_without_per_step_reads(corpus, tmp_path):
   config = tiny_config(
       corpus,
@@ -151,6 +156,7 @@ def test_non_finite_loss_is_caught_at_the_next_log_step_without_per_step_reads(c
   assert all(np.isfinite(json.loads(l)['loss']) for l in lines if json.loads(l)['split'] == 'train')
 
 
+@pytest.mark.slow
 def test_the_loop_reads_devices_only_through_fetch_and_not_every_step(
     corpus, tmp_path, monkeypatch
 ):
@@ -187,6 +193,7 @@ def test_bad_config_fails_before_compiling(corpus, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_command_line_rejects_unknown_keys(tmp_path):
   out = subprocess.run(
       [
@@ -235,6 +242,7 @@ def _cli(args, driver=None):
   )
 
 
+@pytest.mark.slow
 def test_command_line_errors_config_one_line_other_errors_traceback(corpus, tmp_path):
   data = [
       '--config.dataset.data_dir=' + str(tmp_path / 'data'),
@@ -254,6 +262,7 @@ def test_command_line_errors_config_one_line_other_errors_traceback(corpus, tmp_
   assert 'Traceback' in bug.stderr and 'shape bug in a module' in bug.stderr
 
 
+@pytest.mark.slow
 def test_bpc_of_a_uniform_model_is_eight_bits(corpus, tmp_path):
   """Known input: a model that puts 1/256 on every byte costs exactly log2(256) = 8 bits."""
   import jax.numpy as jnp
