@@ -357,6 +357,8 @@ def _train(
       batch = sharding.put_batch(next(train_iter), data_sharding)
       if zeros is None:
         zeros = steps.zero_sums(train_step_fn, state, batch, replicated)
+        if is_main:
+          pbar.write('Compiling the train step (its first call waits for it).')
       state, sums = train_step(state, batch, zeros if sums is None else sums)
       in_flight.add(sums)
       done = step + 1
@@ -393,6 +395,8 @@ def _train(
                 state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
             ),
         )
+        if is_main:
+          pbar.write(f'step {done}: saving checkpoint {workdir / "checkpoints" / str(done)}')
       pbar.update(1)
       if preempted:
         result['preempted'] = True
