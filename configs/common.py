@@ -47,6 +47,9 @@ def base_config() -> ml_collections.ConfigDict:
       # default: WANDB_MODE, else online) | 'online' | 'offline' | 'disabled'.
       dict(project='contextpool-jax', entity='', name='', mode='')
   )
+  # A jax.profiler trace of steps start_step .. start_step + num_steps - 1 into
+  # <workdir>/profile (training/profiling.py); num_steps=0: off.
+  c.profile = ml_collections.ConfigDict(dict(start_step=10, num_steps=0, all_processes=False))
   c.label_smoothing = 0.0
   c.model = ml_collections.ConfigDict({'name': 'cp_transformer_lm'})
   c.optimizer = ml_collections.ConfigDict(

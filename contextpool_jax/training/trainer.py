@@ -14,7 +14,8 @@
    at the steps :func:`due` says: logs the train metrics and runs the log hooks,
    runs the evaluators (:mod:`.evaluators`, built from the config), saves
    checkpoints asynchronously. Metrics go to the writers ``config.writers``
-   names (:mod:`.writers`).
+   names (:mod:`.writers`); ``config.profile`` traces chosen steps
+   (:mod:`.profiling`).
 
 The loop is task-neutral: it knows a task only through its three parts and
 the evaluators and hooks only through their call signatures.
@@ -61,7 +62,7 @@ from contextpool_jax.errors import WriteError
 from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
-from contextpool_jax.training import steps, storage, tasks, writers
+from contextpool_jax.training import profiling, steps, storage, tasks, writers
 
 METRICS_FILE = writers.METRICS_FILE
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
@@ -182,6 +183,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run = validate_config(config)
   writers.check(config)  # an unknown writer or its missing package: before anything is built
+  profiling.resolve_spec(config)
   config = config_fields.complete(config)
   workdir = epath.Path(workdir)
   with storage.writing(workdir):
@@ -274,6 +276,7 @@ def _train(
 
     writer = writers.Writers(config, workdir, is_main, start)
     total = run.num_train_steps
+    profiler = profiling.StepProfiler(profiling.resolve_spec(config), workdir, start, total)
     pbar = _progress_bar(start, total, enabled=is_main and run.progress_bar)
     history: list[dict] = []
     result: dict[str, Any] = {}
@@ -296,7 +299,9 @@ def _train(
         zeros = steps.zero_sums(train_step_fn, state, batch, replicated)
         if is_main:
           pbar.write('Compiling the train step (its first call waits for it).')
-      state, sums = train_step(state, batch, zeros if sums is None else sums)
+      with profiler.step(step + 1, state):
+        state, sums = train_step(state, batch, zeros if sums is None else sums)
+      profiler.stepped(step + 1, (state, sums))
       in_flight.add(sums)
       done = step + 1
       preempted = preemption.reached(done)
@@ -351,7 +356,7 @@ def _train(
     # background write, the last metrics) is raised unless another error is.
     closers = []
     if preemption is not None:
-      closers = [preemption.close, pbar.close, writer.close]
+      closers = [profiler.close, preemption.close, pbar.close, writer.close]
     failure = None
     for close in closers + [saver.finish, manager.close]:
       try:
