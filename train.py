@@ -101,10 +101,26 @@ def initialize_distributed() -> None:
   jax.distributed.initialize(**{k: v for k, v in explicit.items() if v is not None})
 
 
+def quiet_console() -> None:
+  """One line per event unless ``--verbosity`` (``-v``) is given (README "Console").
+
+  Without it: absl at WARNING (orbax's and grain's INFO logs would drown the
+  progress bar) and TFDS quiet (``console.set_quiet``: no progress bars while it
+  prepares a dataset, none of its warnings a user cannot act on). With it: the
+  level asked for, and TFDS as it is by default.
+  """
+  from contextpool_jax import console  # pylint: disable=g-import-not-at-top
+
+  quiet = not flags.FLAGS['verbosity'].present
+  if quiet:
+    logging.set_verbosity(logging.WARNING)
+  console.set_quiet(quiet)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)  # orbax/grain INFO logs drown the progress bar
+  quiet_console()
   initialize_distributed()
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import DatasetNotFoundError

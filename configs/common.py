@@ -39,6 +39,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_from = ''  # a previous stage's workdir: start from its params
   c.progress_bar = True
   c.log_pool_sizes = True  # ContextPool sigma histograms per layer (Fig. 4)
+  # Where metrics go (training/writers.py): 'jsonl' (metrics.jsonl), 'tensorboard',
+  # 'wandb' (pip install 'contextpool-jax[wandb]'; settings in c.wandb).
+  c.writers = ('jsonl', 'tensorboard')
+  c.wandb = ml_collections.ConfigDict(
+      # entity, name: '' = your default entity, the workdir's name; mode: '' (W&B's
+      # default: WANDB_MODE, else online) | 'online' | 'offline' | 'disabled'.
+      dict(project='contextpool-jax', entity='', name='', mode='')
+  )
+  # A jax.profiler trace of steps start_step .. start_step + num_steps - 1 into
+  # <workdir>/profile (training/profiling.py); num_steps=0: off.
+  c.profile = ml_collections.ConfigDict(dict(start_step=10, num_steps=0, all_processes=False))
   c.label_smoothing = 0.0
   c.model = ml_collections.ConfigDict({'name': 'cp_transformer_lm'})
   c.optimizer = ml_collections.ConfigDict(

@@ -450,14 +450,14 @@ FULL_DISK = {
     ),
     # the train line of step 6 (2 lines a step, 3 at an evaluation step)
     'metrics_line': (
-        [('contextpool_jax.training.trainer:Writer.scalars', 12)],
+        [('contextpool_jax.training.writers:Writers.scalars', 12)],
         'metrics.jsonl',
         4,
         True,
     ),
     # the pool-size histograms of step 5
     'tensorboard_event': (
-        [('contextpool_jax.training.trainer:Writer.histograms', 5)],
+        [('contextpool_jax.training.writers:Writers.histograms', 5)],
         r'tensorboard/events\.out\.tfevents\.[^:]+',
         4,
         False,
@@ -554,7 +554,7 @@ KILL_POINTS = {
     # after the k-th batch (of training or of an evaluation) is put on the devices
     'a batch': lambda r, k: [('contextpool_jax.training.sharding:put_batch', k)],
     # right after a metrics line (train, pool sizes or evaluation) was written
-    'a metrics line': lambda r, k: [('contextpool_jax.training.trainer:Writer.scalars', k)],
+    'a metrics line': lambda r, k: [('contextpool_jax.training.writers:Writers.scalars', k)],
     # while a checkpoint is written asynchronously (save returned, commit pending)
     'an asynchronous checkpoint': lambda r, k: [(_SAVE, k)],
     # inside orbax's background thread, as it starts writing the k-th array

@@ -27,6 +27,7 @@ EXTRA_ONLY_MODULES = (
     'sentencepiece',
     'matplotlib',
     'chex',
+    'wandb',
     'contextpool_jax.training',
     'contextpool_jax.data',
 )
@@ -60,7 +61,7 @@ def test_layers_and_models_import_no_training_or_data_dependency():
 
 def test_extras_and_the_pinned_requirements_agree():
   extras = PROJECT['optional-dependencies']
-  assert set(extras) == {'train', 'notebook', 'test', 'all'}
+  assert set(extras) == {'train', 'notebook', 'wandb', 'test', 'all'}
   pinned = {}
   for line in (REPO / 'requirements.txt').read_text().splitlines():
     line = line.split('#')[0].strip()

@@ -136,7 +136,16 @@ TINY_STEPS = 4  # a shrunk train.py command in the session first runs half of th
 PROGRAMS = ('python', 'python3', 'pip', 'tensorboard', 'tfds', 'pyink', 'pytest')
 LANGUAGES = ('python', 'bash', 'text')
 DIRECTIVES = ('skip', 'shrink', 'given', 'check')
-ABSL_FLAGS = {'help', 'helpfull', 'helpshort', 'flagfile', 'logtostderr', 'alsologtostderr', 'v'}
+ABSL_FLAGS = {
+    'help',
+    'helpfull',
+    'helpshort',
+    'flagfile',
+    'logtostderr',
+    'alsologtostderr',
+    'v',
+    'verbosity',
+}
 # Paths a command names that stand for the user's own: /tmp/... and /path/to/... .
 USER_PATH = re.compile(r'(?<![\w.])/(?:tmp|path/to)/')
 # Paths made for the session, not by a command: README path -> fixture.

@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
+from contextpool_jax import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 
 NAME = 'sklearn_digits'
@@ -109,5 +110,7 @@ def prepare(data_dir: Optional[str] = None) -> SklearnDigits:
   it is prepared; returns the builder."""
   builder = SklearnDigits(data_dir=data_dir)
   if not builder.is_prepared():
-    builder.download_and_prepare(file_format='array_record')
+    console.event(f'Preparing sklearn_digits (once; later runs reuse it): {builder.data_dir}')
+    with console.library_output():
+      builder.download_and_prepare(file_format='array_record')
   return builder

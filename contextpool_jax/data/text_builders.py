@@ -57,6 +57,7 @@ import zipfile
 import numpy as np
 import tensorflow_datasets as tfds
 
+from contextpool_jax import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 from contextpool_jax.errors import DataError
 
@@ -845,6 +846,8 @@ def prepare_text_dataset(
     builder_kwargs['allow_download'] = download
   builder = get_builder(name, data_dir, **builder_kwargs)
   if not builder.is_prepared():
+    console.event(f'Preparing {name} (once; later runs reuse it): {builder.data_dir}')
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-    builder.download_and_prepare(file_format='array_record', download_config=download_config)
+    with console.library_output():
+      builder.download_and_prepare(file_format='array_record', download_config=download_config)
   return builder.as_data_source()

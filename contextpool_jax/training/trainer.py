@@ -13,7 +13,9 @@
 4. runs one jitted, sharded train step per global batch (:mod:`.steps`), and
    at the steps :func:`due` says: logs the train metrics and runs the log hooks,
    runs the evaluators (:mod:`.evaluators`, built from the config), saves
-   checkpoints asynchronously.
+   checkpoints asynchronously. Metrics go to the writers ``config.writers``
+   names (:mod:`.writers`); ``config.profile`` traces chosen steps
+   (:mod:`.profiling`).
 
 The loop is task-neutral: it knows a task only through its three parts and
 the evaluators and hooks only through their call signatures.
@@ -52,7 +54,6 @@ from typing import Any
 import grain
 import jax
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
@@ -61,10 +62,10 @@ from contextpool_jax.errors import WriteError
 from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
-from contextpool_jax.training import steps, storage, tasks
+from contextpool_jax.training import profiling, steps, storage, tasks, writers
 
-METRICS_FILE = 'metrics.jsonl'
-TENSORBOARD_DIR = 'tensorboard'
+METRICS_FILE = writers.METRICS_FILE
+TENSORBOARD_DIR = writers.TENSORBOARD_DIR
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -115,70 +116,6 @@ class Preemption:
 # ----------------------------------------------------------------------------
 # Logging.
 # ----------------------------------------------------------------------------
-
-
-def _histogram_bins() -> list[float]:
-  """tensorboardX's default ('tensorflow') histogram bins."""
-  edges, v = [], 1e-12
-  while v < 1e20:
-    edges.append(v)
-    v *= 1.1
-  return [-e for e in reversed(edges)] + [0.0] + edges
-
-
-class Writer:
-  """TensorBoard event files + ``metrics.jsonl``; process 0 only.
-
-  Both are written from the loop (:mod:`.storage`): a write that fails raises
-  WriteError there. ``start`` is the step the run starts from: ``metrics.jsonl``
-  keeps only the lines of steps up to it, and a rerun's event file tells
-  TensorBoard to drop the earlier runs' events after it (the run logs those
-  steps again).
-  """
-
-  def __init__(self, workdir: epath.Path, enabled: bool, start: int = 0):
-    self.enabled = enabled
-    if enabled:
-      removed = storage.resume_metrics(workdir / METRICS_FILE, start)
-      if removed:
-        print(
-            f'{workdir / METRICS_FILE}: removed {removed} line(s) after step {start}, logged '
-            'by a run that stopped before its next checkpoint.',
-            flush=True,
-        )
-      tb_dir = workdir / TENSORBOARD_DIR
-      rerun = tb_dir.exists() and any('tfevents' in p.name for p in tb_dir.iterdir())
-      self.tb = storage.EventFile(tb_dir, purge_from=start + 1 if rerun else None)
-      self.jsonl = storage.JsonLines(workdir / METRICS_FILE)
-      self._bins = _histogram_bins()
-
-  def scalars(self, step: int, metrics: dict[str, float], prefix: str) -> None:
-    if not self.enabled:
-      return
-    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
-
-    self.jsonl.write({'step': step, 'split': prefix, **metrics})
-    for k, val in metrics.items():
-      self.tb.add(step, summary.scalar(f'{prefix}/{k}', val))
-    self.tb.flush()
-
-  def histograms(self, step: int, values: dict[str, np.ndarray], prefix: str) -> None:
-    if not self.enabled:
-      return
-    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
-
-    for k, val in values.items():
-      flat = np.asarray(val, np.float32).ravel()
-      self.tb.add(step, summary.histogram(f'{prefix}/{k}', flat, self._bins))
-    self.tb.flush()
-
-  def close(self) -> None:
-    if self.enabled:
-      self.enabled = False
-      try:
-        self.tb.close()
-      finally:
-        self.jsonl.close()
 
 
 def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
@@ -245,6 +182,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   WriteError if a file of the run cannot be written.
   """
   run = validate_config(config)
+  writers.check(config)  # an unknown writer or its missing package: before anything is built
+  profiling.resolve_spec(config)
   config = config_fields.complete(config)
   workdir = epath.Path(workdir)
   with storage.writing(workdir):
@@ -335,8 +274,9 @@ def _train(
     evals = evaluators.make_evaluators(config, task, devices)
     hooks = evaluators.make_hooks(config, task, devices)
 
-    writer = Writer(workdir, is_main, start)
+    writer = writers.Writers(config, workdir, is_main, start)
     total = run.num_train_steps
+    profiler = profiling.StepProfiler(profiling.resolve_spec(config), workdir, start, total)
     pbar = _progress_bar(start, total, enabled=is_main and run.progress_bar)
     history: list[dict] = []
     result: dict[str, Any] = {}
@@ -357,7 +297,11 @@ def _train(
       batch = sharding.put_batch(next(train_iter), data_sharding)
       if zeros is None:
         zeros = steps.zero_sums(train_step_fn, state, batch, replicated)
-      state, sums = train_step(state, batch, zeros if sums is None else sums)
+        if is_main:
+          pbar.write('Compiling the train step (its first call waits for it).')
+      with profiler.step(step + 1, state):
+        state, sums = train_step(state, batch, zeros if sums is None else sums)
+      profiler.stepped(step + 1, (state, sums))
       in_flight.add(sums)
       done = step + 1
       preempted = preemption.reached(done)
@@ -393,6 +337,8 @@ def _train(
                 state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
             ),
         )
+        if is_main:
+          pbar.write(f'step {done}: saving checkpoint {workdir / "checkpoints" / str(done)}')
       pbar.update(1)
       if preempted:
         result['preempted'] = True
@@ -408,7 +354,9 @@ def _train(
   finally:
     # Close everything even if one fails; a failure here (the last checkpoint's
     # background write, the last metrics) is raised unless another error is.
-    closers = [preemption.close, pbar.close, writer.close] if preemption is not None else []
+    closers = []
+    if preemption is not None:
+      closers = [profiler.close, preemption.close, pbar.close, writer.close]
     failure = None
     for close in closers + [saver.finish, manager.close]:
       try:

@@ -1,0 +1,88 @@
+"""What a training run prints: one line per event; the libraries' chatter only on request.
+
+``train.py`` calls :func:`set_quiet` once, after its flags are parsed: quiet
+unless the command line passes absl's ``--verbosity`` (``-v``). Quiet means
+
+* TFDS draws no progress bars (``tfds.disable_progress_bar()``: while it
+  prepares a dataset it would print a bare bar per split and per shuffle);
+* the TFDS warnings a user of this project cannot act on are dropped
+  (:data:`QUIET_TFDS_WARNINGS`, a filter on absl's logger): every ``local_text``
+  corpus is a "custom data configuration", logged each time a split is opened,
+  and a dataset prepared for the first time has "no dataset_info.json" yet;
+* TFDS's own lines around preparing a dataset (printed to stdout, with sizes
+  it does not know for our builders) are replaced by ours
+  (:func:`library_output` around the call that prepares).
+
+Any other warning still shows. With ``--verbosity`` (e.g. ``--verbosity=0``
+or ``-v 1``) nothing is dropped: absl's level is the one asked for and TFDS
+prints as it does by default.
+
+Library code (notebooks, tests that call the trainer directly) is not quiet
+unless it calls :func:`set_quiet` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from typing import Iterator
+
+# TFDS warnings (their unformatted message templates) that say nothing a user can act on.
+QUIET_TFDS_WARNINGS = (
+    'Using custom data configuration',  # every local_text corpus: its files are the config
+    'Variant folder %s has no %s',  # a dataset not prepared yet (it is about to be)
+)
+
+_state = {'quiet': False}
+
+
+class _DropTfdsChatter(logging.Filter):
+  """Drops :data:`QUIET_TFDS_WARNINGS` (and TFDS's INFO logs) logged through absl."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if f'{os.sep}tensorflow_datasets{os.sep}' not in record.pathname:
+      return True
+    if record.levelno < logging.WARNING:
+      return False
+    return not (record.levelno < logging.ERROR and str(record.msg).startswith(QUIET_TFDS_WARNINGS))
+
+
+_FILTER = _DropTfdsChatter()
+
+
+def set_quiet(quiet: bool) -> None:
+  """Quiet (or not) TFDS's progress bars, its non-actionable warnings and its prints."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  _state['quiet'] = quiet
+  absl_logger = logging.getLogger('absl')
+  if quiet:
+    tfds.disable_progress_bar()
+    if _FILTER not in absl_logger.filters:
+      absl_logger.addFilter(_FILTER)
+  else:
+    tfds.enable_progress_bar()
+    absl_logger.removeFilter(_FILTER)
+
+
+def is_quiet() -> bool:
+  return _state['quiet']
+
+
+@contextlib.contextmanager
+def library_output() -> Iterator[None]:
+  """Inside, what a library prints to stdout is dropped when quiet (TFDS announces
+  the dataset it prepares with sizes our builders do not know, then that it is
+  done); our own line says it instead. Errors are raised as usual."""
+  if not _state['quiet']:
+    yield
+    return
+  with contextlib.redirect_stdout(io.StringIO()):
+    yield
+
+
+def event(message: str) -> None:
+  """One line on the console (and nothing else): an event of the run."""
+  print(message, flush=True)

@@ -1,0 +1,324 @@
+"""Where a run's metrics go: the writers ``config.writers`` names, from a registry.
+
+Every writer gets the same records from the loop, on process 0 only: the run's
+config when it starts, the scalars of every log and evaluation step (train
+loss, learning rate, ..., ``eval_<split>`` metrics, ``pool_sigma_mean``) and the
+histograms of the log hooks (ContextPool's pooling sizes per layer). The loop
+and the hooks talk to one :class:`Writers` (fan-out, in the order of
+``config.writers``) and do not know which writers exist.
+
+========================  ==================================================================
+``config.writers`` entry  What it writes (extra dependency)
+========================  ==================================================================
+``'jsonl'``               ``<workdir>/metrics.jsonl``, one JSON line per record (none)
+``'tensorboard'``         ``<workdir>/tensorboard/`` event files (none: tensorboardX is in
+                          ``[train]``)
+``'wandb'``               a Weights & Biases run (``pip install 'contextpool-jax[wandb]'``);
+                          ``config.wandb``: ``project``, ``entity``, ``name``, ``mode``
+========================  ==================================================================
+
+The default is ``('jsonl', 'tensorboard')``. A new writer is a factory
+registered with :func:`register` (a name, the Python packages it needs, the
+pip extra that installs them); :func:`check` names a missing package before
+anything is compiled.
+
+Resuming: ``metrics.jsonl`` is cut back to the step the run resumes from and
+the TensorBoard file of a rerun starts with a ``SessionLog.START`` there, so
+the lines a killed run logged after its last checkpoint are logged once
+(:mod:`.storage`). A W&B run continues the same W&B run (its id is kept in
+``<workdir>/wandb/run_id``); W&B keeps what it was sent, so those steps show
+twice there. A write that fails raises WriteError from the loop (jsonl,
+TensorBoard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import uuid
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+import ml_collections
+import numpy as np
+from etils import epath
+
+from contextpool_jax import checks
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.training import storage
+
+METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
+WANDB_DIR = 'wandb'
+DEFAULT_WRITERS = ('jsonl', 'tensorboard')
+
+
+class MetricWriter(Protocol):
+  """One destination of the run's records."""
+
+  def scalars(self, step: int, metrics: Mapping[str, float], prefix: str) -> None:
+    ...
+
+  def histograms(self, step: int, values: Mapping[str, np.ndarray], prefix: str) -> None:
+    ...
+
+  def close(self) -> None:
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a writer factory gets: the config, the workdir, the step the run starts from."""
+
+  config: ml_collections.ConfigDict
+  workdir: epath.Path
+  start: int
+
+  def config_dict(self) -> dict[str, Any]:
+    """The config as plain JSON values (what ``config.json`` holds)."""
+    return json.loads(self.config.to_json_best_effort())
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A registered writer: its factory, the modules it imports, the pip extra."""
+
+  factory: Callable[[Run], MetricWriter]
+  packages: tuple[str, ...] = ()
+  extra: Optional[str] = None
+  validate: Optional[Callable[[Any], None]] = None  # checks its config section (ConfigError)
+
+
+REGISTRY: dict[str, Kind] = {}
+
+
+def register(
+    name: str,
+    factory: Callable[[Run], MetricWriter],
+    packages: Sequence[str] = (),
+    extra: Optional[str] = None,
+    validate: Optional[Callable[[Any], None]] = None,
+) -> None:
+  """Adds a writer ``config.writers`` can name; ``packages``: modules it needs,
+  installed by ``pip install 'contextpool-jax[<extra>]'``; ``validate(config)``
+  checks its settings before anything is compiled."""
+  REGISTRY[name] = Kind(factory, tuple(packages), extra, validate)
+
+
+def check(config: Any) -> tuple[str, ...]:
+  """The writers ``config.writers`` names (default :data:`DEFAULT_WRITERS`).
+
+  Raises:
+    ConfigError: an unknown or repeated name, or a writer whose package is not
+      installed (naming the writer, the package and the pip extra).
+  """
+  names = checks.lookup(config, 'writers', DEFAULT_WRITERS)
+  names = (names,) if isinstance(names, str) else names
+  if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+    raise ConfigError(
+        f'config.writers={names!r} is invalid; expected a tuple of names from '
+        f'{tuple(REGISTRY)}.'
+    )
+  names = tuple(names)
+  for name in names:
+    if name not in REGISTRY:
+      raise ConfigError(
+          f'config.writers: {name!r} is not a writer; allowed values: '
+          f'{", ".join(repr(n) for n in REGISTRY)}.'
+      )
+    if names.count(name) > 1:
+      raise ConfigError(f'config.writers={names!r} names {name!r} twice.')
+    kind = REGISTRY[name]
+    missing = [p for p in kind.packages if importlib.util.find_spec(p) is None]
+    if missing:
+      how = f"pip install 'contextpool-jax[{kind.extra}]'" if kind.extra else 'pip install'
+      raise ConfigError(
+          f'config.writers includes {name!r}, which needs the Python package '
+          f'{", ".join(missing)}, not installed here: {how} (or pip install '
+          f'{" ".join(missing)}), or remove {name!r} from config.writers.'
+      )
+    if kind.validate is not None:
+      kind.validate(config)
+  return names
+
+
+class Writers:
+  """The writers of ``config.writers`` as one; does nothing unless ``enabled``
+  (process 0 writes, the others compute the same values)."""
+
+  def __init__(
+      self, config: ml_collections.ConfigDict, workdir: epath.Path, enabled: bool, start: int = 0
+  ):
+    self.enabled = enabled
+    self.writers: list[MetricWriter] = []
+    if enabled:
+      run = Run(config, epath.Path(workdir), start)
+      try:
+        for name in check(config):
+          self.writers.append(REGISTRY[name].factory(run))
+      except BaseException:
+        self.close()
+        raise
+
+  def scalars(self, step: int, metrics: Mapping[str, float], prefix: str) -> None:
+    for writer in self.writers:
+      writer.scalars(step, metrics, prefix)
+
+  def histograms(self, step: int, values: Mapping[str, np.ndarray], prefix: str) -> None:
+    for writer in self.writers:
+      writer.histograms(step, values, prefix)
+
+  def close(self) -> None:
+    """Closes every writer; raises the first failure after trying them all."""
+    writers, self.writers, self.enabled = self.writers, [], False
+    failure = None
+    for writer in writers:
+      try:
+        writer.close()
+      except Exception as e:  # pylint: disable=broad-except
+        failure = failure or e
+    if failure is not None:
+      raise failure
+
+
+# ----------------------------------------------------------------------------
+# The writers.
+# ----------------------------------------------------------------------------
+
+
+class JsonlWriter:
+  """``<workdir>/metrics.jsonl``: ``{"step": N, "split": prefix, **metrics}`` per line
+  (histograms are not written; their means are scalars of their own)."""
+
+  def __init__(self, run: Run):
+    path = run.workdir / METRICS_FILE
+    removed = storage.resume_metrics(path, run.start)
+    if removed:
+      print(
+          f'{path}: removed {removed} line(s) after step {run.start}, logged '
+          'by a run that stopped before its next checkpoint.',
+          flush=True,
+      )
+    self.jsonl = storage.JsonLines(path)
+
+  def scalars(self, step, metrics, prefix):
+    self.jsonl.write({'step': step, 'split': prefix, **metrics})
+
+  def histograms(self, step, values, prefix):
+    del step, values, prefix
+
+  def close(self):
+    self.jsonl.close()
+
+
+def _histogram_bins() -> list[float]:
+  """tensorboardX's default ('tensorflow') histogram bins."""
+  edges, v = [], 1e-12
+  while v < 1e20:
+    edges.append(v)
+    v *= 1.1
+  return [-e for e in reversed(edges)] + [0.0] + edges
+
+
+class TensorBoardWriter:
+  """``<workdir>/tensorboard/``: scalars ``<prefix>/<name>``, histograms, and the
+  run's config as text (tag ``config``, at the start step). A rerun's file tells
+  TensorBoard to drop the earlier runs' events after its start step."""
+
+  def __init__(self, run: Run):
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+
+    self._summary = summary
+    tb_dir = run.workdir / TENSORBOARD_DIR
+    rerun = tb_dir.exists() and any('tfevents' in p.name for p in tb_dir.iterdir())
+    self.tb = storage.EventFile(tb_dir, purge_from=run.start + 1 if rerun else None)
+    self._bins = _histogram_bins()
+    text = '```\n' + json.dumps(run.config_dict(), indent=2) + '\n```'
+    self.tb.add(run.start, summary.text('config', text))
+    self.tb.flush()
+
+  def scalars(self, step, metrics, prefix):
+    for k, val in metrics.items():
+      self.tb.add(step, self._summary.scalar(f'{prefix}/{k}', val))
+    self.tb.flush()
+
+  def histograms(self, step, values, prefix):
+    for k, val in values.items():
+      flat = np.asarray(val, np.float32).ravel()
+      self.tb.add(step, self._summary.histogram(f'{prefix}/{k}', flat, self._bins))
+    self.tb.flush()
+
+  def close(self):
+    self.tb.close()
+
+
+WANDB_MODES = ('', 'online', 'offline', 'disabled')
+
+
+def _check_wandb(config: Any) -> None:
+  for key in ('project', 'entity', 'name'):
+    value = checks.lookup(config, f'wandb.{key}', '')
+    if not isinstance(value, str):
+      raise ConfigError(f'config.wandb.{key}={value!r} is invalid; expected a string.')
+  checks.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
+
+
+def wandb_run_id(workdir: epath.Path) -> str:
+  """The W&B run id of ``workdir`` (kept in ``<workdir>/wandb/run_id``, made once), so a
+  resumed run continues the same W&B run."""
+  path = workdir / WANDB_DIR / 'run_id'
+  if path.exists():
+    return path.read_text().strip()
+  with storage.writing(path.parent):
+    path.parent.mkdir(parents=True, exist_ok=True)
+  run_id = uuid.uuid4().hex[:16]
+  storage.write_atomic(path, run_id + '\n')
+  return run_id
+
+
+class WandbWriter:
+  """A Weights & Biases run in ``<workdir>/wandb/``: the config, scalars
+  ``<prefix>/<name>`` and histograms, all against the metric ``step`` (the
+  training step, as in ``metrics.jsonl``).
+
+  ``config.wandb``: ``project``, ``entity`` ('' = your default), ``name`` ('' =
+  the workdir's name), ``mode`` ('' = W&B's default, ``WANDB_MODE`` or online;
+  ``'offline'``: written to disk only, ``wandb sync <workdir>/wandb/offline-run-*``
+  uploads it later; ``'disabled'``).
+  """
+
+  def __init__(self, run: Run):
+    import wandb  # pylint: disable=g-import-not-at-top
+
+    self._wandb = wandb
+    get = lambda key, default='': checks.lookup(run.config, f'wandb.{key}', default)
+    self.run = wandb.init(
+        project=get('project') or 'contextpool-jax',
+        entity=get('entity') or None,
+        name=get('name') or run.workdir.name,
+        dir=str(run.workdir),
+        id=wandb_run_id(run.workdir),
+        resume='allow',
+        mode=get('mode') or None,
+        config=run.config_dict(),
+    )
+    self.run.define_metric('step')
+    self.run.define_metric('*', step_metric='step')
+
+  def scalars(self, step, metrics, prefix):
+    self.run.log({'step': step, **{f'{prefix}/{k}': float(v) for k, v in metrics.items()}})
+
+  def histograms(self, step, values, prefix):
+    data = {
+        f'{prefix}/{k}': self._wandb.Histogram(np.asarray(v, np.float32).ravel(), num_bins=64)
+        for k, v in values.items()
+    }
+    self.run.log({'step': step, **data})
+
+  def close(self):
+    self.run.finish()
+
+
+register('jsonl', JsonlWriter)
+register('tensorboard', TensorBoardWriter, packages=('tensorboardX',), extra='train')
+register('wandb', WandbWriter, packages=('wandb',), extra='wandb', validate=_check_wandb)

@@ -1,0 +1,81 @@
+"""The console of `python train.py`: one line per event; TFDS's chatter only with --verbosity."""
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+# The shrunk default command (README "Train"): a few steps of a tiny model on 64 KiB.
+SHRINK = {
+    'num_train_steps': 4,
+    'batch_size': 4,
+    'log_every_steps': 2,
+    'eval_every_steps': 2,
+    'checkpoint_every_steps': 2,
+    'model.num_layers': 1,
+    'model.emb_dim': 32,
+    'model.mlp_dim': 64,
+    'model.num_heads': 2,
+    'dataset.max_bytes': 65536,
+    'dataset.seq_len': 32,
+    'dataset.eval_context': 32,
+    'dataset.eval_step': 16,
+    'dataset.eval_batch_size': 4,
+    'dataset.eval_max_bytes': 1024,
+}
+TFDS_CHATTER = (
+    'Using custom data configuration',
+    'has no dataset_info.json',
+    'Downloading and preparing dataset',
+    'Generating splits',
+    'Shuffling',
+    'downloaded and prepared to',
+)
+PROGRESS = re.compile(r'^\s*\d+%\|.*\| \d+/4 \[')
+
+
+def _train(tmp_path, *extra):
+  args = [f'--config.{k}={v}' for k, v in SHRINK.items()]
+  args.append(f'--config.dataset.data_dir={tmp_path / "tfds"}')  # prepared by this run
+  out = subprocess.run(
+      [sys.executable, 'train.py', '--config', 'configs/default.py', '--workdir']
+      + [str(tmp_path / 'run'), *args, *extra],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      cwd=REPO,
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout + out.stderr
+
+
+def _lines(console):
+  """The console's lines, a progress bar's redraws (carriage returns) each a line."""
+  return [l.strip() for l in re.split(r'[\r\n]', console) if l.strip()]
+
+
+def test_the_default_run_prints_one_line_per_event(tmp_path):
+  console = _train(tmp_path)
+  assert not [c for c in TFDS_CHATTER if c in console], console
+  lines = _lines(console)
+  events = [l for l in lines if not PROGRESS.match(l)]
+  run = tmp_path / 'run'
+  expected = [
+      rf'Preparing local_text \(once; later runs reuse it\): {tmp_path}/tfds/local_text/\S+',
+      r'Compiling the train step \(its first call waits for it\)\.',
+      r'step 2: validation loss=\S+, accuracy=\S+, bpc=\S+',
+      rf'step 2: saving checkpoint {run}/checkpoints/2',
+      r'step 4: validation loss=\S+, accuracy=\S+, bpc=\S+',
+      rf'step 4: saving checkpoint {run}/checkpoints/4',
+      r'Finished at step 4: eval_validation: loss=\S+, accuracy=\S+, bpc=\S+',
+  ]
+  assert len(events) == len(expected), '\n'.join(events)
+  for line, pattern in zip(events, expected):
+    assert re.fullmatch(pattern, line), (line, pattern)
+  assert any(PROGRESS.match(l) and '4/4' in l for l in lines), lines  # the progress bar
+
+
+def test_verbosity_brings_back_what_tfds_prints(tmp_path):
+  console = _train(tmp_path, '--verbosity=1')
+  assert [c for c in TFDS_CHATTER if c not in console] == [], console
