@@ -4,7 +4,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # runs train.py in a subprocess
 
 # The shrunk default command (README "Train"): a few steps of a tiny model on 64 KiB.
 SHRINK = {

@@ -31,6 +31,7 @@ def _traced_steps(trace_dir):
   return sorted(int(e['args']['step_num']) for e in events if e.get('name') == 'train')
 
 
+@pytest.mark.slow
 def test_a_profile_of_chosen_steps_is_written_and_changes_no_value(corpus, tmp_path):
   data = tmp_path / 'data'
   kw = dict(num_train_steps=5, eval_every_steps=5, checkpoint_every_steps=5)
@@ -73,6 +74,7 @@ def test_a_bad_profile_field_fails_before_anything_is_built(
   assert not (tmp_path / 'r').exists()
 
 
+@pytest.mark.slow
 def test_profile_layer_traces_each_layer_and_prints_the_compiled_numbers(tmp_path):
   from benchmarks import profile_layer
 

@@ -64,6 +64,7 @@ def _wandb_records(run_dir):
   return [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{')]
 
 
+@pytest.mark.slow
 def test_every_writer_gets_the_config_the_scalars_and_the_histograms(
     corpus, tmp_path, recorder, wandb_offline
 ):
@@ -113,6 +114,7 @@ def test_every_writer_gets_the_config_the_scalars_and_the_histograms(
   assert sigma and all(k.endswith(('._type', '.bins', '.values')) for k in sigma), sigma
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_wandb_run_and_metrics_jsonl_is_cut_as_before(
     corpus, tmp_path, wandb_offline
 ):
@@ -159,6 +161,7 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
   assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
 
 
+@pytest.mark.slow
 def test_the_default_writers_are_jsonl_and_tensorboard(corpus, tmp_path):
   assert writers.check(tiny_config(corpus, tmp_path)) == ('jsonl', 'tensorboard')
   assert writers.check({}) == writers.DEFAULT_WRITERS  # a config without the field
