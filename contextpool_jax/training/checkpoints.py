@@ -258,18 +258,25 @@ def restore_latest(
 
 
 def restore_params(path: str, target: Any) -> Any:
-  """The ``'state'`` of the latest checkpoint under ``path`` (a workdir or its
-  ``checkpoints/``), restored into ``target``'s shapes and shardings."""
+  """``target`` (a train state) with the ``params`` and ``model_state`` of the
+  latest checkpoint under ``path`` (a workdir or its ``checkpoints/``), restored
+  into ``target``'s shapes and shardings. Only those two are read (a partial
+  restore), so the other run's state may differ in the rest: float16 or not
+  (:class:`steps.ScaledTrainState`), another optimizer."""
   directory = epath.Path(path)
   if (directory / 'checkpoints').exists():
     directory = directory / 'checkpoints'
+  item = {'params': target.params, 'model_state': target.model_state}
+  restore = lambda: ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item=item,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+          partial_restore=True,
+      )
+  )
   with ocp.CheckpointManager(directory) as mgr:
-    found = restore_latest(
-        mgr,
-        directory,
-        lambda: ocp.args.Composite(state=ocp.args.StandardRestore(target)),
-        move_damaged=False,
-    )
+    found = restore_latest(mgr, directory, restore, move_damaged=False)
   if found is None:
     raise CheckpointError(f'config.init_from={path!r}: no checkpoint in {directory}.')
-  return found[1]['state']
+  restored = found[1]['state']
+  return target.replace(params=restored['params'], model_state=restored['model_state'])
