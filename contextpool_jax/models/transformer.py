@@ -378,7 +378,7 @@ class MultiHeadAttention(nn.Module):
       # jax.nn.dot_product_attention has no dropout on the probabilities.
       y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
     else:
-      y = jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=window)
+      y = _dot_product_attention(q, k, val, mask=mask, local_window_size=window)
     return self._output(features, y)
 
   def _output(self, features: int, y: Array) -> Array:
@@ -402,7 +402,7 @@ class MultiHeadAttention(nn.Module):
       k, val = dense(name='key')(memory), dense(name='value')(memory)
       for name, a in (('cached_memory_key', k), ('cached_memory_value', val)):
         self.variable('cache', name, lambda a=a: jnp.swapaxes(a, 1, 2))
-      return jax.nn.dot_product_attention(q, k, val, mask=mask)
+      return _dot_product_attention(q, k, val, mask=mask)
     keys = self.get_variable('cache', 'cached_memory_key')
     values = self.get_variable('cache', 'cached_memory_value')
     allowed = True if mask is None else mask
@@ -444,6 +444,21 @@ class MultiHeadAttention(nn.Module):
     if window is not None:
       allowed = allowed & (j >= i - window[0])
     return cached_k.value, cached_v.value, allowed
+
+
+def _dot_product_attention(q: Array, k: Array, val: Array, **kwargs) -> Array:
+  """``jax.nn.dot_product_attention``; float16 on CPU through float32 inputs.
+
+  For float16 it asks XLA for the ``F16_F16_F32`` dot algorithm (float32
+  logits), which the CPU backend cannot compile (its fallback catches the error
+  only outside ``jit``). Float32 inputs give the same logits there (a product of
+  two float16 values is exact in float32); the output is float16 again. CPU
+  float16 is for tests: GPUs run the float16 path itself.
+  """
+  if q.dtype == jnp.float16 and jax.default_backend() == 'cpu':
+    up = lambda a: a.astype(jnp.float32)
+    return jax.nn.dot_product_attention(up(q), up(k), up(val), **kwargs).astype(q.dtype)
+  return jax.nn.dot_product_attention(q, k, val, **kwargs)
 
 
 def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array) -> Array:

@@ -161,9 +161,20 @@ def _completed(saved: dict) -> dict:
   return {**saved, 'model': json.loads(json.dumps(model))}
 
 
+def _loss_scale_difference(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """``config.dtype`` may change on a resume (float32 <-> bfloat16) unless float16
+  is on one side only: a float16 run's state also holds its loss scale
+  (:class:`steps.ScaledTrainState`), so the saved and the new state differ."""
+  before, now = saved.get('dtype', 'float32'), config.get('dtype', 'float32')
+  if (before == 'float16') == (now == 'float16'):
+    return []
+  return [f'dtype: saved {before!r}, now {now!r} (a float16 state holds its loss scale)']
+
+
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
   """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``
-  (both with every model field, :mod:`config_fields`)."""
+  (both with every model field, :mod:`config_fields`) or in whether ``dtype`` is
+  float16 (:func:`_loss_scale_difference`)."""
   path = workdir / CONFIG_FILE
   if not path.exists():
     return
@@ -175,6 +186,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
         f'checkpoints in {workdir / "checkpoints"} were trained with.'
     ) from e
   diffs = config_differences(_completed(saved), config_fields.complete(config))
+  diffs += _loss_scale_difference(saved, config)
   if diffs:
     raise CheckpointError(
         f'{workdir} holds checkpoints of a different configuration than the one given '
@@ -246,18 +258,25 @@ def restore_latest(
 
 
 def restore_params(path: str, target: Any) -> Any:
-  """The ``'state'`` of the latest checkpoint under ``path`` (a workdir or its
-  ``checkpoints/``), restored into ``target``'s shapes and shardings."""
+  """``target`` (a train state) with the ``params`` and ``model_state`` of the
+  latest checkpoint under ``path`` (a workdir or its ``checkpoints/``), restored
+  into ``target``'s shapes and shardings. Only those two are read (a partial
+  restore), so the other run's state may differ in the rest: float16 or not
+  (:class:`steps.ScaledTrainState`), another optimizer."""
   directory = epath.Path(path)
   if (directory / 'checkpoints').exists():
     directory = directory / 'checkpoints'
+  item = {'params': target.params, 'model_state': target.model_state}
+  restore = lambda: ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item=item,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+          partial_restore=True,
+      )
+  )
   with ocp.CheckpointManager(directory) as mgr:
-    found = restore_latest(
-        mgr,
-        directory,
-        lambda: ocp.args.Composite(state=ocp.args.StandardRestore(target)),
-        move_damaged=False,
-    )
+    found = restore_latest(mgr, directory, restore, move_damaged=False)
   if found is None:
     raise CheckpointError(f'config.init_from={path!r}: no checkpoint in {directory}.')
-  return found[1]['state']
+  restored = found[1]['state']
+  return target.replace(params=restored['params'], model_state=restored['model_state'])

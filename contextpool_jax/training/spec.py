@@ -22,7 +22,8 @@ from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import runlock, sharding
 
 TASKS = ('lm', 'translation', 'classification')
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# float16: with a dynamic loss scale in the train state (steps.uses_loss_scaling).
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RunSpec:
   async_checkpointing: bool
   nan_check_every_steps: int  # 0: only at log and checkpoint steps
   eval_splits: tuple[str, ...]
-  dtype: Any  # compute dtype (jnp.float32 / jnp.bfloat16)
+  dtype: Any  # compute dtype (jnp.float32 / jnp.bfloat16 / jnp.float16)
   remat: bool
   param_sharding: str
   init_from: str

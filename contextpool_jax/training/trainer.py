@@ -27,6 +27,12 @@ set) with :class:`NonFiniteLossError` naming the step. Checkpoints are only
 written for good states, so the last checkpoint is the last good one. A
 SIGTERM saves a checkpoint at the current step and stops (:class:`Preemption`).
 
+``config.dtype='float16'`` adds a dynamic loss scale to the train state (flax's
+DynamicScale, :func:`steps.make_train_step`): a step whose float32 loss is
+finite but whose float16 gradient overflowed is skipped (the scale halves) and
+logged as ``skipped_steps`` with ``loss_scale``, not stopped; a non-finite loss,
+or an overflow at the minimum scale, stops the run as above.
+
 The run holds its workdir (:mod:`.runlock`, ``<workdir>/run.lock``) from before
 it reads anything until its last checkpoint is written: a second launch on the
 same workdir stops with :class:`WorkdirLockedError` naming the holder. A file
@@ -122,13 +128,18 @@ def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
   sums = {k: float(v) for k, v in sharding.fetch(sums).items()}
   steps_done = max(sums['steps'], 1.0)
   w = max(sums['weight'], 1e-9)
-  return {
+  summary = {
       'loss': sums['loss'] / w,
       'accuracy': sums['accuracy'] / w,
       'grad_norm': sums['grad_norm'] / steps_done,
       'learning_rate': sums['learning_rate'] / steps_done,
       'steps_per_sec': steps_done / max(seconds, 1e-9),
   }
+  if 'skipped_steps' in sums:  # float16: a loss scale (steps.make_train_step)
+    skipped = sums['skipped_steps']
+    summary['grad_norm'] = sums['grad_norm'] / max(steps_done - skipped, 1.0)
+    summary.update(skipped_steps=skipped, loss_scale=sums['loss_scale'] / steps_done)
+  return summary
 
 
 def _progress_bar(start: int, total: int, enabled: bool):
@@ -222,7 +233,9 @@ def _train(
     replicated = sharding.replicated(mesh)
 
     init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
-    init_fn = steps.make_init_fn(task.model, task.objective, task.data.init_batch(), tx)
+    init_fn = steps.make_init_fn(
+        task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
+    )
     abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
     _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
     shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
