@@ -199,6 +199,7 @@ def _history(result, key):
   return np.array([h[key] for h in result['train_history']])
 
 
+@pytest.mark.slow
 def test_float16_follows_the_float32_loss_curve_and_unscaled_float16_does_not(
     corpus, tmp_path, monkeypatch
 ):
@@ -245,6 +246,7 @@ def _state(workdir, step):
   return jax.tree.map(np.asarray, restored['state'])
 
 
+@pytest.mark.slow
 def test_overflow_is_skipped_logged_checkpointed_and_resumed(corpus, tmp_path, monkeypatch):
   kw = dict(
       dtype='float16',
@@ -399,6 +401,7 @@ def test_area_tables_are_accumulated_in_float32_for_float16_inputs():
     np.testing.assert_allclose(np.asarray(g, np.float32), w, rtol=F16_EPS, atol=0)
 
 
+@pytest.mark.slow
 def test_init_from_works_across_float16_and_float32(corpus, tmp_path):
   """``init_from`` reads only the other run's params (and model state): a float16
   run starts from a float32 one and the reverse. One step at learning rate 0
