@@ -7,26 +7,16 @@ import sys
 import pytest
 
 from conftest import REPO
+from test_readme import TINY_TRAIN
 
 pytestmark = pytest.mark.slow  # runs train.py in a subprocess
 
-# The shrunk default command (README "Train"): a few steps of a tiny model on 64 KiB.
+# The shrunk default command (README "Train"), as test_readme shrinks it, with its progress
+# bar on and a log line every other step.
 SHRINK = {
+    **{k: v for k, v in TINY_TRAIN.items() if k not in ('progress_bar', 'dataset.data_dir')},
     'num_train_steps': 4,
-    'batch_size': 4,
     'log_every_steps': 2,
-    'eval_every_steps': 2,
-    'checkpoint_every_steps': 2,
-    'model.num_layers': 1,
-    'model.emb_dim': 32,
-    'model.mlp_dim': 64,
-    'model.num_heads': 2,
-    'dataset.max_bytes': 65536,
-    'dataset.seq_len': 32,
-    'dataset.eval_context': 32,
-    'dataset.eval_step': 16,
-    'dataset.eval_batch_size': 4,
-    'dataset.eval_max_bytes': 1024,
 }
 TFDS_CHATTER = (
     'Using custom data configuration',
