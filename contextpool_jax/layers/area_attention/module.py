@@ -211,14 +211,7 @@ class AreaAttention(DecodingMixin, nn.Module):
     heads, head_dim]`` of the queries ``x_q`` and the memory ``x_kv``; with
     ``decode`` and not causal the memory's are cached (a fixed memory)."""
     dense = functools.partial(
-        nn.DenseGeneral,
-        features=(self.num_heads, head_dim),
-        axis=-1,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=self.kernel_init,
-        bias_init=self.bias_init,
-        use_bias=self.use_bias,
+        nn.DenseGeneral, features=(self.num_heads, head_dim), axis=-1, **self._layer_options()
     )
     query = dense(name='query')(x_q)
     if self.decode and not self.causal:  # a fixed memory: projected once, cached
@@ -241,12 +234,8 @@ class AreaAttention(DecodingMixin, nn.Module):
         hidden_dim=self.area_key_hidden_dim,
         embedding_dim=self.area_embedding_dim,
         per_head=self.per_head_area_key_params,
-        use_bias=self.use_bias,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=self.kernel_init,
-        bias_init=self.bias_init,
         name='area_key',
+        **self._layer_options(),
     )
     return lambda base, feats: encoder(
         base, feats.std if learned.std else None, feats.height, feats.width
@@ -266,14 +255,17 @@ class AreaAttention(DecodingMixin, nn.Module):
   def _output_projection(self, out_features: int) -> nn.Module:
     """The heads projected back to ``out_features`` (parameters ``out``)."""
     return nn.DenseGeneral(
-        features=out_features,
-        axis=(-2, -1),
+        features=out_features, axis=(-2, -1), name='out', **self._layer_options()
+    )
+
+  def _layer_options(self) -> dict[str, Any]:
+    """The dtypes, initialisers and bias every parameterised layer here takes."""
+    return dict(
+        use_bias=self.use_bias,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,
-        use_bias=self.use_bias,
-        name='out',
     )
 
 
