@@ -403,18 +403,18 @@ class ContextPool(StreamingMixin, nn.Module):
       self,
       raw: Optional[Array],
       valid: Array,
-      x_centres: Array,
       x_inputs: Array,
       dtype: Dtype,
       spatial: Sequence[int],
+      q_index: Optional[np.ndarray] = None,
       prefix: Optional[SizePrefix] = None,
   ) -> tuple[MappingOutputs, Optional[SizePrefix]]:
     """Eq. 4's learned terms from the mapping's raw outputs ``raw [batch, n,
-    channels]`` (None: the variant predicts none), the inputs ``x_inputs
+    channels]`` (None: the variant predicts none) and the inputs ``x_inputs
     [batch, n, features]`` (validity ``valid [batch, n]``, on the grid
-    ``spatial``) and the centres' ``x_centres [batch, m, features]``: a_j
-    (:func:`~.sizes.log_weights`), the non-local theta_i and phi_j (Eq. 3:
-    linear maps ``W^theta x``, ``W^phi x`` without bias), s and sigma.
+    ``spatial``; the centres are the inputs ``q_index [m]``, None: all of
+    them): a_j (:func:`~.sizes.log_weights`), the non-local theta_i and phi_j
+    (Eq. 3: linear maps ``W^theta x``, ``W^phi x`` without bias), s and sigma.
 
     The whole-sequence call and the decoding step both come here; a step has
     n = m = 1 and passes ``prefix``, the size statistics of the positions
@@ -427,7 +427,7 @@ class ContextPool(StreamingMixin, nn.Module):
       proj = lambda name: nn.DenseGeneral(
           k, use_bias=False, dtype=dtype, param_dtype=self.param_dtype, name=name
       )
-      theta = proj('nonlocal_theta')(x_centres)
+      theta = proj('nonlocal_theta')(x_inputs if q_index is None else x_inputs[:, q_index])
       phi = proj('nonlocal_phi')(x_inputs)
     size = sigma = None
     if uses_size(self.locality):
@@ -480,10 +480,9 @@ class ContextPool(StreamingMixin, nn.Module):
     centre_axes = pool_centres(spatial, strides, window_shape)
     out_spatial = tuple(len(c) for c in centre_axes)
     q_index = query_indices(spatial, centre_axes)  # [m] (static)
-    x_centres = tokens[:, q_index]
 
     raw = self._mapping(x, valid, dtype)
-    outputs, _ = self._mapping_outputs(raw, valid, x_centres, tokens, dtype, spatial)
+    outputs, _ = self._mapping_outputs(raw, valid, tokens, dtype, spatial, q_index)
     if outputs.sigma is not None:
       self.sow('intermediates', 'pool_size', outputs.size.reshape(batch, *spatial))
       self.sow('intermediates', 'pool_sigma', outputs.sigma.reshape(batch, *spatial))
@@ -497,6 +496,7 @@ class ContextPool(StreamingMixin, nn.Module):
       y = pool_dense(rule, inputs)
     else:
       y = pool_blockwise(rule, self.block_size, inputs, self.gaussian_skip_nats)
+    x_centres = tokens[:, q_index]
     y = self._combine(x_centres, y)
     # Padded positions are passed through unchanged.
     y = mask_features(inputs.centres.valid[..., None], y, x_centres)

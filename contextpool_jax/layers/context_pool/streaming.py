@@ -99,7 +99,7 @@ class StreamingMixin:
     cache['valid'].value = put('valid', valid)
     raw = self._mapping_step(x, valid, dtype, cache)
     prefix = _size_prefix(cache)
-    outputs, prefix = self._mapping_outputs(raw, valid, x, x, dtype, (length,), prefix)
+    outputs, prefix = self._mapping_outputs(raw, valid, x, dtype, (length,), prefix=prefix)
     _store_step(cache, put, outputs, prefix)
 
     centres = Centres(
