@@ -60,17 +60,17 @@ travel as one :class:`PoolInputs`:
   forward pass, and a ``jax.custom_vjp`` whose backward pass recomputes each
   block's probabilities from the saved per-row (max, sum) and differentiates
   the block's logits (:func:`pool_block` again) with ``jax.vjp``. Memory per
-  example is
-  O((m + n) d + block_size^2).
+  example is O((m + n) d + block_size^2).
   Causal pooling skips the key blocks above the diagonal, a fixed window the
   key blocks out of its reach, and the Gaussian locality (with weights that do
   not depend on the query) at run time the key blocks whose every logit is
   more than ``gaussian_skip_nats`` (18) below the running maximum of every
   centre of the query block, visiting the nearest key blocks first (a
   bounded approximation: each row loses at most ``n exp(-18)`` of its mass).
-  Every weights x locality x mapping variant is supported and gives the dense result up to float32 rounding; the hard
-  adaptive window is exact too (its straight-through gradient only needs the
-  final row max, which the backward pass has).
+  Every weights x locality x mapping variant is supported and gives the
+  dense result up to float32 rounding; the hard adaptive window is exact too
+  (its straight-through gradient only needs the final row max, which the
+  backward pass has).
 * ``'auto'`` (default) is ``'blockwise'`` when the number of input positions n
   exceeds :data:`AUTO_BLOCKWISE_THRESHOLD` (1024), else ``'dense'``.
 

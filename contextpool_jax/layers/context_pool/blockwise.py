@@ -82,7 +82,8 @@ def blockwise_visits(
 def _blockwise_setup(
     rule: PoolRule, block_size: int, inputs: PoolInputs, skip_nats: Optional[float]
 ) -> tuple[BlockSpec, PoolInputs]:
-  """The :class:`~.blocks.BlockSpec` of a blockwise pooling and its inputs padded to whole blocks."""
+  """The :class:`~.blocks.BlockSpec` of a blockwise pooling and its inputs
+  padded to whole blocks."""
   centres, context = inputs.centres, inputs.context
   m, n = len(centres.index), len(context.index)
   block_q, block_k = min(block_size, m), min(block_size, n)
