@@ -475,17 +475,37 @@ class LambdaLayer(nn.Module):
       algorithm = self._position_algorithm(spatial, depth_k, depth_u)
 
     default_init = nn.initializers.normal(stddev=d**-0.5)
-    kernel_init = self.kernel_init or default_init
-    dense = lambda features, name: nn.DenseGeneral(
+    queries = self._projection((self.heads, depth_k), 'query', default_init)(x)  # [b, *s, h, k]
+    values = self._projection((depth_v, depth_u), 'value', default_init)(x)  # [b, *s, v, u]
+    if self.batch_norm:
+      queries = self._batch_norm('query_norm', train)(queries)
+      values = self._batch_norm('value_norm', train)(values)
+
+    num = math.prod(spatial)
+    q_flat = queries.reshape(batch, num, self.heads, depth_k)
+    out = None
+    if self.content:
+      out = self._content_output(x, values, q_flat, default_init)
+    if self.position != 'none':
+      out_p = self._position_output(values, q_flat, table_shape, algorithm, default_init)
+      out = out_p if out is None else out + out_p
+    return out.reshape(batch, *spatial, self.heads * depth_v)
+
+  def _projection(self, features: tuple[int, int], name: str, default_init: Initializer):
+    """A bias-free projection of x (L1): ``query``, ``key`` or ``value``."""
+    return nn.DenseGeneral(
         features,
         use_bias=False,
-        kernel_init=kernel_init,
+        kernel_init=self.kernel_init or default_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         precision=self.precision,
         name=name,
     )
-    norm = lambda name: nn.BatchNorm(
+
+  def _batch_norm(self, name: str, train: bool) -> nn.Module:
+    """BatchNorm of the queries or values (L1) over their last two axes."""
+    return nn.BatchNorm(
         use_running_average=not train,
         axis=(-2, -1),
         momentum=self.batch_norm_momentum,
@@ -496,38 +516,45 @@ class LambdaLayer(nn.Module):
         name=name,
     )
 
-    queries = dense((self.heads, depth_k), 'query')(x)  # [b, *s, h, k]
-    values = dense((depth_v, depth_u), 'value')(x)  # [b, *s, v, u]
-    if self.batch_norm:
-      queries = norm('query_norm')(queries)
-      values = norm('value_norm')(values)
+  def _content_output(
+      self, x: Array, values: Array, q_flat: Array, default_init: Initializer
+  ) -> Array:
+    """``λ^c q_nh`` (L2, L3, L5): the content lambda applied to every query,
+    ``[b, n, h, v]`` from x, the values ``[b, *s, v, u]`` and the queries
+    ``q_flat [b, n, h, k]``."""
+    batch, num, _, depth_k = q_flat.shape
+    depth_v, depth_u = values.shape[-2:]
+    keys = self._projection((depth_k, depth_u), 'key', default_init)(x)  # [b, *s, k, u]
+    keys = normalize_keys(keys.reshape(batch, num, depth_k, depth_u))
+    keys, v_flat = nn.dtypes.promote_dtype(
+        keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype
+    )
+    lam_c = content_lambda(keys, v_flat, precision=self.precision)  # [b, k, v]
+    return jnp.einsum('bkv,bnhk->bnhv', lam_c, q_flat.astype(lam_c.dtype), precision=self.precision)
 
-    num = math.prod(spatial)
-    q_flat = queries.reshape(batch, num, self.heads, depth_k)
-    out = None
-    if self.content:
-      keys = dense((depth_k, depth_u), 'key')(x)  # [b, *s, k, u]
-      keys = normalize_keys(keys.reshape(batch, num, depth_k, depth_u))
-      keys, v_flat = nn.dtypes.promote_dtype(
-          keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype
-      )
-      lam_c = content_lambda(keys, v_flat, precision=self.precision)  # [b, k, v]
-      out = jnp.einsum(
-          'bkv,bnhk->bnhv', lam_c, q_flat.astype(lam_c.dtype), precision=self.precision
-      )
-    if self.position != 'none':
-      table = self.param(
-          _EMBEDDING,
-          self.embedding_init or default_init,
-          (*table_shape, depth_k, depth_u),
-          self.param_dtype,
-      )
-      values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
-      compute = position_lambdas_rows if algorithm == 'rows' else position_lambdas
-      lam_p = compute(values_c, table, precision=self.precision)
-      lam_p = lam_p.reshape(batch, depth_v, num, depth_k)  # [b, v, n, k]
-      out_p = jnp.einsum(
-          'bvnk,bnhk->bnhv', lam_p, q_flat.astype(lam_p.dtype), precision=self.precision
-      )
-      out = out_p if out is None else out + out_p
-    return out.reshape(batch, *spatial, self.heads * depth_v)
+  def _position_output(
+      self,
+      values: Array,
+      q_flat: Array,
+      table_shape: tuple[int, ...],
+      algorithm: str,
+      default_init: Initializer,
+  ) -> Array:
+    """``λ^p_n q_nh`` (L3, L5): the position lambdas (by ``algorithm``, from the
+    relative table of shape ``table_shape``) applied to their queries, ``[b, n,
+    h, v]``."""
+    batch, num, _, depth_k = q_flat.shape
+    depth_v, depth_u = values.shape[-2:]
+    table = self.param(
+        _EMBEDDING,
+        self.embedding_init or default_init,
+        (*table_shape, depth_k, depth_u),
+        self.param_dtype,
+    )
+    values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
+    compute = position_lambdas_rows if algorithm == 'rows' else position_lambdas
+    lam_p = compute(values_c, table, precision=self.precision)
+    lam_p = lam_p.reshape(batch, depth_v, num, depth_k)  # [b, v, n, k]
+    return jnp.einsum(
+        'bvnk,bnhk->bnhv', lam_p, q_flat.astype(lam_p.dtype), precision=self.precision
+    )

@@ -288,15 +288,15 @@ class MultiHeadAttention(nn.Module):
   contractions then have their batch axes (batch, heads) leading, so XLA
   reads the cache in place; the ``[batch, max_len, heads, head_dim]`` layout
   of the full forward made XLA:CPU transpose the whole cache at every step
-  (4x the step's attention time at max_len 1024, 9x at 4096). Area attention
-  delegates to :class:`AreaAttention`'s own cache.
+  (measured: README "Performance", Decoding). Area attention delegates to
+  :class:`AreaAttention`'s own cache.
 
   Non-causal attention with ``decode=True`` (the decoder's cross-attention)
   attends over a fixed memory (the encoder output): the cache-creating call
   stores the memory's projected keys and values (``cached_memory_key`` /
   ``cached_memory_value`` ``[batch, heads, memory_len, head_dim]``) and every
-  step reads them instead of projecting the whole memory again (that
-  projection was ~3/4 of a tiny decoder step's FLOPs at source length 32).
+  step reads them instead of projecting the whole memory again (most of a
+  small decoder step's FLOPs; measured: README "Performance", Decoding).
   The step's ``inputs_kv`` is then unused; ``mask`` (the source padding) is
   applied as usual. Area cross-attention caches the memory's projected item
   keys and values the same way (:class:`AreaAttention`).

@@ -1,0 +1,544 @@
+"""The ContextPool module: its fields, the mapping m(X), and the whole-sequence call.
+
+``__call__`` checks the fields and inputs (:mod:`.config`), runs the mapping
+(:meth:`ContextPool._mapping`), turns its outputs into Eq. 4's terms
+(:meth:`ContextPool._mapping_outputs`, shared with the decoding step), pools
+(:func:`~.pool.pool_dense` or :func:`~.blockwise.pool_blockwise`) and combines
+the pooled features with the input (:meth:`ContextPool._combine`, also shared).
+The ``decode=True`` step and its cache are :mod:`.streaming`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from contextpool_jax import checks as v
+from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
+from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
+from contextpool_jax.layers.context_pool.config import ACTIVATIONS
+from contextpool_jax.layers.context_pool.config import AUTO_BLOCKWISE_THRESHOLD
+from contextpool_jax.layers.context_pool.config import OWNER
+from contextpool_jax.layers.context_pool.config import check_fields
+from contextpool_jax.layers.context_pool.config import check_inputs
+from contextpool_jax.layers.context_pool.geometry import pool_centres
+from contextpool_jax.layers.context_pool.geometry import query_indices
+from contextpool_jax.layers.context_pool.pool import Centres
+from contextpool_jax.layers.context_pool.pool import Context
+from contextpool_jax.layers.context_pool.pool import PoolInputs
+from contextpool_jax.layers.context_pool.pool import PoolRule
+from contextpool_jax.layers.context_pool.pool import mask_features
+from contextpool_jax.layers.context_pool.pool import pool_dense
+from contextpool_jax.layers.context_pool.pool import pool_weights
+from contextpool_jax.layers.context_pool.pool import valid_positions
+from contextpool_jax.layers.context_pool.randomness import support_probability
+from contextpool_jax.layers.context_pool.sizes import DEFAULT_RATIO
+from contextpool_jax.layers.context_pool.sizes import SizePrefix
+from contextpool_jax.layers.context_pool.sizes import log_weights
+from contextpool_jax.layers.context_pool.sizes import normalised_size
+from contextpool_jax.layers.context_pool.sizes import num_channels
+from contextpool_jax.layers.context_pool.sizes import pooling_sigma
+from contextpool_jax.layers.context_pool.sizes import step_sizes
+from contextpool_jax.layers.context_pool.sizes import uses_size
+from contextpool_jax.layers.context_pool.streaming import StreamingMixin
+
+Array = jax.Array
+Dtype = Any
+
+_ZEROS = nn.initializers.zeros_init()
+
+
+class MappingOutputs(NamedTuple):
+  """Eq. 4's learned terms of one call (:meth:`ContextPool._mapping_outputs`);
+  None where the variant has no such term.
+
+  Attributes:
+    log_w: ``[batch, n]`` float32 log pooling weights a_j.
+    theta: ``[batch, m, k]`` non-local queries ``W^theta x_i`` (Eq. 3).
+    phi: ``[batch, n, k]`` non-local keys ``W^phi x_j`` (Eq. 3).
+    size: ``[batch, n]`` float32 normalised sizes s (A1).
+    sigma: ``[batch, n]`` float32 Gaussian std or window radius, in tokens.
+  """
+
+  log_w: Optional[Array]
+  theta: Optional[Array]
+  phi: Optional[Array]
+  size: Optional[Array]
+  sigma: Optional[Array]
+
+
+class ContextPool(StreamingMixin, nn.Module):
+  """Adaptive context pooling (Huang et al., ICML 2022), Eq. 4 and Eq. 6.
+
+  ``__call__(x, mask=None, deterministic=True)``:
+
+  * ``x``: ``[batch, length, features]`` (a sequence) or
+    ``[batch, height, width, features]`` (a grid); ``batch`` may be 0 (an
+    empty output, as at the end of a sharded evaluation).
+  * ``mask``: optional bool, ``x.shape[:-1]``; True marks a real token. Padded
+    positions get zero pooling weight, are zeroed before the mapping reads them,
+    and are passed through unchanged in the output, so their values can never
+    change a real position's output (A5). For sequences the sizes also use the
+    number of real tokens, so the amount of padding does not matter either.
+  * ``deterministic``: False enables dropout on the pooling weights (rng
+    ``'dropout'``).
+
+  Returns ``x``'s shape, or for ``strides > 1`` the grid sampled at the pooling
+  centres (see :func:`pool_centres`).
+
+  Sows into ``'intermediates'`` (``apply(..., mutable=['intermediates'])``):
+  ``'pool_weights'``: the normalised weights w, ``[batch, *spatial]`` (for
+  ``weights='nonlocal'`` the pairwise weights ``[batch, *out_spatial, *spatial]``);
+  ``'pool_size'``: the normalised size s in [0, 1] (:func:`normalised_size`)
+  and ``'pool_sigma'``: sigma in token units, both ``[batch, *spatial]`` (for
+  ``'adaptive_window'`` the window radius; not sown for localities without a
+  learned size). Output position o uses the sigma of its centre.
+
+  Attributes:
+    weights: ``'learned' | 'unnormalized' | 'uniform' | 'nonlocal'``.
+    locality: ``'gaussian' | 'none' | 'fixed_window' | 'adaptive_window' |
+      'random_sparse'``.
+    mapping: ``'cnn' | 'mlp' | 'attention'`` -- m(X) predicting the raw weight
+      and raw size channels (only the channels the variant uses are predicted).
+    size_norm: A1. ``'sigmoid'`` (default: per token, sigma in (0, r n)) or
+      ``'softmax'`` (the literal reading: over positions, so sizes sum to 1
+      and the average sigma is r tokens). See :func:`normalised_size`. Default
+      chosen by ``benchmarks/ablation_default.py`` (README "Results"): on the
+      offline LM, sigmoid gave lower validation BPC than softmax in every
+      placement (the ablation table there); on a grid the softmax reading
+      makes every sigma a small fraction of a cell (r (h + w) / 2 / (h w)),
+      i.e. an identity layer.
+    ratio: r; None means 0.1 for sequences, 0.05 for grids.
+    sigma_length: sequences only: a static n in ``sigma_i = r n s_i`` (e.g. the
+      model's context length), so that a token's pooling size does not depend
+      on its position in the window (an extension: the paper's n is "the
+      sequence length"). None (default): n counts the real tokens (causal: the
+      real tokens ``<= i``). Causality and padding invariance hold either way.
+    size_bias_init: initial bias of the raw size channel (the mapping's last
+      layer), i.e. where ``s = sigmoid(raw)`` starts (``'sigmoid'``: about
+      ``sigmoid(size_bias_init)``); 0.0 (default) is flax's zero bias. A
+      negative value starts narrow: ``-3.2`` gives ``s ~ 0.04``, sigma ~ 1
+      token at ``r n = 25.6`` (an extension; the paper gives no init).
+    residual: A3. False: the pooled features replace the input (the paper's
+      "pool them ... for use in the next attention block"); True: ``x + pool(x)``.
+    gate: an extension of A3 (not in the paper): a learned per-feature gate
+      ``g [features]``, ``y = x + g * (pool(x) - x)``, so every channel can
+      learn how much of its pooled value replaces its own (g = 1: the paper's
+      replacement, g = 0: the identity). Not combined with ``residual``.
+    gate_init: the gate's initial value (every feature), 1.0: the paper's
+      replacement at initialisation.
+    causal: A4. Sequences only. No output depends on a later input: the
+      support is ``j <= i``; the cnn mapping is left-padded; the mlp mapping is
+      per token; the attention mapping and non-local weights are causally
+      masked; the softmax size normalisation is a prefix softmax; n in
+      ``sigma = r n s`` counts tokens ``<= i``.
+    strides: output stride per spatial axis (the ConvNet pooling replacement);
+      not allowed with ``causal``.
+    window_shape: window of the pooling op being replaced, used only to place
+      the centres ('SAME' semantics as ``nn.avg_pool``); None means ``strides``.
+    kernel_size: A2. kernel size of both mapping convolutions (per axis).
+    hidden_features: A2. width of the mapping's hidden layer.
+    activation: A2. ``'relu' | 'gelu' | 'silu' | 'tanh'``.
+    window: radius (Euclidean, in tokens) of the ``'fixed_window'`` support,
+      and the window whose size a ``'random_sparse'`` support matches in
+      expectation.
+    window_softness: adaptive window only: width (tokens) of the sigmoid edge
+      whose gradient trains the hard window's radius (straight-through).
+    random_seed: seed of the ``'random_sparse'`` support (fixed, not an rng).
+    random_span: ``'random_sparse'`` only (the paper gives no details): the
+      support of a centre is itself plus each other position within Euclidean
+      radius ``random_span`` kept with probability ``K / M``, where K (M) is
+      the number of non-zero integer offsets within radius ``window``
+      (``random_span``) on the unbounded grid. So wherever the span fits in
+      the input, a token pools over as many positions as the fixed window in
+      expectation (causal: half of both, as the fixed window), scattered over
+      a region 4x wider by default; near the edges both supports shrink.
+      K / M involves neither the input's length nor its padding, and the keep
+      bits hash the positions' coordinates, so padding never changes a real
+      token's support and a causal prefix gives the whole sequence's outputs.
+      None means ``4 * window``; must be ``>= window``.
+    nonlocal_features: width of theta/phi for ``weights='nonlocal'``; None
+      means the input width (the paper's d x d projections, no bias).
+    dropout_rate: dropout on the normalised pooling weights. The keep mask is
+      a counter-based hash of (a per-example seed drawn from the ``'dropout'``
+      rng, centre index, input index), the same in both implementations (and
+      for any ``block_size``), so they give identical outputs for one rng.
+    implementation: ``'auto' | 'dense' | 'blockwise'`` (see the module
+      docstring). ``'dense'`` materialises the ``[batch, m, n]`` pooling
+      matrix; ``'blockwise'`` never does (flash-attention style online softmax
+      and a recomputing ``custom_vjp``), for every variant, with the same
+      result up to float32 rounding. ``'auto'``: ``'blockwise'`` when the
+      number of input positions n > :data:`AUTO_BLOCKWISE_THRESHOLD` (1024),
+      else ``'dense'`` (where blockwise starts to need less compiled forward +
+      backward memory and is no slower on CPU; measured: README "ContextPool",
+      Memory). Blockwise
+      limitations: reverse-mode autodiff only (``jax.grad``/``vjp``/``jacrev``;
+      ``jax.jvp``/``jacfwd`` raise a TypeError, the price of the custom VJP:
+      use ``'dense'`` for forward mode); ``mapping='attention'`` is itself a
+      flax self-attention over all positions and stays O(n^2) whatever the
+      implementation; with ``weights='nonlocal'`` and a mutable
+      ``'intermediates'`` collection the sown pairwise weights are
+      ``[batch, m, n]`` (only built when sown, in both implementations).
+    block_size: query and key block length of ``'blockwise'`` (clipped to the
+      number of outputs / inputs; other lengths are padded internally and the
+      padding masked). Temporaries are O(batch * block_size^2).
+    gaussian_skip_nats: ``'blockwise'`` with ``locality='gaussian'`` and
+      query-independent weights only: a key block whose largest possible
+      logit (``max_j a_j - min_i d^2 / (2 sigma_i^2)`` over the query block's
+      centres) lies more than this many nats below every centre's running
+      maximum is skipped at run time, in the forward and backward passes (key
+      blocks are visited nearest first). Each skipped term is below
+      ``exp(-gaussian_skip_nats)`` times its row's largest, so a row loses at
+      most ``n exp(-gaussian_skip_nats)`` of its softmax mass (the default 18:
+      1.5e-8 per term, below float32 rounding). None: never skip.
+    decode: streaming (incremental decoding; needs ``causal``): the first call,
+      on the full ``[batch, max_len, features]``, creates the ``'cache'``
+      collection and returns the ordinary output; every later call takes one
+      position ``[batch, 1, features]`` (mask ``[batch, 1]``) and returns its
+      pooled feature from the cached x_{<=t}, a_{<=t} (phi_{<=t} for non-local
+      weights), the running size statistics and the last k - 1 inputs of each
+      mapping convolution (:meth:`_decode_step`): nothing is recomputed.
+    dtype: compute dtype (None: the input's); the pooling softmax is always
+      computed in float32.
+    param_dtype: parameter dtype.
+  """
+
+  weights: str = 'learned'
+  locality: str = 'gaussian'
+  mapping: str = 'cnn'
+  size_norm: str = 'sigmoid'
+  ratio: Optional[float] = None
+  sigma_length: Optional[int] = None
+  size_bias_init: float = 0.0
+  residual: bool = False
+  gate: bool = False
+  gate_init: float = 1.0
+  causal: bool = False
+  strides: Union[int, Sequence[int]] = 1
+  window_shape: Optional[Union[int, Sequence[int]]] = None
+  kernel_size: int = 3
+  hidden_features: int = 32
+  activation: str = 'relu'
+  window: int = 8
+  window_softness: float = 1.0
+  random_seed: int = 0
+  random_span: Optional[int] = None
+  nonlocal_features: Optional[int] = None
+  dropout_rate: float = 0.0
+  implementation: str = 'auto'
+  block_size: int = 512
+  gaussian_skip_nats: Optional[float] = GAUSSIAN_SKIP_NATS
+  decode: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  # -- configuration ---------------------------------------------------------
+
+  def check_config(self) -> None:
+    """Raises ValueError for any invalid field (called by ``__call__``)."""
+    check_fields(self)
+
+  def resolved_random_span(self) -> int:
+    """Radius the ``'random_sparse'`` support is drawn from: ``random_span``, or
+    4 * ``window`` when it is None."""
+    return 4 * self.window if self.random_span is None else self.random_span
+
+  def resolved_implementation(self, num_inputs: int) -> str:
+    """``'dense'`` or ``'blockwise'``: what ``implementation`` means for n inputs."""
+    if self.implementation != 'auto':
+      return self.implementation
+    return 'blockwise' if num_inputs > AUTO_BLOCKWISE_THRESHOLD else 'dense'
+
+  def resolved_ratio(self, ndim: int) -> float:
+    """r of ``sigma = r n s``: ``ratio``, or the paper's for ``ndim`` spatial axes."""
+    return self.ratio if self.ratio is not None else DEFAULT_RATIO[ndim]
+
+  def pool_rule(self, spatial: Sequence[int], dropout: bool) -> PoolRule:
+    """The fields as :func:`~.pool.pool_block` reads them, for inputs on the grid
+    ``spatial``; ``dropout``: whether this call drops pooling weights."""
+    span = self.resolved_random_span()
+    return PoolRule(
+        spatial=tuple(spatial),
+        causal=self.causal,
+        locality=self.locality,
+        window=self.window,
+        window_softness=float(self.window_softness),
+        support_seed=self.random_seed & 0xFFFFFFFF,
+        support_prob=(
+            support_probability(len(spatial), self.window, span)
+            if self.locality == 'random_sparse'
+            else 1.0
+        ),
+        support_span=span,
+        dropout_rate=float(self.dropout_rate) if dropout else 0.0,
+    )
+
+  def _compute_dtype(self, x: Array) -> Dtype:
+    return self.dtype if self.dtype is not None else jnp.result_type(x)
+
+  # -- m(X), for the whole sequence and for one step --------------------------
+
+  def _out_bias_init(self) -> Callable[..., Array]:
+    """Bias init of the mapping's last layer: zeros, and ``size_bias_init`` on
+    the raw size channel (the last one) when the variant has one."""
+    has_size = uses_size(self.locality)
+
+    def init(key, shape, dtype=jnp.float32):
+      del key
+      bias = jnp.zeros(shape, dtype)
+      return bias.at[..., -1].set(self.size_bias_init) if has_size else bias
+
+    return init
+
+  def _dense(self, features: int, name: str, dtype: Dtype, last: bool = False) -> nn.Module:
+    """A dense layer of the mapping; ``last``: its output layer (the raw channels)."""
+    return nn.Dense(
+        features,
+        dtype=dtype,
+        param_dtype=self.param_dtype,
+        bias_init=self._out_bias_init() if last else _ZEROS,
+        name=name,
+    )
+
+  def _conv(
+      self, features: int, name: str, dtype: Dtype, ndim: int, padding: Any, last: bool = False
+  ) -> nn.Module:
+    """A convolution of the ``'cnn'`` mapping (A2); ``last``: its output layer."""
+    return nn.Conv(
+        features,
+        (self.kernel_size,) * ndim,
+        padding=padding,
+        dtype=dtype,
+        param_dtype=self.param_dtype,
+        bias_init=self._out_bias_init() if last else _ZEROS,
+        name=name,
+    )
+
+  def _mapping_attention(self, dtype: Dtype, decode: bool) -> nn.Module:
+    """The self-attention mapping's one-head attention (Table 3), for both the
+    whole-sequence call and the cached decoding step."""
+    return nn.MultiHeadDotProductAttention(
+        num_heads=1,
+        qkv_features=self.hidden_features,
+        out_features=self.hidden_features,
+        dtype=dtype,
+        param_dtype=self.param_dtype,
+        decode=decode,
+        name='mapping_attention',
+    )
+
+  def _mlp(self, x: Array, channels: int, dtype: Dtype) -> Array:
+    """The ``'mlp'`` mapping (Table 3): two per-token dense layers."""
+    h = ACTIVATIONS[self.activation](self._dense(self.hidden_features, 'mapping_dense_0', dtype)(x))
+    return self._dense(channels, 'mapping_dense_1', dtype, last=True)(h)
+
+  def _mapping(self, x: Array, valid: Array, dtype: Dtype) -> Optional[Array]:
+    """m(X): ``[batch, *spatial, features] -> [batch, n, channels]`` raw outputs
+    (float32), the channels the variant uses (:func:`~.sizes.num_channels`;
+    None when it uses none)."""
+    channels = num_channels(self.weights, self.locality)
+    if not channels:
+      return None
+    batch, spatial = x.shape[0], x.shape[1:-1]
+    valid_sp = valid.reshape(valid.shape[0], *spatial, 1)
+    x = mask_features(valid_sp, x, 0.0)
+    if self.mapping == 'cnn':
+      padding = [(self.kernel_size - 1, 0)] if self.causal else 'SAME'
+      conv = lambda f, name, last=False: self._conv(f, name, dtype, len(spatial), padding, last)
+      h = ACTIVATIONS[self.activation](conv(self.hidden_features, 'mapping_conv_0')(x))
+      # Zero the hidden map at padded positions too, so that padding behaves
+      # exactly like the convolution's own zero padding.
+      h = mask_features(valid_sp, h, 0.0)
+      out = conv(channels, 'mapping_conv_1', last=True)(h)
+    elif self.mapping == 'mlp':
+      out = self._mlp(x, channels, dtype)
+    else:  # 'attention'
+      tokens = x.reshape(batch, math.prod(spatial), x.shape[-1])
+      attn_mask = valid[:, None, :, None] & valid[:, None, None, :]
+      if self.causal:
+        attn_mask = attn_mask & jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+      # decode: its own key/value cache (see _mapping_step).
+      h = self._mapping_attention(dtype, self.decode)(tokens, tokens, mask=attn_mask)
+      out = self._dense(channels, 'mapping_dense', dtype, last=True)(h)
+    return out.reshape(batch, math.prod(spatial), channels).astype(jnp.float32)
+
+  def _mapping_step(
+      self, x: Array, valid: Array, dtype: Dtype, cache: dict[str, Any]
+  ) -> Optional[Array]:
+    """m(X) at the new position of a decoding step: ``x [batch, 1, features]`` ->
+    ``[batch, 1, channels]`` float32, equal to :meth:`_mapping`'s output there
+    (the same parameters). The causal convolutions read the cached last k - 1
+    inputs (``'VALID'`` over a window of k), the mlp reads the token, the
+    attention mapping attends over its cache with the cached validity."""
+    channels = num_channels(self.weights, self.locality)
+    if not channels:
+      return None
+    keep = valid[..., None]  # [b, 1, 1]
+    x = mask_features(keep, x, 0.0)
+    if self.mapping == 'cnn':
+      conv = lambda f, name, last=False: self._conv(f, name, dtype, 1, 'VALID', last)
+      window = jnp.concatenate([cache['conv_inputs'].value, x.astype(dtype)], axis=1)
+      h = ACTIVATIONS[self.activation](conv(self.hidden_features, 'mapping_conv_0')(window))
+      h = mask_features(keep, h, 0.0)
+      hidden = jnp.concatenate([cache['conv_hidden'].value, h.astype(dtype)], axis=1)
+      out = conv(channels, 'mapping_conv_1', last=True)(hidden)
+      cache['conv_inputs'].value = window[:, 1:]
+      cache['conv_hidden'].value = hidden[:, 1:]
+    elif self.mapping == 'mlp':
+      out = self._mlp(x, channels, dtype)
+    else:  # 'attention': flax's cache masks j > t; the cached validity masks padding.
+      attn_mask = valid[:, None, :, None] & cache['valid'].value[:, None, None, :]
+      h = self._mapping_attention(dtype, True)(x, x, mask=attn_mask)
+      out = self._dense(channels, 'mapping_dense', dtype, last=True)(h)
+    return out.reshape(x.shape[0], 1, channels).astype(jnp.float32)
+
+  # -- the mapping's outputs as Eq. 4's terms ----------------------------------
+
+  def _mapping_outputs(
+      self,
+      raw: Optional[Array],
+      valid: Array,
+      x_inputs: Array,
+      dtype: Dtype,
+      spatial: Sequence[int],
+      q_index: Optional[np.ndarray] = None,
+      prefix: Optional[SizePrefix] = None,
+  ) -> tuple[MappingOutputs, Optional[SizePrefix]]:
+    """Eq. 4's learned terms from the mapping's raw outputs ``raw [batch, n,
+    channels]`` (None: the variant predicts none) and the inputs ``x_inputs
+    [batch, n, features]`` (validity ``valid [batch, n]``, on the grid
+    ``spatial``; the centres are the inputs ``q_index [m]``, None: all of
+    them): a_j (:func:`~.sizes.log_weights`), the non-local theta_i and phi_j
+    (Eq. 3: linear maps ``W^theta x``, ``W^phi x`` without bias), s and sigma.
+
+    The whole-sequence call and the decoding step both come here; a step has
+    n = m = 1 and passes ``prefix``, the size statistics of the positions
+    before it (:func:`~.sizes.step_sizes`). Returns the terms and the
+    statistics up to the new position (None without ``prefix``).
+    """
+    theta = phi = None
+    if self.weights == 'nonlocal':  # Eq. 3
+      k = self.nonlocal_features or x_inputs.shape[-1]
+      proj = lambda name: nn.DenseGeneral(
+          k, use_bias=False, dtype=dtype, param_dtype=self.param_dtype, name=name
+      )
+      theta = proj('nonlocal_theta')(x_inputs if q_index is None else x_inputs[:, q_index])
+      phi = proj('nonlocal_phi')(x_inputs)
+    size = sigma = None
+    if uses_size(self.locality):
+      size, sigma, prefix = self._sizes(raw[..., -1], valid, spatial, prefix)
+    return MappingOutputs(log_weights(raw, self.weights), theta, phi, size, sigma), prefix
+
+  def _sizes(
+      self, raw_size: Array, valid: Array, spatial: Sequence[int], prefix: Optional[SizePrefix]
+  ) -> tuple[Array, Array, Optional[SizePrefix]]:
+    """``(s, sigma, prefix)`` from the raw size channel ``[batch, n]``: the whole
+    sequence's (:func:`~.sizes.normalised_size`, :func:`~.sizes.pooling_sigma`),
+    or one decoding step's from the earlier positions' ``prefix``."""
+    ratio = self.resolved_ratio(len(spatial))
+    if prefix is not None:
+      return step_sizes(
+          raw_size, valid, prefix, size_norm=self.size_norm, ratio=ratio, length=self.sigma_length
+      )
+    size = normalised_size(raw_size, valid, size_norm=self.size_norm, causal=self.causal)
+    sigma = pooling_sigma(
+        size,
+        valid,
+        causal=self.causal,
+        ratio=ratio,
+        grid_extent=(sum(spatial) / 2 if len(spatial) == 2 else None),
+        length=self.sigma_length,
+    )
+    return size, sigma, None
+
+  # -- forward ---------------------------------------------------------------
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Optional[Array] = None, deterministic: bool = True) -> Array:
+    """Pools ``x`` (see the class docstring): ``[batch, *out_spatial, features]``."""
+    strides = check_inputs(self, x, mask)
+    if self.decode:  # streaming: a step, or the call that creates the cache
+      if self.has_variable('cache', 'cache_index'):
+        return self._decode_step(x, mask, deterministic)
+      self._stream_cache(x.shape[0], x.shape[1], x.shape[-1], self.dtype or x.dtype)
+    dtype = self._compute_dtype(x)
+    x = x.astype(dtype)
+    batch, spatial, features = x.shape[0], tuple(x.shape[1:-1]), x.shape[-1]
+    n = math.prod(spatial)
+    valid = valid_positions(mask, batch, n)
+    tokens = x.reshape(batch, n, features)
+    window_shape = (
+        strides
+        if self.window_shape is None
+        else v.as_tuple(OWNER, 'window_shape', self.window_shape, len(spatial))
+    )
+    centre_axes = pool_centres(spatial, strides, window_shape)
+    out_spatial = tuple(len(c) for c in centre_axes)
+    q_index = query_indices(spatial, centre_axes)  # [m] (static)
+
+    raw = self._mapping(x, valid, dtype)
+    outputs, _ = self._mapping_outputs(raw, valid, tokens, dtype, spatial, q_index)
+    if outputs.sigma is not None:
+      self.sow('intermediates', 'pool_size', outputs.size.reshape(batch, *spatial))
+      self.sow('intermediates', 'pool_sigma', outputs.sigma.reshape(batch, *spatial))
+    inputs = self._pool_inputs(outputs, q_index, valid, tokens, deterministic)
+    rule = self.pool_rule(spatial, dropout=inputs.dropout_seeds is not None)
+    if self.is_mutable_collection('intermediates'):  # only built when they are sown
+      pairwise = out_spatial if self.weights == 'nonlocal' else ()
+      w = pool_weights(rule, inputs.centres, inputs.context, self.weights)
+      self.sow('intermediates', 'pool_weights', w.reshape((batch,) + pairwise + spatial))
+    if self.resolved_implementation(n) == 'dense':
+      y = pool_dense(rule, inputs)
+    else:
+      y = pool_blockwise(rule, self.block_size, inputs, self.gaussian_skip_nats)
+    x_centres = tokens[:, q_index]
+    y = self._combine(x_centres, y)
+    # Padded positions are passed through unchanged.
+    y = mask_features(inputs.centres.valid[..., None], y, x_centres)
+    return y.reshape(batch, *out_spatial, features)
+
+  def _pool_inputs(
+      self,
+      outputs: MappingOutputs,
+      q_index: np.ndarray,
+      valid: Array,
+      tokens: Array,
+      deterministic: bool,
+  ) -> PoolInputs:
+    """The centres (``q_index``: their static flat positions), the context (every
+    input, ``tokens [batch, n, features]``) and the dropout seeds of a
+    whole-sequence call."""
+    dropout_seeds = None
+    if self.dropout_rate > 0.0 and not deterministic:
+      dropout_seeds = jax.random.bits(self.make_rng('dropout'), (valid.shape[0],), jnp.uint32)
+    sigma = None if outputs.sigma is None else outputs.sigma[:, q_index]  # [b, m]
+    centres = Centres(
+        index=q_index.astype(np.int32), valid=valid[:, q_index], sigma=sigma, theta=outputs.theta
+    )
+    context = Context(
+        index=jnp.arange(valid.shape[1], dtype=jnp.int32),
+        valid=valid,
+        x=tokens,
+        log_w=outputs.log_w,
+        phi=outputs.phi,
+    )
+    return PoolInputs(centres, context, dropout_seeds)
+
+  def _combine(self, x: Array, pooled: Array) -> Array:
+    """What the layer returns at the centres from their inputs ``x`` and the
+    pooled features (both ``[batch, m, features]``): the pooled features (the
+    paper), ``x + pooled`` (``residual``) or ``x + g * (pooled - x)``
+    (``gate``), for the whole-sequence call and the decoding step alike."""
+    if self.residual:
+      return x + pooled
+    if self.gate:
+      g = self.param(
+          'gate', nn.initializers.constant(self.gate_init), (x.shape[-1],), self.param_dtype
+      )
+      return x + g.astype(x.dtype) * (pooled - x)
+    return pooled
