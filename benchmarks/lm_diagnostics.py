@@ -59,6 +59,11 @@ def bucket_name(lo: int, hi: int) -> str:
   return f'{lo}-{hi - 1}'
 
 
+def window_of(by_bucket: dict[str, float]) -> int:
+  """The window length n of ``{bucket name: value}`` (its last bucket ends at n - 1)."""
+  return max(int(name.split('-')[1]) for name in by_bucket) + 1
+
+
 def _windows(
     split: lm_input.text_builders.ByteSplit, starts: np.ndarray, length: int
 ) -> np.ndarray:
@@ -165,7 +170,6 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
   merged = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
   return {
       'val_bpc_by_bucket': {bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in buckets(n)},
-      'window': n,
       'val_bpc_all_positions': float(bpc.mean()),
       'layers': _layer_stats(merged, n),
       'grad_norm': gradient_norms(model, variables, train),
@@ -210,7 +214,7 @@ def report(diagnostics: dict[str, dict[str, Any]]) -> str:
   """Markdown tables of ``{run key: diagnose(...)}``: per-position validation
   BPC, pool sizes and norm ratios per layer, gradient norms, along training."""
   first = next(iter(diagnostics.values()))
-  n = next(iter(first['steps'].values()))['window']
+  n = window_of(next(iter(first['steps'].values()))['val_bpc_by_bucket'])
   lines = [f'## Per-position validation BPC (non-overlapping {n}-byte windows)', '']
   names = [bucket_name(lo, hi) for lo, hi in buckets(n)]
   rows = []

@@ -80,5 +80,5 @@ def test_a_model_without_context_pool_has_no_layer_statistics():
   valid = _tokens(4)
   variables = model.init(jax.random.key(0), valid[:1, :-1])
   d = diag.diagnose_step(model, variables, valid, valid)
-  assert d['layers'] == {} and d['window'] == N
+  assert d['layers'] == {} and diag.window_of(d['val_bpc_by_bucket']) == N
   chex.assert_tree_all_finite(d['val_bpc_by_bucket'])
