@@ -22,11 +22,15 @@ defaults); ``<workdir>/config.json`` records them all.
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
-  common.check_choice('default.py', variant, ('', 'baseline'))
+  variants = ('', 'baseline')
+  checks.check_argument(
+      'configs/default.py:argument', variant, variant in variants, f'one of {variants}'
+  )
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500

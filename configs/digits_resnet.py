@@ -17,11 +17,12 @@ learning rate 0.05 with 100 warm-up steps and a cosine decay over 2,000 steps
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 
 def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
   names = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
-  common.check_choice('digits_resnet.py', arg, names)
+  checks.check_argument('configs/digits_resnet.py:argument', arg, arg in names, f'one of {names}')
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 2_000

@@ -21,6 +21,7 @@ in the README.
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 _NAMES = (
@@ -35,7 +36,9 @@ _NAMES = (
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
-  common.check_choice('imagenet_resnet.py', arg, _NAMES)
+  checks.check_argument(
+      'configs/imagenet_resnet.py:argument', arg, arg in _NAMES, f'one of {_NAMES}'
+  )
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))

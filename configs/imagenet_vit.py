@@ -14,13 +14,14 @@ error message says where the tar files go).
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 
 
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
   names = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti16')
-  common.check_choice('imagenet_vit.py', arg, names)
+  checks.check_argument('configs/imagenet_vit.py:argument', arg, arg in names, f'one of {names}')
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024

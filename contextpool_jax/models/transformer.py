@@ -761,7 +761,7 @@ class Transformer(_TransformerFields):
   Incremental decoding (Flax's usual form): ``decode(..., decode=True)`` with
   ``mutable=['cache']``, first on ``decoder_inputs [batch, max_len]`` (any ids:
   it creates the ``'cache'`` collection, see
-  :func:`contextpool_jax.training.decoding.init_cache`), then one token
+  :func:`contextpool_jax.inference.decoding.init_cache`), then one token
   ``[batch, 1]`` per call, returning that position's logits ``[batch, 1,
   vocab]``; equal to the full forward's (tests/test_decoding_cache.py).
   """
