@@ -138,9 +138,8 @@ def make_train_step(
       return state.replace(params=params, opt_state=opt_state, model_state=model_state)
 
     # A conditional, not a select of new and old values: the update then writes
-    # the (donated) parameters and optimizer state in place; a select keeps
-    # both, ~2x the parameter memory more (measured: +205 MiB on a 31M-param
-    # Transformer, benchmarks/results).
+    # the (donated) parameters and optimizer state in place; a select keeps both
+    # (the memory it saves: benchmarks/results/train_step_guard.md).
     new_state = jax.lax.cond(ok, update, lambda state: state, state)
     new_state = new_state.replace(
         step=state.step + 1,
