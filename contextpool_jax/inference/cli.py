@@ -1,5 +1,6 @@
 r"""The sampling command line: text from a language-model workdir, translations from a
-translation workdir.
+translation workdir. Its flags and entry point are in ``contextpool_jax/sample.py``
+(``python -m contextpool_jax.sample``); what it does with them is here.
 
   python -m contextpool_jax.sample --workdir /tmp/cp --prompt "def " --length 200 \
       --temperature 0.8 --top_k 40 --seed 0
@@ -24,31 +25,6 @@ from contextpool_jax.inference.translation import load_vocab, translate
 
 # absl (flags, app) and the workdir loader come with the train extra; they are
 # imported where they are used so that this module imports without it.
-
-
-def define_flags():
-  """Defines the command line's flags (absl) and returns ``flags.FLAGS``."""
-  from absl import flags  # pylint: disable=g-import-not-at-top  # train extra
-
-  flags.DEFINE_string('workdir', None, 'A training workdir (or an export_params directory).')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
-  flags.DEFINE_string('prompt', None, 'LM workdirs: the text to continue.')
-  flags.DEFINE_integer('length', 200, 'LM workdirs: bytes to generate.')
-  flags.DEFINE_float('temperature', 1.0, 'LM workdirs: 0 = greedy.')
-  flags.DEFINE_integer('top_k', 0, 'LM workdirs: sample among the k most likely (0: all).')
-  flags.DEFINE_integer('seed', 0, 'LM workdirs: sampling seed.')
-  flags.DEFINE_multi_string(
-      'sentence',
-      [],
-      'Translation workdirs: a sentence to translate ' '(repeat the flag for several).',
-  )
-  flags.DEFINE_integer(
-      'beam_size', decoding.BEAM_SIZE, 'Translation workdirs: beam size (1: greedy).'
-  )
-  flags.DEFINE_float('alpha', decoding.BEAM_ALPHA, 'Translation workdirs: length penalty.')
-  flags.DEFINE_integer('max_len', 0, 'Translation workdirs: most target tokens (0: config).')
-  flags.mark_flag_as_required('workdir')
-  return flags.FLAGS
 
 
 def _sample_lm(flag_values, model, variables, config) -> list[str]:
@@ -124,15 +100,3 @@ def main(argv):
     sys.exit(1)
   for text in outputs:
     print(text)
-
-
-def command_line() -> None:
-  """``python -m contextpool_jax.sample``: defines the flags and runs :func:`main`."""
-  from absl import app  # pylint: disable=g-import-not-at-top  # train extra
-
-  define_flags()
-  app.run(main)
-
-
-if __name__ == '__main__':
-  command_line()
