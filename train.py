@@ -62,6 +62,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   --config.<path>; did you mean: ...?``. Changing ``model.name`` is refused: the
   config's model fields were filled in for its own model.
   """
+  # The package is imported only after the flags are parsed and JAX's distributed
+  # runtime is up (main): nothing in it may touch a JAX backend before that.
   from contextpool_jax.training import config_fields  # pylint: disable=g-import-not-at-top
 
   try:
@@ -93,7 +95,7 @@ def initialize_distributed() -> None:
     raise app.UsageError(f'--num_processes={n} must be >= 1.')
   if i is not None and not 0 <= i < (n if n is not None else i + 1):
     raise app.UsageError(f'--process_id={i} must be in [0, --num_processes={n}).')
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top  # only when running several processes
   # CPU processes need a collectives implementation (gloo ships with jaxlib);
   # GPU and TPU backends ignore this setting.
   if 'JAX_CPU_COLLECTIVES_IMPLEMENTATION' not in os.environ:
@@ -122,24 +124,18 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   quiet_console()
   initialize_distributed()
+  # After jax.distributed.initialize: importing the trainer (orbax, grain, the data
+  # modules) must not touch a JAX backend first.
   # pylint: disable=g-import-not-at-top
-  from contextpool_jax.data import DatasetNotFoundError
-  from contextpool_jax.errors import ConfigError, DataError, WorkdirLockedError, WriteError
-  from contextpool_jax.training import checkpoints, trainer
-  # The project's own messages about the config, the data, the checkpoints, the
-  # workdir's lock and a file that cannot be written are complete in one line;
-  # anything else (a bug in a module you edited) keeps its traceback.
+  from contextpool_jax.errors import ContextPoolJaxError
+  from contextpool_jax.training import trainer
+  # The project's own messages (about the config, the data, the checkpoints, the
+  # workdir's lock, a file that cannot be written: contextpool_jax/errors.py) are
+  # complete in one line; anything else (a bug in a module you edited) keeps its
+  # traceback.
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (
-      ConfigError,
-      DataError,
-      DatasetNotFoundError,
-      trainer.NonFiniteLossError,
-      checkpoints.CheckpointError,
-      WorkdirLockedError,
-      WriteError,
-  ) as e:
+  except ContextPoolJaxError as e:
     _fail(str(e))
   if result.get('preempted'):
     # The checkpoint is saved; end like a process stopped by SIGTERM (128 + 15), so

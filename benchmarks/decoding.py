@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from contextpool_jax.models import transformer as T
-from contextpool_jax.training import decoding
+from contextpool_jax.inference import decoding
 
 DECODERS = {
     'baseline': dict(),

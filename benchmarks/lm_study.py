@@ -549,7 +549,7 @@ def measure_costs(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import objectives, optim, tasks  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import optim, tasks  # pylint: disable=g-import-not-at-top
 
   def workload(arm: str, depth: int) -> harness.Workload:
     config = make_config(Run('code', arm, depth, sizes.steps, 0), sizes, study_dir)
@@ -561,7 +561,7 @@ def measure_costs(
 
     return harness.Workload(
         module=tasks.build_model(config),
-        objective=objectives.make_objective(config, None),
+        objective=tasks.make_objective(config),
         make_batch=make_batch,
         optimizer=optim.make_optimizer(config.optimizer, config.num_train_steps),
     )

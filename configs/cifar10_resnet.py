@@ -13,12 +13,13 @@ learning rate 0.1 divided by 10 at 32k and 48k iterations, 64k iterations;
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
 
 
 def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
-  common.check_choice('cifar10_resnet.py', arg, ARGS)
+  checks.check_choice('configs/cifar10_resnet.py', 'argument', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 64_000

@@ -1,16 +1,17 @@
 """Fields every config has, with defaults; experiment files override them.
 
-Also the pieces several experiment files share: the check of a config
-argument, the step-decay SGD recipe of the ResNet papers, the fields of an
-image dataset, and :func:`complete`, which every ``get_config`` returns through
-so that each field of its model can be overridden from the command line.
+Also the pieces several experiment files share: the step-decay SGD recipe of
+the ResNet papers, the fields of an image dataset, and :func:`complete`, which
+every ``get_config`` returns through so that each field of its model can be
+overridden from the command line. A config file lists every argument its
+``get_config`` takes in ``ARGS`` (the tests run each) and checks its argument
+against them with :func:`contextpool_jax.checks.check_choice` (a ``ConfigError``).
 """
 
 from typing import Sequence
 
 import ml_collections
 
-from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import config_fields
 
 
@@ -83,12 +84,6 @@ def complete(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   ``--config.model.context_pool.<field>`` then reach every field.
   """
   return config_fields.complete(c)
-
-
-def check_choice(config_file: str, arg: str, allowed: Sequence[str]) -> None:
-  """Raises ConfigError naming the file, the argument and the allowed values."""
-  if arg not in allowed:
-    raise ConfigError(f'configs/{config_file}:{arg!r}: expected one of {tuple(allowed)}.')
 
 
 def step_sgd(boundaries: Sequence[int], learning_rate: float = 0.1) -> dict:

@@ -22,13 +22,14 @@ defaults); ``<workdir>/config.json`` records them all.
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 ARGS = ('', 'baseline')  # every argument get_config takes
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
-  common.check_choice('default.py', variant, ARGS)
+  checks.check_choice('configs/default.py', 'argument', variant, ARGS)
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500

@@ -17,12 +17,13 @@ learning rate 0.05 with 100 warm-up steps and a cosine decay over 2,000 steps
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
 
 
 def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
-  common.check_choice('digits_resnet.py', arg, ARGS)
+  checks.check_choice('configs/digits_resnet.py', 'argument', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 2_000

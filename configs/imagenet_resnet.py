@@ -21,6 +21,7 @@ in the README.
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 ARGS = (
@@ -35,7 +36,7 @@ ARGS = (
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
-  common.check_choice('imagenet_resnet.py', arg, ARGS)
+  checks.check_choice('configs/imagenet_resnet.py', 'argument', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))

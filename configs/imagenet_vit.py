@@ -14,6 +14,7 @@ error message says where the tar files go).
 import ml_collections
 
 from configs import common
+from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 
@@ -22,7 +23,7 @@ ARGS = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti
 
 
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
-  common.check_choice('imagenet_vit.py', arg, ARGS)
+  checks.check_choice('configs/imagenet_vit.py', 'argument', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024

@@ -20,7 +20,7 @@ import numbers
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.errors import ArgumentError, ConfigError
 
 REQUIRED = object()  # the default of a reader for a required entry
 
@@ -28,6 +28,13 @@ REQUIRED = object()  # the default of a reader for a required entry
 # ----------------------------------------------------------------------------
 # Values (module fields and config entries).
 # ----------------------------------------------------------------------------
+
+
+def check_argument(name: str, value: Any, ok: bool, expected: str) -> None:
+  """Raises :class:`~contextpool_jax.errors.ArgumentError` (a ``ValueError``) unless
+  ``ok``: a function argument (not a config entry) ``name=value`` is not allowed."""
+  if not ok:
+    raise ArgumentError(f'{name}={value!r} is not allowed; expected {expected}.')
 
 
 def check_choice(owner: str, field: str, value: Any, allowed: Iterable[Any]) -> None:

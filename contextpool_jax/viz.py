@@ -36,6 +36,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from contextpool_jax.byte_text import encode_bytes
+from contextpool_jax.checks import check_argument as _check
+from contextpool_jax.errors import ContextPoolJaxError
+
 WEIGHTS = 'pool_weights'
 SIGMA = 'pool_sigma'
 # As in the layer: 2 sigma^2 + this, so a zero sigma is a delta, not a NaN.
@@ -52,11 +56,6 @@ def _figure(**kwargs):
         "(or pip install 'contextpool-jax[notebook]')."
     ) from e
   return Figure(layout='constrained', **kwargs)
-
-
-def _check(name: str, value: Any, ok: bool, expected: str) -> None:
-  if not ok:
-    raise ValueError(f'{name}={value!r} is not allowed; expected {expected}.')
 
 
 # ----------------------------------------------------------------------------
@@ -476,10 +475,8 @@ def lm_pools(
   """``(labels, pools)`` of a byte-level LM over ``text``: its first ``context`` bytes
   (labels from :func:`byte_labels`) and the :func:`model_pools` of one pass
   (arrays ``[1, n]``)."""
-  from contextpool_jax import sample  # pylint: disable=g-import-not-at-top
-
   _check('text', text, bool(text), 'a non-empty string')
-  ids = sample.encode_bytes(text, model.vocab_size)[:context]
+  ids = encode_bytes(text, model.vocab_size)[:context]
   labels = byte_labels(text)[: len(ids)]
   return labels, model_pools(model, variables, np.asarray([ids], np.int32))
 
@@ -491,17 +488,18 @@ def workdir_figures(
   layer ``pool_text_<k>`` (weights and sizes per character) and
   ``gaussian_supports_<k>`` (of ``centres``, default three spread over the text),
   and ``sigma_distribution`` (all layers)."""
-  from contextpool_jax.training import load  # pylint: disable=g-import-not-at-top
+  # Loading a workdir needs the train extra; this module imports without it.
+  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.data import lm_input
+  from contextpool_jax.training import load, tasks
 
   model, variables, config = load(workdir, step)
-  if config.get('task', 'lm') != 'lm':
+  if not isinstance(tasks.kind_of(config), tasks.LanguageModelKind):
     raise ValueError(
         f'{workdir} has config.task={config.task!r}; the command line draws '
         "language-model workdirs ('lm'). For images use plot_pool_grid."
     )
-  labels, pools = lm_pools(
-      model, variables, text, context=int(config.dataset.get('seq_len', 0)) or None
-  )
+  labels, pools = lm_pools(model, variables, text, context=lm_input.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}
   if not pools:
     raise ValueError(
@@ -536,25 +534,23 @@ def write_figures(figures: Mapping[str, Any], out_dir: str, *, dpi: int = 100) -
 
 
 def main(argv):
-  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
+  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # train extra
 
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.ERROR)
-  from contextpool_jax.training.load import WorkdirError  # pylint: disable=g-import-not-at-top
-
   f = flags.FLAGS
   try:
     figures = workdir_figures(f.workdir, f.text, step=f.step, centres=f.centres)
     paths = write_figures(figures, f.out, dpi=f.dpi)
-  except (WorkdirError, ImportError, ValueError) as e:
+  except (ContextPoolJaxError, ImportError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
   print('\n'.join(paths))
 
 
 def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top  # train extra
 
   flags.DEFINE_string('workdir', None, 'A language-model training workdir (or an export).')
   flags.DEFINE_string('text', None, 'The passage to run the model on.')
@@ -570,7 +566,7 @@ def _define_flags():
 
 
 if __name__ == '__main__':
-  from absl import app as _app  # pylint: disable=g-import-not-at-top
+  from absl import app as _app  # pylint: disable=g-import-not-at-top  # train extra
 
   _define_flags()
   _app.run(main)

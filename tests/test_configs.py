@@ -9,6 +9,7 @@ small model and batch (set as overrides, like a user would on the command line).
 import contextlib
 import importlib
 import io
+import json
 import pathlib
 import zipfile
 
@@ -18,7 +19,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from contextpool_jax import models
-from contextpool_jax.training import tasks, trainer
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.training import evaluators, tasks, trainer
 from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,9 +55,9 @@ def test_every_config_is_valid(name, arg):
 )
 def test_bad_config_argument_is_a_clear_error(name, arg):
   """The message names the file and the argument (and what is allowed)."""
-  with pytest.raises(ValueError, match=f'configs/{name}.py.*{arg!r}') as e:
+  with pytest.raises(ConfigError, match=f'configs/{name}.py.*{arg!r}') as e:
     _load(name, arg)
-  assert 'expected' in str(e.value)
+  assert 'expected' in str(e.value) or 'allowed values' in str(e.value)
 
 
 def _shrink(config, workdir_steps=3):
@@ -204,3 +206,39 @@ def test_imagenet_configs_train(arg, overrides, tmp_path):
   with _mock_images():
     result = _run(config, tmp_path)
   assert 0.0 <= result['eval_validation']['top5'] <= 1.0
+
+
+def _pool_size_lines(workdir):
+  lines = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return [l for l in lines if l['split'] == 'pool_sigma_mean']
+
+
+def test_preset_context_pool_model_logs_pool_sizes(tmp_path):
+  """A ContextPool model chosen by its preset name (``cp_resnet20``: the config's
+  model section names no ``context_pool``) logs the Fig. 4 pooling sizes: the hook
+  asks the built model whether it has ContextPool, not the config."""
+  config = _shrink(_load('cifar10_resnet', 'cp_resnet20'))
+  config.batch_size = 4
+  config.dataset.update(eval_batch_size=8)
+  with config.unlocked():
+    config.model = ml_collections.ConfigDict(dict(name='cp_resnet20', num_classes=10))
+  with _mock_images():
+    _run(config, tmp_path)
+  logged = _pool_size_lines(tmp_path / 'run')
+  assert [l['step'] for l in logged] == [1, 2, 3]
+  sizes = {k: v for k, v in logged[-1].items() if k not in ('step', 'split')}
+  assert sizes and all(np.isfinite(v) and v > 0 for v in sizes.values())
+  events = list((tmp_path / 'run' / 'tensorboard').iterdir())
+  assert any(b'pool_sigma/' in p.read_bytes() for p in events)  # the histograms
+
+
+@pytest.mark.parametrize('name,has_pool', [('cp_resnet20', True), ('resnet20', False)])
+def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
+  config = _load('cifar10_resnet', 'cp_resnet20')
+  with config.unlocked():
+    config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
+  task = tasks.make_task(config, '')
+  devices = evaluators.Devices(state_shardings=None, data_sharding=None, eval_step=None)
+  hooks = task.hooks(devices, log_pool_sizes=True)
+  assert [type(h).__name__ for h in hooks] == (['PoolSizes'] if has_pool else [])
+  assert task.hooks(devices, log_pool_sizes=False) == []

@@ -28,9 +28,7 @@ Batch formats:
   smaller than one batch is not an error: padding rows have zero weight.
 """
 
-
-class DatasetNotFoundError(FileNotFoundError):
-  """A dataset is not prepared; the message says how to prepare it."""
+from contextpool_jax.errors import DatasetNotFoundError  # pylint: disable=unused-import
 
 
 def builder_code_path(cls):

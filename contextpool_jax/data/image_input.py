@@ -92,9 +92,10 @@ With ``num_workers > 0`` each grain worker batches its own stride of the
 example stream, so the grouping into batches (not the per-example
 augmentation) depends on ``num_workers``: keep it fixed across a resume.
 
-Also read: ``config.batch_size`` (global), ``config.seed``. Mixup/CutMix fields
-are read by the trainer (``dataset.mixup_alpha``, ``cutmix_alpha``,
-``mixup_switch_prob``).
+Also read: ``config.batch_size`` (global), ``config.seed``. The Mixup/CutMix fields
+(``dataset.mixup_alpha``, ``cutmix_alpha``, ``mixup_switch_prob``) are read here
+too (:class:`ImageInputSpec`); the classification objective applies them on the
+devices.
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ class ImageInputSpec:
   num_threads: int = 8
   prefetch_buffer_size: int = 256
   num_workers: int = 0
+  # On-device batch mixing of the training objective (data/mixup.py; 0: off).
+  mixup_alpha: float = 0.0
+  cutmix_alpha: float = 0.0
+  mixup_switch_prob: float = 0.5
 
 
 def _bad(field: str, value: Any, expected: str) -> ConfigError:
@@ -224,6 +229,9 @@ def resolve_spec(config: Any) -> ImageInputSpec:
       num_threads=integer('num_threads', 8, 0),
       prefetch_buffer_size=integer('prefetch_buffer_size', 256, 0),
       num_workers=integer('num_workers', 0, 0),
+      mixup_alpha=number('mixup_alpha', 0.0, 0.0, math.inf),
+      cutmix_alpha=number('cutmix_alpha', 0.0, 0.0, math.inf),
+      mixup_switch_prob=number('mixup_switch_prob', 0.5, 0.0, math.inf),
   )
 
 

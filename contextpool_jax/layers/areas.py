@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 
 Array = jax.Array
 
@@ -98,9 +98,9 @@ def check_area_options(
     owner: str, max_area_width: Any, max_area_height: Any, memory_height: Any
 ) -> None:
   """Raises ConfigError unless the three area options are positive ints."""
-  v.check_positive(owner, 'max_area_width', max_area_width, integer=True)
-  v.check_positive(owner, 'max_area_height', max_area_height, integer=True)
-  v.check_positive(owner, 'memory_height', memory_height, integer=True)
+  checks.check_positive(owner, 'max_area_width', max_area_width, integer=True)
+  checks.check_positive(owner, 'max_area_height', max_area_height, integer=True)
+  checks.check_positive(owner, 'memory_height', memory_height, integer=True)
 
 
 def check_memory_length(owner: str, length: int, memory_height: int, what: str) -> None:
@@ -505,10 +505,10 @@ def area_features(
   """
   owner = 'area_features'
   check_area_options(owner, max_area_width, max_area_height, memory_height)
-  v.check_rank(owner, 'x', x, (3, 4, 5, 6), '[batch, length, *feature_dims]')
+  checks.check_rank(owner, 'x', x, (3, 4, 5, 6), '[batch, length, *feature_dims]')
   for name in features:
-    v.check_choice(owner, 'features', name, FEATURE_NAMES)
-  v.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
+    checks.check_choice(owner, 'features', name, FEATURE_NAMES)
+  checks.check_positive(owner, 'std_epsilon', std_epsilon, allow_zero=True)
   check_memory_length(owner, x.shape[1], memory_height, 'memory')
   layout = area_layout(
       x.shape[1],

@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as val
+from contextpool_jax import checks
 
 _OWNER = 'AugmentedConv2D'
 POSITIONS = ('relative', 'none', 'sine2d', 'coordconv')
@@ -100,13 +100,13 @@ def attention_depths(
   Raises:
     ValueError: naming the field and value when the depths are not allowed.
   """
-  val.check_choice(owner, 'depth_rounding', depth_rounding, DEPTH_ROUNDINGS)
+  checks.check_choice(owner, 'depth_rounding', depth_rounding, DEPTH_ROUNDINGS)
   depths = []
   for field, ratio, symbol in (
       ('key_ratio', key_ratio, 'd_k'),
       ('value_ratio', value_ratio, 'd_v'),
   ):
-    val.check_positive(owner, field, ratio)
+    checks.check_positive(owner, field, ratio)
     exact = ratio * features
     if depth_rounding == 'nearest':
       depth = max(1, round(exact / num_heads)) * num_heads
@@ -180,14 +180,14 @@ def relative_logits_2d(
     ValueError: on bad ranks, even table lengths, or queries outside the grid.
   """
   owner = 'relative_logits_2d'
-  val.check_rank(owner, 'q', q, (5,), '[batch, height, width, heads, depth]')
-  val.check_rank(
+  checks.check_rank(owner, 'q', q, (5,), '[batch, height, width, heads, depth]')
+  checks.check_rank(
       owner, 'rel_w', rel_w, (2, 3), '[2 * width - 1, depth] or [heads, 2 * width - 1, depth]'
   )
-  val.check_rank(
+  checks.check_rank(
       owner, 'rel_h', rel_h, (2, 3), '[2 * height - 1, depth] or [heads, 2 * height - 1, depth]'
   )
-  s_y, s_x = val.as_tuple(owner, 'query_strides', query_strides, 2)
+  s_y, s_x = checks.as_tuple(owner, 'query_strides', query_strides, 2)
   _, q_height, q_width, heads, _ = q.shape
   for name, table in (('rel_w', rel_w), ('rel_h', rel_h)):
     if table.ndim == 3 and table.shape[0] != heads:
@@ -309,12 +309,12 @@ class AugmentedConv2D(nn.Module):
 
   def _check_config(self) -> tuple[tuple[int, int], tuple[int, int], int, int]:
     """Validates the fields; returns (kernel_size, strides, d_k, d_v)."""
-    val.check_positive(_OWNER, 'features', self.features, integer=True)
-    val.check_positive(_OWNER, 'num_heads', self.num_heads, integer=True)
-    kernel = val.as_tuple(_OWNER, 'kernel_size', self.kernel_size, 2)
-    strides = val.as_tuple(_OWNER, 'strides', self.strides, 2)
-    val.check_choice(_OWNER, 'position', self.position, POSITIONS)
-    val.check_choice(_OWNER, 'attention_downsample', self.attention_downsample, DOWNSAMPLES)
+    checks.check_positive(_OWNER, 'features', self.features, integer=True)
+    checks.check_positive(_OWNER, 'num_heads', self.num_heads, integer=True)
+    kernel = checks.as_tuple(_OWNER, 'kernel_size', self.kernel_size, 2)
+    strides = checks.as_tuple(_OWNER, 'strides', self.strides, 2)
+    checks.check_choice(_OWNER, 'position', self.position, POSITIONS)
+    checks.check_choice(_OWNER, 'attention_downsample', self.attention_downsample, DOWNSAMPLES)
     d_k, d_v = attention_depths(
         self.features, self.key_ratio, self.value_ratio, self.num_heads, self.depth_rounding
     )
@@ -406,7 +406,7 @@ class AugmentedConv2D(nn.Module):
       ValueError: at trace time, for a bad field or an input of rank != 4.
     """
     kernel, strides, d_k, d_v = self._check_config()
-    val.check_rank(_OWNER, 'inputs', inputs, (4,), '[batch, height, width, channels]')
+    checks.check_rank(_OWNER, 'inputs', inputs, (4,), '[batch, height, width, channels]')
     conv = nn.Conv(
         self.features - d_v,
         kernel,

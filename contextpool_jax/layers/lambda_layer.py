@@ -69,7 +69,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as val
+from contextpool_jax import checks
 
 Array = jax.Array
 Dtype = Any
@@ -380,16 +380,16 @@ class LambdaLayer(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _check_config(self) -> None:
-    val.check_choice(_OWNER, 'position', self.position, POSITIONS)
-    val.check_choice(_OWNER, 'position_algorithm', self.position_algorithm, POSITION_ALGORITHMS)
-    val.check_positive(_OWNER, 'key_depth', self.key_depth, integer=True)
-    val.check_positive(_OWNER, 'heads', self.heads, integer=True)
-    val.check_positive(_OWNER, 'intra_depth', self.intra_depth, integer=True)
-    val.check_positive(_OWNER, 'out_features', self.out_features, integer=True, allow_none=True)
-    val.check_choice(_OWNER, 'content', self.content, (True, False))
-    val.check_choice(_OWNER, 'batch_norm', self.batch_norm, (True, False))
-    val.check_probability(_OWNER, 'batch_norm_momentum', self.batch_norm_momentum)
-    val.check_positive(_OWNER, 'batch_norm_epsilon', self.batch_norm_epsilon)
+    checks.check_choice(_OWNER, 'position', self.position, POSITIONS)
+    checks.check_choice(_OWNER, 'position_algorithm', self.position_algorithm, POSITION_ALGORITHMS)
+    checks.check_positive(_OWNER, 'key_depth', self.key_depth, integer=True)
+    checks.check_positive(_OWNER, 'heads', self.heads, integer=True)
+    checks.check_positive(_OWNER, 'intra_depth', self.intra_depth, integer=True)
+    checks.check_positive(_OWNER, 'out_features', self.out_features, integer=True, allow_none=True)
+    checks.check_choice(_OWNER, 'content', self.content, (True, False))
+    checks.check_choice(_OWNER, 'batch_norm', self.batch_norm, (True, False))
+    checks.check_probability(_OWNER, 'batch_norm_momentum', self.batch_norm_momentum)
+    checks.check_positive(_OWNER, 'batch_norm_epsilon', self.batch_norm_epsilon)
     if self.position == 'none' and not self.content:
       raise ConfigError(
           f"{_OWNER}.content=False with {_OWNER}.position='none' leaves nothing "
@@ -402,8 +402,8 @@ class LambdaLayer(nn.Module):
     rank = len(spatial)
     if self.position == 'conv':
       if isinstance(self.scope_size, int):
-        val.check_positive(_OWNER, 'scope_size', self.scope_size, integer=True)
-      scope = val.as_tuple(_OWNER, 'scope_size', self.scope_size, rank)
+        checks.check_positive(_OWNER, 'scope_size', self.scope_size, integer=True)
+      scope = checks.as_tuple(_OWNER, 'scope_size', self.scope_size, rank)
       if any(r % 2 == 0 for r in scope):
         raise ConfigError(
             f'{_OWNER}.scope_size={self.scope_size!r} is invalid; expected odd '
@@ -411,7 +411,7 @@ class LambdaLayer(nn.Module):
         )
       return scope
     if self.context_size is not None:
-      size = val.as_tuple(_OWNER, 'context_size', self.context_size, rank)
+      size = checks.as_tuple(_OWNER, 'context_size', self.context_size, rank)
     elif self.has_variable('params', _EMBEDDING):
       kernel = self.get_variable('params', _EMBEDDING).shape[:-2]
       size = tuple((t + 1) // 2 for t in kernel)
@@ -458,7 +458,7 @@ class LambdaLayer(nn.Module):
       ``[batch, length, d_out]`` or ``[batch, height, width, d_out]``.
     """
     self._check_config()
-    val.check_rank(_OWNER, 'x', x, (3, 4), '[batch, length, d] or [batch, height, width, d]')
+    checks.check_rank(_OWNER, 'x', x, (3, 4), '[batch, length, d] or [batch, height, width, d]')
     batch, *spatial, d = x.shape
     spatial = tuple(spatial)
     d_out = d if self.out_features is None else self.out_features

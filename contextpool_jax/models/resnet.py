@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
 from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
@@ -260,13 +260,13 @@ class ResNetConfig:
           f'{_OWNER}.stage_sizes={sizes!r} is invalid; expected a '
           'non-empty sequence of positive ints.'
       )
-    v.check_choice(_OWNER, 'block', self.block, BLOCKS)
-    v.check_choice(_OWNER, 'stem', self.stem, STEMS)
-    v.check_choice(_OWNER, 'shortcut', self.shortcut, SHORTCUTS)
-    v.check_choice(_OWNER, 'conv_init_mode', self.conv_init_mode, CONV_INIT_MODES)
-    v.check_choice(_OWNER, 'lambda_position', self.lambda_position, LAMBDA_POSITIONS)
-    v.check_choice(_OWNER, 'aa_position', self.aa_position, AA_POSITIONS)
-    v.check_choice(_OWNER, 'aa_downsample', self.aa_downsample, AA_DOWNSAMPLES)
+    checks.check_choice(_OWNER, 'block', self.block, BLOCKS)
+    checks.check_choice(_OWNER, 'stem', self.stem, STEMS)
+    checks.check_choice(_OWNER, 'shortcut', self.shortcut, SHORTCUTS)
+    checks.check_choice(_OWNER, 'conv_init_mode', self.conv_init_mode, CONV_INIT_MODES)
+    checks.check_choice(_OWNER, 'lambda_position', self.lambda_position, LAMBDA_POSITIONS)
+    checks.check_choice(_OWNER, 'aa_position', self.aa_position, AA_POSITIONS)
+    checks.check_choice(_OWNER, 'aa_downsample', self.aa_downsample, AA_DOWNSAMPLES)
     for name in (
         'width',
         'num_classes',
@@ -276,8 +276,8 @@ class ResNetConfig:
         'lambda_pool_size',
         'aa_heads',
     ):
-      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
-    v.check_positive(
+      checks.check_positive(_OWNER, name, getattr(self, name), integer=True)
+    checks.check_positive(
         _OWNER,
         'aa_min_key_depth_per_head',
         self.aa_min_key_depth_per_head,
@@ -295,10 +295,10 @@ class ResNetConfig:
           'invalid; expected an odd positive int.'
       )
     for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
-      v.check_positive(_OWNER, name, getattr(self, name))
-    v.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
+      checks.check_positive(_OWNER, name, getattr(self, name))
+    checks.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
     for name in ('zero_init_residual', 'remat'):
-      v.check_choice(_OWNER, name, getattr(self, name), (True, False))
+      checks.check_choice(_OWNER, name, getattr(self, name), (True, False))
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
       raise ConfigError(
           f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
@@ -577,7 +577,7 @@ class ResNet(module_fields(ResNetConfig)):
   def __call__(self, images: Array, train: bool = False) -> Array:
     o = self.config
     pattern = o.check()
-    v.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
+    checks.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
     x = images if o.dtype is None else images.astype(o.dtype)
 
     if o.stem == 'cifar':

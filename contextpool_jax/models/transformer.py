@@ -56,7 +56,7 @@ from jax import lax
 import numpy as np
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
@@ -173,10 +173,10 @@ class TransformerConfig:
 
   def check(self, owner: str) -> None:
     """Raises ConfigError naming ``owner.field`` for an invalid value."""
-    v.check_choice(owner, 'attention', self.attention, ATTENTIONS)
-    v.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
-    v.check_choice(owner, 'area_value_mode', self.area_value_mode, AREA_VALUE_MODES)
-    v.check_choice(
+    checks.check_choice(owner, 'attention', self.attention, ATTENTIONS)
+    checks.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
+    checks.check_choice(owner, 'area_value_mode', self.area_value_mode, AREA_VALUE_MODES)
+    checks.check_choice(
         owner, 'context_pool_position', self.context_pool_position, CONTEXT_POOL_POSITIONS
     )
     for field in (
@@ -188,11 +188,13 @@ class TransformerConfig:
         'local_window',
         'max_area_width',
     ):
-      v.check_positive(owner, field, getattr(self, field), integer=True)
-    v.check_positive(owner, 'num_area_layers', self.num_area_layers, integer=True, allow_zero=True)
+      checks.check_positive(owner, field, getattr(self, field), integer=True)
+    checks.check_positive(
+        owner, 'num_area_layers', self.num_area_layers, integer=True, allow_zero=True
+    )
     self.check_context_pool_placement(owner)
-    v.check_probability(owner, 'dropout_rate', self.dropout_rate)
-    v.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
+    checks.check_probability(owner, 'dropout_rate', self.dropout_rate)
+    checks.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
     if self.emb_dim % self.num_heads:
       raise ConfigError(
           f'{owner}.num_heads={self.num_heads!r} does not divide ' f'emb_dim={self.emb_dim!r}.'
@@ -200,15 +202,15 @@ class TransformerConfig:
 
   def check_context_pool_placement(self, owner: str) -> None:
     """The ``context_pool_*`` placement fields (first layer, reads, heads)."""
-    v.check_choice(owner, 'context_pool_reads', self.context_pool_reads, CONTEXT_POOL_READS)
-    v.check_positive(
+    checks.check_choice(owner, 'context_pool_reads', self.context_pool_reads, CONTEXT_POOL_READS)
+    checks.check_positive(
         owner,
         'context_pool_first_layer',
         self.context_pool_first_layer,
         integer=True,
         allow_zero=True,
     )
-    v.check_positive(
+    checks.check_positive(
         owner, 'context_pool_heads', self.context_pool_heads, integer=True, allow_none=True
     )
     if self.context_pool is None:
@@ -692,7 +694,7 @@ class TransformerStack(nn.Module):
 
 
 def _check_tokens(owner: str, name: str, tokens: Array) -> None:
-  v.check_rank(owner, name, tokens, (2,), '[batch, length] int32 token ids')
+  checks.check_rank(owner, name, tokens, (2,), '[batch, length] int32 token ids')
   if not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise ValueError(f'{owner}: {name} has dtype {tokens.dtype}; expected integer token ids.')
 
@@ -774,7 +776,7 @@ class Transformer(_TransformerFields):
   Incremental decoding (Flax's usual form): ``decode(..., decode=True)`` with
   ``mutable=['cache']``, first on ``decoder_inputs [batch, max_len]`` (any ids:
   it creates the ``'cache'`` collection, see
-  :func:`contextpool_jax.training.decoding.init_cache`), then one token
+  :func:`contextpool_jax.inference.decoding.init_cache`), then one token
   ``[batch, 1]`` per call, returning that position's logits ``[batch, 1,
   vocab]``; equal to the full forward's (tests/test_decoding_cache.py).
   """

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.models.common import make_context_pool
 from contextpool_jax.models.common import module_fields
 
@@ -258,13 +258,13 @@ class ViTConfig:
         'num_layers',
         'num_heads',
     ):
-      v.check_positive(_OWNER, name, getattr(self, name), integer=True)
-    v.check_positive(_OWNER, 'mlp_dim', self.mlp_dim, integer=True, allow_none=True)
-    v.check_choice(_OWNER, 'classifier', self.classifier, CLASSIFIERS)
-    v.check_choice(_OWNER, 'context_pool_position', self.context_pool_position, POOL_POSITIONS)
-    v.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
-    v.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
-    v.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
+      checks.check_positive(_OWNER, name, getattr(self, name), integer=True)
+    checks.check_positive(_OWNER, 'mlp_dim', self.mlp_dim, integer=True, allow_none=True)
+    checks.check_choice(_OWNER, 'classifier', self.classifier, CLASSIFIERS)
+    checks.check_choice(_OWNER, 'context_pool_position', self.context_pool_position, POOL_POSITIONS)
+    checks.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
+    checks.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
+    checks.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
     for name in ('context_pool_last', 'remat', 'scan_layers'):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(
@@ -437,7 +437,7 @@ class ViT(module_fields(ViTConfig)):
   # -- configuration ---------------------------------------------------------
 
   def _grid(self, images: Array) -> tuple[int, int]:
-    v.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
+    checks.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
     h, w = images.shape[1:3]
     if h % self.patch_size or w % self.patch_size:
       raise ValueError(

@@ -21,7 +21,8 @@ import numpy as np
 import sacrebleu
 from jax.sharding import NamedSharding
 
-from contextpool_jax.training import decoding, sharding
+from contextpool_jax.inference import decoding
+from contextpool_jax.training import sharding
 
 
 def corpus_bleu(
@@ -50,8 +51,8 @@ def make_decode_fn(
     model,
     *,
     max_len: int,
-    beam_size: Optional[int] = 4,
-    alpha: float = 0.6,
+    beam_size: Optional[int] = decoding.BEAM_SIZE,
+    alpha: float = decoding.BEAM_ALPHA,
     eos_id: int = 1,
     min_segment: Optional[int] = decoding.MIN_SEGMENT,
 ) -> Callable[[Any, Any], jax.Array]:
@@ -76,8 +77,8 @@ def decode_and_score(
     vocab,
     *,
     max_len: Optional[int] = None,
-    beam_size: Optional[int] = 4,
-    alpha: float = 0.6,
+    beam_size: Optional[int] = decoding.BEAM_SIZE,
+    alpha: float = decoding.BEAM_ALPHA,
     eos_id: int = 1,
     min_segment: Optional[int] = decoding.MIN_SEGMENT,
     references: Optional[Sequence[str]] = None,
@@ -118,16 +119,67 @@ def decode_and_score(
     params = {'params': params}
   if data_sharding is None:
     data_sharding = sharding.batch_sharding(sharding.make_mesh())
-  local_devices = len(data_sharding.mesh.local_devices)
+  if decode_fn is None:
+    settings = dict(beam_size=beam_size, alpha=alpha, eos_id=eos_id, min_segment=min_segment)
+    decode_fn = _DecodeFns(model, max_len, settings)
+  else:
+    decode_fn = _fixed(decode_fn)
+  keep_targets = references is None and not hasattr(batches, 'references')
   if max_batches:
     batches_iter = itertools.islice(batches, int(max_batches))
   else:
     batches_iter = iter(batches)
-  keep_targets = references is None and not hasattr(batches, 'references')
-  fns: dict[int, Callable] = {}
-  ids_all, index_all, mask_all, target_text = [], [], [], []
+  out = _decode_batches(batches_iter, params, decode_fn, data_sharding, keep_targets)
+  if out is None:
+    return ScoredTranslations(0.0, [], [])
+  keep = out['mask'] & (out['index'] >= 0)
+  order = np.argsort(out['index'][keep], kind='stable')
+  hypotheses = [vocab.decode(row) for row in out['ids'][keep][order]]
+  if references is None and hasattr(batches, 'references'):
+    references = batches.references
+  if references is not None:
+    refs = [references[int(i)] for i in out['index'][keep][order]]
+  else:
+    refs = [vocab.decode(row) for row in out['targets'][keep][order]]
+  return ScoredTranslations(corpus_bleu(hypotheses, refs, tokenize=tokenize), hypotheses, refs)
+
+
+class _DecodeFns:
+  """``(batch) -> `` the jitted search for the batch's output length (``max_len`` if
+  set, else the batch's ``targets`` width), compiled once per length."""
+
+  def __init__(self, model, max_len: Optional[int], settings: dict[str, Any]):
+    self.model, self.max_len, self.settings = model, max_len, settings
+    self.fns: dict[int, Callable] = {}
+
+  def __call__(self, batch: dict[str, Any]) -> Callable:
+    length = self.max_len or int(np.asarray(batch['targets']).shape[1])
+    if length not in self.fns:
+      self.fns[length] = make_decode_fn(self.model, max_len=length, **self.settings)
+    return self.fns[length]
+
+
+def _fixed(decode_fn: Callable) -> Callable[[dict[str, Any]], Callable]:
+  """A user's ``decode_fn`` for every batch."""
+  return lambda batch: decode_fn
+
+
+def _decode_batches(
+    batches: Iterable[dict[str, Any]],
+    params,
+    decode_fns: Callable[[dict[str, Any]], Callable],
+    data_sharding: NamedSharding,
+    keep_targets: bool,
+) -> Optional[dict[str, np.ndarray]]:
+  """Decodes every batch data parallel (see :func:`decode_and_score`); the global
+  ``'ids'``, ``'index'``, ``'mask'`` (and ``'targets'``) of all batches, ids and
+  targets right-padded to one width, or None for no batches."""
+  local_devices = len(data_sharding.mesh.local_devices)
+  parts: dict[str, list[np.ndarray]] = {'ids': [], 'index': [], 'mask': []}
+  if keep_targets:
+    parts['targets'] = []
   count = 0
-  for batch in batches_iter:
+  for batch in batches:
     inputs = np.asarray(batch['inputs'])
     n = inputs.shape[0]
     host = {
@@ -139,40 +191,19 @@ def decode_and_score(
       host['targets'] = np.asarray(batch['targets'])
     count += n
     host, _ = sharding.pad_rows(host, local_devices)  # padded rows: mask False
-    length = max_len or int(np.asarray(batch['targets']).shape[1])
-    fn = decode_fn
-    if fn is None:
-      if length not in fns:
-        fns[length] = make_decode_fn(
-            model,
-            max_len=length,
-            beam_size=beam_size,
-            alpha=alpha,
-            eos_id=eos_id,
-            min_segment=min_segment,
-        )
-      fn = fns[length]
+    fn = decode_fns(batch)
     device_batch = sharding.put_batch(host, data_sharding)
     out = sharding.fetch(dict(device_batch, ids=fn(params, device_batch['inputs'])))
-    ids_all.append(out['ids'])
-    index_all.append(out['index'])
-    mask_all.append(out['mask'])
-    if keep_targets:
-      target_text.append(out['targets'])
-  if not ids_all:
-    return ScoredTranslations(0.0, [], [])
-  width = max(a.shape[1] for a in ids_all)
-  ids = np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in ids_all])
-  index, mask = np.concatenate(index_all), np.concatenate(mask_all)
-  keep = mask & (index >= 0)
-  order = np.argsort(index[keep], kind='stable')
-  hypotheses = [vocab.decode(row) for row in ids[keep][order]]
-  if references is None and hasattr(batches, 'references'):
-    references = batches.references
-  if references is not None:
-    refs = [references[int(i)] for i in index[keep][order]]
-  else:
-    twidth = max(a.shape[1] for a in target_text)
-    targets = np.concatenate([np.pad(a, ((0, 0), (0, twidth - a.shape[1]))) for a in target_text])
-    refs = [vocab.decode(row) for row in targets[keep][order]]
-  return ScoredTranslations(corpus_bleu(hypotheses, refs, tokenize=tokenize), hypotheses, refs)
+    for key, values in parts.items():
+      values.append(out[key])
+  if not parts['ids']:
+    return None
+  return {key: _concatenate_padded(values) for key, values in parts.items()}
+
+
+def _concatenate_padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
+  """Rows of every array, the 2-D ones right-padded with 0 to the widest."""
+  if arrays[0].ndim == 1:
+    return np.concatenate(arrays)
+  width = max(a.shape[1] for a in arrays)
+  return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])

@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.errors import CheckpointError, ConfigError
 from contextpool_jax.training import config_fields, storage
 
 # A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
@@ -45,10 +45,6 @@ DAMAGED_DIR = 'damaged_checkpoints'
 # structure and meaning of the saved state. Everything else (steps, rates,
 # evaluation, logging, sharding) may change between runs.
 RESUME_KEYS = ('task', 'model', 'optimizer.name', 'dataset.name')
-
-
-class CheckpointError(RuntimeError):
-  """A workdir's checkpoints cannot be used; the message says which and why."""
 
 
 def manager(
@@ -183,7 +179,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
   except json.JSONDecodeError as e:
     raise CheckpointError(
         f'{path} is not valid JSON ({e}); it records the config the '
-        f'checkpoints in {workdir / "checkpoints"} were trained with.'
+        f'checkpoints in {workdir / CHECKPOINTS_DIR} were trained with.'
     ) from e
   diffs = config_differences(_completed(saved), config_fields.complete(config))
   diffs += _loss_scale_difference(saved, config)
@@ -264,8 +260,8 @@ def restore_params(path: str, target: Any) -> Any:
   restore), so the other run's state may differ in the rest: float16 or not
   (:class:`steps.ScaledTrainState`), another optimizer."""
   directory = epath.Path(path)
-  if (directory / 'checkpoints').exists():
-    directory = directory / 'checkpoints'
+  if (directory / CHECKPOINTS_DIR).exists():
+    directory = directory / CHECKPOINTS_DIR
   item = {'params': target.params, 'model_state': target.model_state}
   restore = lambda: ocp.args.Composite(
       state=ocp.args.PyTreeRestore(

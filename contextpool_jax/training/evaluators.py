@@ -1,4 +1,4 @@
-"""Evaluators and log hooks: what the loop runs besides training, built from the config.
+"""Evaluators and log hooks: what the loop runs besides training.
 
 The loop knows only the two interfaces:
 
@@ -11,8 +11,9 @@ The loop knows only the two interfaces:
   ContextPool pooling sizes per layer, the paper's Fig. 4) when the model has
   ContextPool and ``config.log_pool_sizes``.
 
-:func:`make_evaluators` and :func:`make_hooks` read the config; a new kind of
-evaluation is a class here and a line in them, not a change to the loop.
+Which of them a run gets is the task kind's decision (the registry,
+:mod:`contextpool_jax.training.tasks`: ``Task.evaluators`` and ``Task.hooks``);
+a new kind of evaluation is a class here and a line there, not a change to the loop.
 Every evaluator is called by every process at the same point (they read
 global values through :func:`sharding.fetch`).
 """
@@ -24,12 +25,12 @@ from typing import Any, Callable, Protocol
 
 import flax
 import jax
-import ml_collections
 import numpy as np
 
-from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import sharding, steps, tasks
+from contextpool_jax.training import bleu, sharding, steps
+
+POOL_SIGMA = 'pool_sigma'  # what ContextPool sows: its pooling size per position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class LogHook(Protocol):
 class SplitMetrics:
   """The objective's metrics over a whole split (metric sums on the devices)."""
 
-  task: tasks.Task
+  task: Any  # tasks.Task (model, objective, data)
   devices: Devices
   split: str
 
@@ -95,16 +96,15 @@ class SplitMetrics:
 class Bleu:
   """sacreBLEU of greedy or beam decoding of a whole split (translation)."""
 
-  task: tasks.Task
+  task: Any  # tasks.Task (model, objective, data)
   devices: Devices
   split: str
   beam_size: int
   alpha: float
   max_batches: int
+  max_len: int  # decoded target tokens
 
   def __call__(self, state):
-    from contextpool_jax.training import bleu  # pylint: disable=g-import-not-at-top
-
     data = self.task.data
     batches = data.eval_batches(self.split, jax.process_index(), jax.process_count())
     return bleu.decode_and_score(
@@ -114,32 +114,10 @@ class Bleu:
         data.vocab,
         beam_size=self.beam_size,
         alpha=self.alpha,
-        max_len=data.config.dataset.max_target_len,
+        max_len=self.max_len,
         max_batches=self.max_batches,
         data_sharding=self.devices.data_sharding,
     )
-
-
-def make_evaluators(
-    config: ml_collections.ConfigDict, task: tasks.Task, devices: Devices
-) -> list[Evaluator]:
-  """The evaluators ``config`` asks for, in the order they run."""
-  evaluators: list[Evaluator] = []
-  bleu_on = config.task == 'translation' and checks.read_bool(config, 'eval_bleu', default=True)
-  for split in config.eval_splits:
-    evaluators.append(SplitMetrics(task, devices, split))
-    if bleu_on:
-      evaluators.append(
-          Bleu(
-              task,
-              devices,
-              split,
-              beam_size=checks.read_int(config, 'beam_size', minimum=1, default=4),
-              alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=0.6),
-              max_batches=checks.read_int(config, 'eval_bleu_batches', default=0),
-          )
-      )
-  return evaluators
 
 
 # ----------------------------------------------------------------------------
@@ -157,9 +135,8 @@ def make_pool_size_probe(model, objective):
         variables, *objective.model_args(batch), train=False, mutable=['intermediates']
     )
     flat = flax.traverse_util.flatten_dict(inter.get('intermediates', {}), sep='/')
-    return {
-        k[: -len('/pool_sigma')]: val[0] for k, val in flat.items() if k.endswith('/pool_sigma')
-    }
+    suffix = '/' + POOL_SIGMA
+    return {k[: -len(suffix)]: val[0] for k, val in flat.items() if k.endswith(suffix)}
 
   return probe
 
@@ -172,19 +149,5 @@ class PoolSizes:
 
   def __call__(self, step, state, batch, writer):
     sizes = sharding.fetch(self.probe(state, batch))
-    writer.histograms(step, sizes, 'pool_sigma')
-    writer.scalars(step, {k: float(np.mean(s)) for k, s in sizes.items()}, 'pool_sigma_mean')
-
-
-def make_hooks(
-    config: ml_collections.ConfigDict, task: tasks.Task, devices: Devices
-) -> list[LogHook]:
-  """The log-step hooks ``config`` asks for."""
-  hooks: list[LogHook] = []
-  if config.log_pool_sizes and config.model.get('context_pool') is not None:
-    probe = jax.jit(
-        make_pool_size_probe(task.model, task.objective),
-        in_shardings=(devices.state_shardings, devices.data_sharding),
-    )
-    hooks.append(PoolSizes(probe))
-  return hooks
+    writer.histograms(step, sizes, POOL_SIGMA)
+    writer.scalars(step, {k: float(np.mean(s)) for k, s in sizes.items()}, f'{POOL_SIGMA}_mean')

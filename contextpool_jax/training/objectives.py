@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from contextpool_jax import checks
+from contextpool_jax.data import mixup
 
 Array = jax.Array
 Batch = dict[str, Any]
@@ -159,8 +158,6 @@ class Classification(Objective):
   def prepare_train_batch(self, batch, rng):
     if self.mixup_alpha <= 0 and self.cutmix_alpha <= 0:
       return batch
-    from contextpool_jax.data import mixup  # pylint: disable=g-import-not-at-top
-
     onehot = jax.nn.one_hot(batch['label'], self.num_classes)
     images, soft = mixup.mixup_cutmix(
         rng,
@@ -196,24 +193,3 @@ class Classification(Objective):
   def finalize(self, sums):
     w = max(sums['weight'], 1e-9)
     return {'loss': sums['loss'] / w, 'top1': sums['top1'] / w, 'top5': sums['top5'] / w}
-
-
-def make_objective(
-    config: ml_collections.ConfigDict, num_classes: Optional[int] = None
-) -> Objective:
-  """The objective of ``config.task`` with its settings from the config."""
-  smoothing = checks.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
-  if config.task == 'lm':
-    return LanguageModelling()
-  if config.task == 'translation':
-    return Translation(label_smoothing=smoothing)
-  number = lambda field, default: checks.read_float(
-      config, f'dataset.{field}', lo=0.0, default=default
-  )
-  return Classification(
-      num_classes=num_classes,
-      label_smoothing=smoothing,
-      mixup_alpha=number('mixup_alpha', 0.0),
-      cutmix_alpha=number('cutmix_alpha', 0.0),
-      mixup_switch_prob=number('mixup_switch_prob', 0.5),
-  )

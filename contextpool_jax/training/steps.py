@@ -173,6 +173,45 @@ def scaled_gradient(
   return (loss, (sums, model_state)), grads, new_scale, ~overflowed
 
 
+def _make_loss_fn(model, objective: objectives.Objective):
+  """``(params, model_state, batch, rng, total_weight) -> (mean loss, (metric
+  sums, new model state))`` of one (micro-)batch in training mode."""
+
+  def loss_fn(params, model_state, batch, rng, total_weight):
+    mix_rng, dropout_rng = jax.random.split(rng)
+    batch = objective.prepare_train_batch(batch, mix_rng)
+    mutable = list(model_state)
+    out = model.apply(
+        {'params': params, **model_state},
+        *objective.model_args(batch),
+        train=True,
+        rngs={'dropout': dropout_rng},
+        mutable=mutable or False,
+    )
+    logits, new_model_state = out if mutable else (out, model_state)
+    loss_sum, sums = objective.loss(logits, batch)
+    return loss_sum / total_weight, (sums, dict(new_model_state))
+
+  return loss_fn
+
+
+def _gradient(scale, fn, state, batch, rng, grad_accum_steps: int):
+  """``((loss, aux), grads, new scale, grads finite)`` of ``fn`` over the
+  micro-batches: plain, or through the loss scale ``scale`` (None: no scale;
+  then the last two are None)."""
+  if scale is None:
+    value, grads = accumulate_gradient(
+        jax.value_and_grad(fn, has_aux=True),
+        state.params,
+        state.model_state,
+        batch,
+        rng,
+        grad_accum_steps,
+    )
+    return value, grads, None, None
+  return scaled_gradient(scale, fn, state.params, state.model_state, batch, rng, grad_accum_steps)
+
+
 def make_train_step(
     model,
     objective: objectives.Objective,
@@ -196,39 +235,16 @@ def make_train_step(
   at the minimum scale (``LOSS_SCALE_MIN``), which scaling cannot avoid.
   """
 
-  def loss_fn(params, model_state, batch, rng, total_weight):
-    mix_rng, dropout_rng = jax.random.split(rng)
-    batch = objective.prepare_train_batch(batch, mix_rng)
-    mutable = list(model_state)
-    out = model.apply(
-        {'params': params, **model_state},
-        *objective.model_args(batch),
-        train=True,
-        rngs={'dropout': dropout_rng},
-        mutable=mutable or False,
-    )
-    logits, new_model_state = out if mutable else (out, model_state)
-    loss_sum, sums = objective.loss(logits, batch)
-    return loss_sum / total_weight, (sums, dict(new_model_state))
+  loss_fn = _make_loss_fn(model, objective)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(base_rng, state.step)
     total_weight = jnp.maximum(objective.weight(batch), 1e-9)
     fn = lambda p, m, b, r: loss_fn(p, m, b, r, total_weight)
     scale = getattr(state, 'dynamic_scale', None)
-    if scale is None:
-      (loss, (sums, model_state)), grads = accumulate_gradient(
-          jax.value_and_grad(fn, has_aux=True),
-          state.params,
-          state.model_state,
-          batch,
-          rng,
-          grad_accum_steps,
-      )
-    else:
-      (loss, (sums, model_state)), grads, new_scale, grads_finite = scaled_gradient(
-          scale, fn, state.params, state.model_state, batch, rng, grad_accum_steps
-      )
+    (loss, (sums, model_state)), grads, new_scale, grads_finite = _gradient(
+        scale, fn, state, batch, rng, grad_accum_steps
+    )
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if scale is not None:
@@ -241,9 +257,8 @@ def make_train_step(
       return state.replace(params=params, opt_state=opt_state, model_state=model_state)
 
     # A conditional, not a select of new and old values: the update then writes
-    # the (donated) parameters and optimizer state in place; a select keeps
-    # both, ~2x the parameter memory more (measured: +205 MiB on a 31M-param
-    # Transformer, benchmarks/results).
+    # the (donated) parameters and optimizer state in place; a select keeps both
+    # (the memory it saves: benchmarks/results/train_step_guard.md).
     new_state = jax.lax.cond(ok, update, lambda state: state, state)
     bad = ~ok if scale is None else ~ok & ~skipped
     new_state = new_state.replace(

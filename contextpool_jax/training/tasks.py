@@ -1,28 +1,38 @@
-"""What a config trains: a model, its objective (loss and metrics) and its data.
+"""The task registry: each kind of experiment (``config.task``) and everything it decides.
 
-``make_task(config, workdir)`` returns a :class:`Task` of three separate parts:
+``make_task(config, workdir)`` returns a :class:`Task`: the model from the
+registry (:func:`build_model`), the :class:`TaskKind` of ``config.task`` and
+what that kind builds from its resolved settings:
 
-* ``model``: the Flax module from the registry (:func:`build_model`);
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
   which never see the data pipeline;
 * ``data``: a :class:`DataPipeline` (prepare, training and evaluation batches,
-  an init batch), which never sees the model.
+  an init batch) over the kind's resolved data spec, which never sees the model;
+* ``evaluators(devices, splits)`` and ``hooks(devices, log_pool_sizes)``: what
+  the loop runs besides training (:mod:`contextpool_jax.training.evaluators`).
 
-The training loop only talks to these three interfaces, so a new kind of
-experiment is a new objective and a new pipeline, not a change to the loop.
+This module is the one place that tells the kinds apart (:data:`KINDS`,
+keyed by ``config.task``); nothing else compares ``config.task``. A new kind
+of experiment is a :class:`TaskKind` here (an objective, a pipeline over its
+data module, its evaluators), not a change to the loop. Log hooks ask the
+built model what it contains (:func:`has_context_pool`), never the config.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+import functools
+from typing import Any, Iterable, Optional
 
 import flax.linen as nn
+import jax
 import ml_collections
 import numpy as np
 
 from contextpool_jax import checks, models
-from contextpool_jax.training import objectives, spec as spec_lib
+from contextpool_jax.data import image_input, lm_input, translation_input
+from contextpool_jax.inference import decoding
+from contextpool_jax.training import evaluators, objectives, spec as spec_lib
 
 
 def build_model(config: ml_collections.ConfigDict) -> nn.Module:
@@ -33,12 +43,26 @@ def build_model(config: ml_collections.ConfigDict) -> nn.Module:
   return models.create(name, **overrides, dtype=dtype, remat=remat)
 
 
+# ----------------------------------------------------------------------------
+# Data pipelines: one per kind, over the kind's data module and resolved spec.
+# ----------------------------------------------------------------------------
+
+
 class DataPipeline:
-  """The data of one kind of experiment (batches: see :mod:`.objectives`)."""
+  """The data of one kind of experiment (batches: see :mod:`.objectives`).
+
+  ``spec``: the data module's resolved ``config.dataset`` (read once, on first use).
+  """
+
+  data_module: Any = None  # the module with resolve_spec / make_train_dataset / ...
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self.config = config
     self.workdir = workdir
+
+  @functools.cached_property
+  def spec(self):
+    return self.data_module.resolve_spec(self.config)
 
   def prepare(self) -> None:
     """Builds what the processes share through files (a dataset, a vocabulary).
@@ -49,12 +73,16 @@ class DataPipeline:
 
   def train_dataset(self, process_index: int, process_count: int):
     """This process's infinite training batches (a grain dataset with state)."""
-    raise NotImplementedError
+    return self.data_module.make_train_dataset(
+        self.config, process_index=process_index, process_count=process_count
+    )
 
   def eval_batches(self, split: str, process_index: int, process_count: int) -> Iterable[dict]:
     """This process's evaluation batches of ``split`` (padded, the same number on
     every process)."""
-    raise NotImplementedError
+    return self.data_module.make_eval_batches(
+        self.config, split, process_index=process_index, process_count=process_count
+    )
 
   def init_batch(self) -> dict[str, np.ndarray]:
     """A small batch with the right dtypes and trailing shapes, for ``init``."""
@@ -64,27 +92,13 @@ class DataPipeline:
 class LanguageModelData(DataPipeline):
   """Byte-level corpora (:mod:`contextpool_jax.data.lm_input`)."""
 
-  def prepare(self):
-    from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
+  data_module = lm_input
 
+  def prepare(self):
     lm_input.load_split(self.config, 'train')  # prepares and checks every split
 
-  def train_dataset(self, process_index, process_count):
-    from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-
-    return lm_input.make_train_dataset(
-        self.config, process_index=process_index, process_count=process_count
-    )
-
-  def eval_batches(self, split, process_index, process_count):
-    from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-
-    return lm_input.make_eval_batches(
-        self.config, split, process_index=process_index, process_count=process_count
-    )
-
   def init_batch(self):
-    n = self.config.dataset.seq_len
+    n = self.spec.seq_len
     return {'tokens': np.zeros((1, n + 1), np.int32), 'weights': np.ones((1, n), np.float32)}
 
 
@@ -92,24 +106,16 @@ class TranslationData(DataPipeline):
   """Sentence pairs and a SentencePiece vocabulary stored in the workdir
   (:mod:`contextpool_jax.data.translation_input`)."""
 
-  def __init__(self, config, workdir):
-    super().__init__(config, workdir)
-    self._vocab = None
+  data_module = translation_input
 
-  @property
+  @functools.cached_property
   def vocab(self):
-    if self._vocab is None:
-      from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
-
-      self._vocab = translation_input.get_vocab(self.config, self.workdir)
-    return self._vocab
+    return translation_input.get_vocab(self.config, self.workdir)
 
   def prepare(self):
     self.vocab  # trains the SentencePiece model into the workdir if it is not there
 
   def train_dataset(self, process_index, process_count):
-    from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
-
     return translation_input.make_train_dataset(
         self.config,
         process_index=process_index,
@@ -119,8 +125,6 @@ class TranslationData(DataPipeline):
     )
 
   def eval_batches(self, split, process_index, process_count):
-    from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
-
     return translation_input.make_eval_batches(
         self.config,
         split,
@@ -131,49 +135,189 @@ class TranslationData(DataPipeline):
     )
 
   def init_batch(self):
-    d = self.config.dataset
     return {
-        'inputs': np.ones((1, d.max_source_len), np.int32),
-        'targets': np.ones((1, d.max_target_len), np.int32),
+        'inputs': np.ones((1, self.spec.max_source_len), np.int32),
+        'targets': np.ones((1, self.spec.max_target_len), np.int32),
     }
 
 
 class ImageData(DataPipeline):
   """Labelled images (:mod:`contextpool_jax.data.image_input`)."""
 
-  def train_dataset(self, process_index, process_count):
-    from contextpool_jax.data import image_input  # pylint: disable=g-import-not-at-top
-
-    return image_input.make_train_dataset(
-        self.config, process_index=process_index, process_count=process_count
-    )
-
-  def eval_batches(self, split, process_index, process_count):
-    from contextpool_jax.data import image_input  # pylint: disable=g-import-not-at-top
-
-    return image_input.make_eval_batches(
-        self.config, split, process_index=process_index, process_count=process_count
-    )
+  data_module = image_input
 
   def init_batch(self):
-    s = self.config.dataset.image_size
+    s = self.spec.image_size
     return {'image': np.zeros((2, s, s, 3), np.float32), 'label': np.zeros((2,), np.int32)}
 
 
-_DATA = {'lm': LanguageModelData, 'translation': TranslationData, 'classification': ImageData}
+# ----------------------------------------------------------------------------
+# What a built model contains (asked by the log hooks).
+# ----------------------------------------------------------------------------
+
+
+def has_context_pool(model: nn.Module, objective: objectives.Objective, init_batch: dict) -> bool:
+  """Whether ``model`` sows ContextPool pooling sizes: ``init`` then ``apply`` with
+  ``mutable=['intermediates']`` on the init batch, abstractly (``jax.eval_shape``:
+  shapes only, nothing computed), finds a sown ``pool_sigma``. Asks the module
+  tree, not the config, so preset models (``cp_resnet44``, ``cp_vit_b16``, ...)
+  count."""
+  args = objective.model_args
+
+  def sown(batch):
+    rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(0)}
+    variables = model.init(rngs, *args(batch), train=False)
+    return model.apply(variables, *args(batch), train=False, mutable=['intermediates'])[1]
+
+  try:
+    inter = jax.eval_shape(sown, init_batch)
+  except Exception:  # pylint: disable=broad-except  # a model that cannot run sows nothing;
+    return False  # the trainer's own init (run before the hooks are built) reports its error
+  paths = jax.tree_util.tree_flatten_with_path(dict(inter).get('intermediates', {}))[0]
+  return any(evaluators.POOL_SIGMA in jax.tree_util.keystr(path) for path, _ in paths)
+
+
+# ----------------------------------------------------------------------------
+# The kinds.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BleuSpec:
+  """The BLEU evaluation of a translation run (top-level ``eval_bleu``, ``beam_size``,
+  ``beam_alpha``, ``eval_bleu_batches``), read and checked once."""
+
+  enabled: bool = True
+  beam_size: int = decoding.BEAM_SIZE
+  alpha: float = decoding.BEAM_ALPHA
+  max_batches: int = 0  # 0: the whole split
+
+  @classmethod
+  def resolve(cls, config: ml_collections.ConfigDict) -> BleuSpec:
+    return cls(
+        enabled=checks.read_bool(config, 'eval_bleu', default=cls.enabled),
+        beam_size=checks.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
+        alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
+        max_batches=checks.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
+    )
+
+
+def _label_smoothing(config: ml_collections.ConfigDict) -> float:
+  return checks.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
+
+
+class TaskKind:
+  """One kind of experiment: its data pipeline, objective, evaluators and hooks."""
+
+  name: str
+  pipeline: type[DataPipeline]
+
+  def objective(self, config: ml_collections.ConfigDict, data: DataPipeline, model):
+    raise NotImplementedError
+
+  def evaluators(self, task: Task, devices: evaluators.Devices, splits) -> list:
+    """The evaluators of a run, in the order they run: the objective's metrics per split."""
+    return [evaluators.SplitMetrics(task, devices, split) for split in splits]
+
+  def hooks(self, task: Task, devices: evaluators.Devices, log_pool_sizes: bool) -> list:
+    """The log-step hooks: ContextPool's pooling sizes when the model has ContextPool."""
+    if not log_pool_sizes or not has_context_pool(
+        task.model, task.objective, task.data.init_batch()
+    ):
+      return []
+    probe = jax.jit(
+        evaluators.make_pool_size_probe(task.model, task.objective),
+        in_shardings=(devices.state_shardings, devices.data_sharding),
+    )
+    return [evaluators.PoolSizes(probe)]
+
+
+class LanguageModelKind(TaskKind):
+  name, pipeline = 'lm', LanguageModelData
+
+  def objective(self, config, data, model):
+    return objectives.LanguageModelling()
+
+
+class TranslationKind(TaskKind):
+  name, pipeline = 'translation', TranslationData
+
+  def objective(self, config, data, model):
+    return objectives.Translation(label_smoothing=_label_smoothing(config))
+
+  def evaluators(self, task, devices, splits):
+    bleu = BleuSpec.resolve(task.config)
+    out = []
+    for split in splits:
+      out.append(evaluators.SplitMetrics(task, devices, split))
+      if bleu.enabled:
+        out.append(
+            evaluators.Bleu(
+                task,
+                devices,
+                split,
+                beam_size=bleu.beam_size,
+                alpha=bleu.alpha,
+                max_batches=bleu.max_batches,
+                max_len=task.data.spec.max_target_len,
+            )
+        )
+    return out
+
+
+class ClassificationKind(TaskKind):
+  name, pipeline = 'classification', ImageData
+
+  def objective(self, config, data, model):
+    mix = data.spec
+    return objectives.Classification(
+        num_classes=getattr(model, 'num_classes', None),
+        label_smoothing=_label_smoothing(config),
+        mixup_alpha=mix.mixup_alpha,
+        cutmix_alpha=mix.cutmix_alpha,
+        mixup_switch_prob=mix.mixup_switch_prob,
+    )
+
+
+KINDS: dict[str, TaskKind] = {
+    k.name: k for k in (LanguageModelKind(), TranslationKind(), ClassificationKind())
+}
+assert tuple(KINDS) == spec_lib.TASKS, (tuple(KINDS), spec_lib.TASKS)
+
+
+def kind_of(config: ml_collections.ConfigDict) -> TaskKind:
+  """The :class:`TaskKind` of ``config.task`` (ConfigError for an unknown one)."""
+  return KINDS[checks.read_choice(config, 'task', KINDS)]
 
 
 @dataclasses.dataclass
 class Task:
-  """A model, its objective and its data: everything the loop is given."""
+  """A model, its objective and its data, and the kind that built them: everything
+  the loop is given."""
 
   model: nn.Module
   objective: objectives.Objective
   data: DataPipeline
+  kind: Optional[TaskKind] = None
+  config: Optional[ml_collections.ConfigDict] = None
+
+  def evaluators(self, devices: evaluators.Devices, splits) -> list:
+    return self.kind.evaluators(self, devices, splits)
+
+  def hooks(self, devices: evaluators.Devices, log_pool_sizes: bool) -> list:
+    return self.kind.hooks(self, devices, log_pool_sizes)
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
-  task = checks.read_choice(config, 'task', spec_lib.TASKS)
+  """The task of ``config``: its kind's pipeline and objective around the model."""
+  kind = kind_of(config)
   model = build_model(config)
-  objective = objectives.make_objective(config, getattr(model, 'num_classes', None))
-  return Task(model=model, objective=objective, data=_DATA[task](config, workdir))
+  data = kind.pipeline(config, workdir)
+  objective = kind.objective(config, data, model)
+  return Task(model=model, objective=objective, data=data, kind=kind, config=config)
+
+
+def make_objective(config: ml_collections.ConfigDict, model: Optional[nn.Module] = None):
+  """The objective of ``config.task`` with its settings from the config (no workdir)."""
+  kind = kind_of(config)
+  return kind.objective(config, kind.pipeline(config, ''), model)

@@ -12,13 +12,14 @@
    data position and gives bit-identical parameters to an uninterrupted run);
 4. runs one jitted, sharded train step per global batch (:mod:`.steps`), and
    at the steps :func:`due` says: logs the train metrics and runs the log hooks,
-   runs the evaluators (:mod:`.evaluators`, built from the config), saves
+   runs the evaluators (:mod:`.evaluators`, chosen by the task kind), saves
    checkpoints asynchronously. Metrics go to the writers ``config.writers``
    names (:mod:`.writers`); ``config.profile`` traces chosen steps
    (:mod:`.profiling`).
 
-The loop is task-neutral: it knows a task only through its three parts and
-the evaluators and hooks only through their call signatures.
+The loop is task-neutral: it knows a task only through its parts (model,
+objective, data, and the evaluators and hooks its kind chooses: the registry,
+:mod:`.tasks`) and the evaluators and hooks only through their call signatures.
 
 A step whose loss or gradient norm is not finite leaves the parameters
 unchanged and is recorded; the loop stops at the next check (every log step,
@@ -52,6 +53,7 @@ evaluation and checkpoint steps, and the host runs at most
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -61,10 +63,11 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+import tqdm
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax.errors import WriteError
+from contextpool_jax.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
@@ -72,10 +75,6 @@ from contextpool_jax.training import profiling, steps, storage, tasks, writers
 
 METRICS_FILE = writers.METRICS_FILE
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
-
-
-class NonFiniteLossError(FloatingPointError):
-  """Training produced a NaN/inf loss or gradient."""
 
 
 def validate_config(config: ml_collections.ConfigDict) -> spec_lib.RunSpec:
@@ -144,8 +143,6 @@ def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
 
 def _progress_bar(start: int, total: int, enabled: bool):
   """A console progress bar with steps/s and ETA (tqdm), or a no-op."""
-  import tqdm  # pylint: disable=g-import-not-at-top
-
   return tqdm.tqdm(
       total=total,
       initial=start,
@@ -203,6 +200,224 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return _train(config, run, workdir, lock)
 
 
+@dataclasses.dataclass
+class _Setup:
+  """What the loop runs on: the task, the optimizer, the shardings, the initial
+  state's function and abstract target, the training iterator."""
+
+  task: tasks.Task
+  tx: Any
+  schedule: Any
+  data_sharding: Any
+  replicated: Any
+  shardings: Any  # of the train state
+  init_fn: Any
+  init_rng: jax.Array
+  train_rng: jax.Array
+  target: Any  # the abstract train state with its shardings
+  train_iter: Any
+
+
+def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -> _Setup:
+  """Builds the task, optimizer, mesh and train iterator; checks every module (an
+  abstract init) before any data is prepared, and every eval split before training."""
+  task = tasks.make_task(config, str(workdir))
+  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
+  mesh = sharding.make_mesh()
+  init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
+  init_fn = steps.make_init_fn(
+      task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
+  )
+  abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
+  _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
+  shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
+  process = (jax.process_index(), jax.process_count())
+  train_iter = iter(task.data.train_dataset(*process))
+  for split in run.eval_splits:  # a missing or empty split fails now, not after training
+    task.data.eval_batches(split, *process)
+  return _Setup(
+      task=task,
+      tx=tx,
+      schedule=schedule,
+      data_sharding=sharding.batch_sharding(mesh),
+      replicated=sharding.replicated(mesh),
+      shardings=shardings,
+      init_fn=init_fn,
+      init_rng=init_rng,
+      train_rng=train_rng,
+      target=_abstract_with_shardings(abstract, shardings),
+      train_iter=train_iter,
+  )
+
+
+def _initial_state(setup: _Setup, run: spec_lib.RunSpec, manager, saver, directory):
+  """``(start step, state)``: the latest readable checkpoint in ``directory``, or a
+  fresh state (with ``run.init_from``'s params if set)."""
+  found = checkpoints.restore_latest(
+      manager,
+      directory,
+      lambda: ocp.args.Composite(
+          state=ocp.args.StandardRestore(setup.target),
+          data=grain.checkpoint.CheckpointRestore(setup.train_iter),
+      ),
+  )
+  if found is not None:
+    start, restored = found
+    saver.complete = start
+    print(f'Resumed from {directory} at step {start}.', flush=True)
+    return start, restored['state']
+  state = jax.jit(setup.init_fn, out_shardings=setup.shardings)(setup.init_rng)
+  if run.init_from:
+    previous = checkpoints.restore_params(run.init_from, setup.target)
+    state = state.replace(params=previous.params, model_state=previous.model_state)
+    print(f'Initialised params from {run.init_from}.', flush=True)
+  return 0, state
+
+
+def _compile_steps(setup: _Setup, run: spec_lib.RunSpec):
+  """``(train_step_fn, jitted train step, evaluators.Devices)`` in the run's shardings."""
+  task = setup.task
+  train_step_fn = steps.make_train_step(
+      task.model, task.objective, setup.tx, setup.schedule, setup.train_rng, run.grad_accum_steps
+  )
+  in_shardings = (setup.shardings, setup.data_sharding, setup.replicated)
+  train_step = jax.jit(
+      steps.summing(train_step_fn),
+      in_shardings=in_shardings,
+      out_shardings=(setup.shardings, setup.replicated),
+      donate_argnums=(0,),
+  )
+  devices = evaluators.Devices(
+      state_shardings=setup.shardings,
+      data_sharding=setup.data_sharding,
+      eval_step=jax.jit(
+          steps.summing(steps.make_eval_step(task.model, task.objective)),
+          in_shardings=in_shardings,
+          out_shardings=setup.replicated,
+      ),
+  )
+  return train_step_fn, train_step, devices
+
+
+class _Loop:
+  """The steps from ``start`` to the end: train, and at the steps :func:`due` says,
+  log (and run the hooks), evaluate, check for non-finite values, checkpoint."""
+
+  def __init__(self, setup: _Setup, run: spec_lib.RunSpec, state, start: int, ctx: dict):
+    self.setup, self.run, self.state, self.start = setup, run, state, start
+    self.manager, self.saver, self.lock = ctx['manager'], ctx['saver'], ctx['lock']
+    self.directory, self.profiler = ctx['directory'], ctx['profiler']
+    self.is_main = jax.process_index() == 0
+    self.writer = self.pbar = None  # set by the caller, who closes them
+    self.train_step_fn, self.train_step, devices = _compile_steps(setup, run)
+    self.evals = setup.task.evaluators(devices, run.eval_splits)
+    self.hooks = setup.task.hooks(devices, run.log_pool_sizes)
+    self.history: list[dict] = []
+    self.result: dict[str, Any] = {}
+    self.zeros, self.sums, self.in_flight = None, None, sharding.InFlight()
+    self.tick = time.time()
+
+  def check_finite(self) -> None:
+    bad = int(sharding.fetch(self.state.bad_step))
+    if bad >= 0:
+      self.saver.finish()
+      raise NonFiniteLossError(
+          f'non-finite loss or gradient at step {bad}; training stopped. The last good '
+          f'checkpoint is step {self.manager.latest_step()} in {self.directory}.'
+      )
+
+  def train(self, done: int, batch) -> None:
+    """Dispatches step ``done`` (1-based; traced if ``config.profile`` chose it)."""
+    if self.zeros is None:
+      self.zeros = steps.zero_sums(self.train_step_fn, self.state, batch, self.setup.replicated)
+      if self.is_main:
+        self.pbar.write('Compiling the train step (its first call waits for it).')
+    with self.profiler.step(done, self.state):
+      self.state, self.sums = self.train_step(
+          self.state, batch, self.zeros if self.sums is None else self.sums
+      )
+    self.profiler.stepped(done, (self.state, self.sums))
+    self.in_flight.add(self.sums)
+
+  def log(self, done: int, batch) -> None:
+    self.check_finite()
+    summary = _train_summary(self.sums, time.time() - self.tick)
+    self.sums, self.tick = None, time.time()
+    self.writer.scalars(done, summary, 'train')
+    self.history.append({'step': done, **summary})
+    for hook in self.hooks:
+      hook(done, self.state, batch, self.writer)
+    self.pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
+
+  def evaluate(self, done: int) -> None:
+    by_split: dict[str, dict[str, float]] = {}
+    for evaluate in self.evals:
+      by_split.setdefault(evaluate.split, {}).update(evaluate(self.state))
+    for split, metrics in by_split.items():
+      self.writer.scalars(done, metrics, f'eval_{split}')
+      self.result[f'eval_{split}'] = metrics
+      self.pbar.write(
+          f'step {done}: {split} ' + ', '.join(f'{k}={val:.4f}' for k, val in metrics.items())
+      )
+
+  def save(self, done: int) -> None:
+    self.check_finite()
+    self.saver.save(
+        done,
+        ocp.args.Composite(
+            state=ocp.args.StandardSave(self.state),
+            data=grain.checkpoint.CheckpointSave(self.setup.train_iter),
+        ),
+    )
+    if self.is_main:
+      self.pbar.write(f'step {done}: saving checkpoint {self.directory / str(done)}')
+
+  def __call__(self, preemption: Preemption) -> None:
+    run, total = self.run, self.run.num_train_steps
+    every = (run.log_every_steps, run.eval_every_steps, run.checkpoint_every_steps)
+    for step in range(self.start, total):
+      batch = sharding.put_batch(next(self.setup.train_iter), self.setup.data_sharding)
+      done = step + 1
+      self.train(done, batch)
+      preempted = preemption.reached(done)
+      if preempted or any(due(done, n, total) for n in every):
+        self.lock.check()  # another run took the workdir over: stop before writing
+      if run.nan_check_every_steps and done % run.nan_check_every_steps == 0:
+        self.check_finite()
+      if due(done, run.log_every_steps, total):
+        self.log(done, batch)
+      if due(done, run.eval_every_steps, total) and not preempted:
+        self.evaluate(done)
+      if due(done, run.checkpoint_every_steps, total) or preempted:
+        self.save(done)
+      self.pbar.update(1)
+      if preempted:
+        self.result['preempted'] = True
+        self.pbar.write(
+            f'Preempted (SIGTERM): saved a checkpoint at step {done} in '
+            f'{self.directory}; rerun the same command to resume.'
+        )
+        break
+
+
+def _close_all(closers, completed: bool, write_error, saver) -> None:
+  """Calls every closer even if one fails; a failure (the last checkpoint's
+  background write, the last metrics) is raised if the run completed, and a
+  WriteError gets the checkpoint a rerun resumes from as its hint."""
+  failure = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # pylint: disable=broad-except
+      failure = failure or e
+  if completed and isinstance(failure, WriteError):
+    write_error = failure
+  if write_error is not None:  # after saver.finish: the checkpoint a rerun resumes from
+    write_error.hint = write_error.hint or saver.hint()
+  if failure is not None and completed:
+    raise failure
+
+
 def _train(
     config: ml_collections.ConfigDict,
     run: spec_lib.RunSpec,
@@ -211,176 +426,41 @@ def _train(
 ) -> dict[str, Any]:
   """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
-  with storage.writing(workdir / checkpoints.CHECKPOINTS_DIR):
+  directory = workdir / checkpoints.CHECKPOINTS_DIR
+  with storage.writing(directory):
     manager = checkpoints.manager(
-        workdir / checkpoints.CHECKPOINTS_DIR,
+        directory,
         keep=run.keep_checkpoints,
         keep_period=run.keep_checkpoint_period,
         asynchronous=run.async_checkpointing,
     )
-  saver = checkpoints.Saver(manager, workdir / checkpoints.CHECKPOINTS_DIR, manager.latest_step())
-  preemption, completed, write_error = None, False, None
+  saver = checkpoints.Saver(manager, directory, manager.latest_step())
+  closers, completed, write_error = [], False, None
   try:  # everything after here closes the manager on the way out
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
     if is_main:
       checkpoints.write_config(workdir, config)
-
-    task = tasks.make_task(config, str(workdir))
-    tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
-    mesh = sharding.make_mesh()
-    data_sharding = sharding.batch_sharding(mesh)
-    replicated = sharding.replicated(mesh)
-
-    init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
-    init_fn = steps.make_init_fn(
-        task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
+    setup = _set_up(config, run, workdir)
+    start, state = _initial_state(setup, run, manager, saver, directory)
+    profiler = profiling.StepProfiler(
+        profiling.resolve_spec(config), workdir, start, run.num_train_steps
     )
-    abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
-    _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
-    shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
-    target = _abstract_with_shardings(abstract, shardings)
-
-    process = (jax.process_index(), jax.process_count())
-    train_iter = iter(task.data.train_dataset(*process))
-    for split in run.eval_splits:  # a missing or empty split fails now, not after training
-      task.data.eval_batches(split, *process)
-    found = checkpoints.restore_latest(
-        manager,
-        workdir / checkpoints.CHECKPOINTS_DIR,
-        lambda: ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            data=grain.checkpoint.CheckpointRestore(train_iter),
-        ),
-    )
-    if found is not None:
-      start, restored = found
-      state = restored['state']
-      saver.complete = start
-      print(f'Resumed from {workdir / "checkpoints"} at step {start}.', flush=True)
-    else:
-      start = 0
-      state = jax.jit(init_fn, out_shardings=shardings)(init_rng)
-      if run.init_from:
-        previous = checkpoints.restore_params(run.init_from, target)
-        state = state.replace(params=previous.params, model_state=previous.model_state)
-        print(f'Initialised params from {run.init_from}.', flush=True)
-
-    train_step_fn = steps.make_train_step(
-        task.model, task.objective, tx, schedule, train_rng, run.grad_accum_steps
-    )
-    train_step = jax.jit(
-        steps.summing(train_step_fn),
-        in_shardings=(shardings, data_sharding, replicated),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
-    devices = evaluators.Devices(
-        state_shardings=shardings,
-        data_sharding=data_sharding,
-        eval_step=jax.jit(
-            steps.summing(steps.make_eval_step(task.model, task.objective)),
-            in_shardings=(shardings, data_sharding, replicated),
-            out_shardings=replicated,
-        ),
-    )
-    evals = evaluators.make_evaluators(config, task, devices)
-    hooks = evaluators.make_hooks(config, task, devices)
-
-    writer = writers.Writers(config, workdir, is_main, start)
-    total = run.num_train_steps
-    profiler = profiling.StepProfiler(profiling.resolve_spec(config), workdir, start, total)
-    pbar = _progress_bar(start, total, enabled=is_main and run.progress_bar)
-    history: list[dict] = []
-    result: dict[str, Any] = {}
-    zeros, sums, in_flight = None, None, sharding.InFlight()
-    tick = time.time()
-
-    def check_finite():
-      bad = int(sharding.fetch(state.bad_step))
-      if bad >= 0:
-        saver.finish()
-        raise NonFiniteLossError(
-            f'non-finite loss or gradient at step {bad}; training stopped. The last good '
-            f'checkpoint is step {manager.latest_step()} in {workdir / "checkpoints"}.'
-        )
-
+    ctx = dict(manager=manager, saver=saver, lock=lock, directory=directory, profiler=profiler)
+    loop = _Loop(setup, run, state, start, ctx)
+    loop.writer = writer = writers.Writers(config, workdir, is_main, start)
+    loop.pbar = pbar = _progress_bar(start, run.num_train_steps, is_main and run.progress_bar)
     preemption = Preemption()
-    for step in range(start, total):
-      batch = sharding.put_batch(next(train_iter), data_sharding)
-      if zeros is None:
-        zeros = steps.zero_sums(train_step_fn, state, batch, replicated)
-        if is_main:
-          pbar.write('Compiling the train step (its first call waits for it).')
-      with profiler.step(step + 1, state):
-        state, sums = train_step(state, batch, zeros if sums is None else sums)
-      profiler.stepped(step + 1, (state, sums))
-      in_flight.add(sums)
-      done = step + 1
-      preempted = preemption.reached(done)
-      every = (run.log_every_steps, run.eval_every_steps, run.checkpoint_every_steps)
-      if preempted or any(due(done, n, total) for n in every):
-        lock.check()  # another run took the workdir over: stop before writing
-      if run.nan_check_every_steps and done % run.nan_check_every_steps == 0:
-        check_finite()
-      if due(done, run.log_every_steps, total):
-        check_finite()
-        summary = _train_summary(sums, time.time() - tick)
-        sums, tick = None, time.time()
-        writer.scalars(done, summary, 'train')
-        history.append({'step': done, **summary})
-        for hook in hooks:
-          hook(done, state, batch, writer)
-        pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
-      if due(done, run.eval_every_steps, total) and not preempted:
-        by_split: dict[str, dict[str, float]] = {}
-        for evaluate in evals:
-          by_split.setdefault(evaluate.split, {}).update(evaluate(state))
-        for split, metrics in by_split.items():
-          writer.scalars(done, metrics, f'eval_{split}')
-          result[f'eval_{split}'] = metrics
-          pbar.write(
-              f'step {done}: {split} ' + ', '.join(f'{k}={val:.4f}' for k, val in metrics.items())
-          )
-      if due(done, run.checkpoint_every_steps, total) or preempted:
-        check_finite()
-        saver.save(
-            done,
-            ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)
-            ),
-        )
-        if is_main:
-          pbar.write(f'step {done}: saving checkpoint {workdir / "checkpoints" / str(done)}')
-      pbar.update(1)
-      if preempted:
-        result['preempted'] = True
-        pbar.write(
-            f'Preempted (SIGTERM): saved a checkpoint at step {done} in '
-            f'{workdir / "checkpoints"}; rerun the same command to resume.'
-        )
-        break
+    closers = [profiler.close, preemption.close, pbar.close, writer.close]
+    loop(preemption)
     completed = True
   except WriteError as e:
     write_error = e
     raise
   finally:
-    # Close everything even if one fails; a failure here (the last checkpoint's
-    # background write, the last metrics) is raised unless another error is.
-    closers = []
-    if preemption is not None:
-      closers = [profiler.close, preemption.close, pbar.close, writer.close]
-    failure = None
-    for close in closers + [saver.finish, manager.close]:
-      try:
-        close()
-      except Exception as e:  # pylint: disable=broad-except
-        failure = failure or e
-    if completed and isinstance(failure, WriteError):
-      write_error = failure
-    if write_error is not None:  # after saver.finish: the checkpoint a rerun resumes from
-      write_error.hint = write_error.hint or saver.hint()
-    if failure is not None and completed:
-      raise failure
-  result.update(step=int(sharding.fetch(state.step)), train_history=history, workdir=str(workdir))
+    _close_all(closers + [saver.finish, manager.close], completed, write_error, saver)
+  result = loop.result
+  result.update(
+      step=int(sharding.fetch(loop.state.step)), train_history=loop.history, workdir=str(workdir)
+  )
   return result

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.layers._softmax import masked_softmax
 
 Array = jax.Array
@@ -48,10 +48,10 @@ def attend_to_areas(
     ``[batch, q_len, heads, depth_v]`` in the dtype of ``area_values``.
   """
   owner = 'attend_to_areas'
-  v.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
-  v.check_rank(owner, 'area_keys', area_keys, (4,), '[batch, num_areas, heads, depth]')
-  v.check_rank(owner, 'area_values', area_values, (4,), '[batch, num_areas, heads, depth_v]')
-  v.check_probability(owner, 'dropout_rate', dropout_rate)
+  checks.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
+  checks.check_rank(owner, 'area_keys', area_keys, (4,), '[batch, num_areas, heads, depth]')
+  checks.check_rank(owner, 'area_values', area_values, (4,), '[batch, num_areas, heads, depth_v]')
+  checks.check_probability(owner, 'dropout_rate', dropout_rate)
   if not deterministic and dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(
         f'{owner}: dropout_rng=None but dropout_rate={dropout_rate!r} and '

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.layers.area_attention.validate import check_embedding_dim
 from contextpool_jax.layers.areas import check_area_options
 
@@ -93,13 +93,13 @@ class AreaKeyEncoder(nn.Module):
       ``[batch, num_areas, heads, D]`` area keys.
     """
     owner = 'AreaKeyEncoder'
-    v.check_choice(owner, 'mode', self.mode, ('concat', 'sum'))
+    checks.check_choice(owner, 'mode', self.mode, ('concat', 'sum'))
     check_area_options(owner, self.max_area_width, self.max_area_height, 1)
-    v.check_positive(owner, 'hidden_dim', self.hidden_dim, allow_none=True, integer=True)
-    v.check_positive(owner, 'embedding_dim', self.embedding_dim, allow_none=True, integer=True)
-    v.check_rank(owner, 'base', base, (4,), '[batch, num_areas, heads, depth]')
+    checks.check_positive(owner, 'hidden_dim', self.hidden_dim, allow_none=True, integer=True)
+    checks.check_positive(owner, 'embedding_dim', self.embedding_dim, allow_none=True, integer=True)
+    checks.check_rank(owner, 'base', base, (4,), '[batch, num_areas, heads, depth]')
     if std is not None:
-      v.check_rank(owner, 'std', std, (4,), '[batch, num_areas, heads, depth]')
+      checks.check_rank(owner, 'std', std, (4,), '[batch, num_areas, heads, depth]')
       if std.shape != base.shape:
         raise ValueError(f'{owner}: std shape {std.shape} != base shape {base.shape}.')
     heads, depth = base.shape[2], base.shape[3]

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.area_attention.keys import KEY_MODES
 from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
@@ -31,14 +31,14 @@ Array = jax.Array
 
 def check_config(owner: str, settings: AreaSettings) -> None:
   """Raises ConfigError for an invalid area attention setting."""
-  v.check_choice(owner, 'key_mode', settings.key_mode, KEY_MODES)
-  v.check_choice(owner, 'value_mode', settings.value_mode, VALUE_MODES)
+  checks.check_choice(owner, 'key_mode', settings.key_mode, KEY_MODES)
+  checks.check_choice(owner, 'value_mode', settings.value_mode, VALUE_MODES)
   check_area_options(
       owner, settings.max_area_width, settings.max_area_height, settings.memory_height
   )
-  v.check_probability(owner, 'dropout_rate', settings.dropout_rate)
-  v.check_choice(owner, 'causal', settings.causal, (False, True))
-  v.check_positive(owner, 'std_epsilon', settings.std_epsilon, allow_zero=True)
+  checks.check_probability(owner, 'dropout_rate', settings.dropout_rate)
+  checks.check_choice(owner, 'causal', settings.causal, (False, True))
+  checks.check_positive(owner, 'std_epsilon', settings.std_epsilon, allow_zero=True)
 
 
 def check_memory(
@@ -129,7 +129,7 @@ def check_function_call(
         f'{", ".join(repr(m) for m in PARAMETER_FREE_KEY_MODES)}.'
     )
   if scale is not None:
-    v.check_positive(owner, 'scale', scale)
+    checks.check_positive(owner, 'scale', scale)
   _check_query_key_value(owner, query, key, value)
   b, q_len, heads, _ = query.shape
   kv_len = key.shape[1]
@@ -150,9 +150,9 @@ def check_function_call(
 
 
 def _check_query_key_value(owner: str, query: Any, key: Any, value: Any) -> None:
-  v.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
-  v.check_rank(owner, 'key', key, (4,), '[batch, kv_len, heads, depth]')
-  v.check_rank(owner, 'value', value, (4,), '[batch, kv_len, heads, depth_v]')
+  checks.check_rank(owner, 'query', query, (4,), '[batch, q_len, heads, depth]')
+  checks.check_rank(owner, 'key', key, (4,), '[batch, kv_len, heads, depth]')
+  checks.check_rank(owner, 'value', value, (4,), '[batch, kv_len, heads, depth_v]')
   b, _, heads, depth = query.shape
   if (key.shape[0], key.shape[2], key.shape[3]) != (b, heads, depth):
     raise ValueError(
@@ -170,13 +170,13 @@ def _check_query_key_value(owner: str, query: Any, key: Any, value: Any) -> None
 def check_module_fields(owner: str, module: Any) -> None:
   """Raises for an invalid field of an :class:`~.module.AreaAttention`."""
   check_config(owner, module.area_settings())
-  v.check_positive(owner, 'num_heads', module.num_heads, integer=True)
-  v.check_positive(owner, 'qkv_features', module.qkv_features, allow_none=True, integer=True)
-  v.check_positive(owner, 'out_features', module.out_features, allow_none=True, integer=True)
-  v.check_positive(
+  checks.check_positive(owner, 'num_heads', module.num_heads, integer=True)
+  checks.check_positive(owner, 'qkv_features', module.qkv_features, allow_none=True, integer=True)
+  checks.check_positive(owner, 'out_features', module.out_features, allow_none=True, integer=True)
+  checks.check_positive(
       owner, 'area_key_hidden_dim', module.area_key_hidden_dim, allow_none=True, integer=True
   )
-  v.check_positive(
+  checks.check_positive(
       owner, 'area_embedding_dim', module.area_embedding_dim, allow_none=True, integer=True
   )
 
@@ -187,8 +187,8 @@ def check_module_inputs(owner: str, module: Any, inputs_q: Any, inputs_kv: Any, 
   ``memory_height``, or the height of a ``[batch, height, width, features]``
   memory."""
   layouts = '[batch, length, features] or [batch, height, width, features]'
-  v.check_rank(owner, 'inputs_q', inputs_q, (3, 4), layouts)
-  v.check_rank(owner, 'inputs_kv', inputs_kv, (3, 4), layouts)
+  checks.check_rank(owner, 'inputs_q', inputs_q, (3, 4), layouts)
+  checks.check_rank(owner, 'inputs_kv', inputs_kv, (3, 4), layouts)
   if inputs_kv.shape[0] != inputs_q.shape[0]:
     raise ValueError(
         f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch ' f'{inputs_kv.shape[0]}.'

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
 
 Array = jax.Array
@@ -42,19 +42,19 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 
 def check_fields(pool: Any) -> None:
   """Raises for any invalid field of the :class:`~.module.ContextPool` ``pool``."""
-  v.check_choice(OWNER, 'weights', pool.weights, WEIGHTS)
-  v.check_choice(OWNER, 'locality', pool.locality, LOCALITIES)
-  v.check_choice(OWNER, 'mapping', pool.mapping, MAPPINGS)
-  v.check_choice(OWNER, 'size_norm', pool.size_norm, SIZE_NORMS)
-  v.check_choice(OWNER, 'activation', pool.activation, tuple(ACTIVATIONS))
-  v.check_choice(OWNER, 'implementation', pool.implementation, IMPLEMENTATIONS)
-  v.check_positive(OWNER, 'block_size', pool.block_size, integer=True)
-  v.check_positive(OWNER, 'gaussian_skip_nats', pool.gaussian_skip_nats, allow_none=True)
-  v.check_positive(OWNER, 'ratio', pool.ratio, allow_none=True)
-  v.check_positive(OWNER, 'kernel_size', pool.kernel_size, integer=True)
-  v.check_positive(OWNER, 'hidden_features', pool.hidden_features, integer=True)
-  v.check_positive(OWNER, 'window', pool.window, integer=True)
-  v.check_positive(OWNER, 'window_softness', pool.window_softness)
+  checks.check_choice(OWNER, 'weights', pool.weights, WEIGHTS)
+  checks.check_choice(OWNER, 'locality', pool.locality, LOCALITIES)
+  checks.check_choice(OWNER, 'mapping', pool.mapping, MAPPINGS)
+  checks.check_choice(OWNER, 'size_norm', pool.size_norm, SIZE_NORMS)
+  checks.check_choice(OWNER, 'activation', pool.activation, tuple(ACTIVATIONS))
+  checks.check_choice(OWNER, 'implementation', pool.implementation, IMPLEMENTATIONS)
+  checks.check_positive(OWNER, 'block_size', pool.block_size, integer=True)
+  checks.check_positive(OWNER, 'gaussian_skip_nats', pool.gaussian_skip_nats, allow_none=True)
+  checks.check_positive(OWNER, 'ratio', pool.ratio, allow_none=True)
+  checks.check_positive(OWNER, 'kernel_size', pool.kernel_size, integer=True)
+  checks.check_positive(OWNER, 'hidden_features', pool.hidden_features, integer=True)
+  checks.check_positive(OWNER, 'window', pool.window, integer=True)
+  checks.check_positive(OWNER, 'window_softness', pool.window_softness)
   if pool.random_span is not None and not (
       isinstance(pool.random_span, int)
       and not isinstance(pool.random_span, bool)
@@ -64,15 +64,15 @@ def check_fields(pool: Any) -> None:
         f'{OWNER}.random_span={pool.random_span!r} is invalid; expected '
         f'an int >= window ({pool.window!r}), or None (4 * window).'
     )
-  v.check_positive(
+  checks.check_positive(
       OWNER, 'nonlocal_features', pool.nonlocal_features, allow_none=True, integer=True
   )
-  v.check_probability(OWNER, 'dropout_rate', pool.dropout_rate)
+  checks.check_probability(OWNER, 'dropout_rate', pool.dropout_rate)
   if not isinstance(pool.random_seed, int) or isinstance(pool.random_seed, bool):
     raise ConfigError(f'{OWNER}.random_seed={pool.random_seed!r} is invalid; ' 'expected an int.')
-  v.check_positive(OWNER, 'sigma_length', pool.sigma_length, allow_none=True, integer=True)
-  v.check_finite(OWNER, 'size_bias_init', pool.size_bias_init)
-  v.check_finite(OWNER, 'gate_init', pool.gate_init)
+  checks.check_positive(OWNER, 'sigma_length', pool.sigma_length, allow_none=True, integer=True)
+  checks.check_finite(OWNER, 'size_bias_init', pool.size_bias_init)
+  checks.check_finite(OWNER, 'gate_init', pool.gate_init)
   for name in ('residual', 'gate', 'causal', 'decode'):
     if not isinstance(getattr(pool, name), bool):
       raise ConfigError(
@@ -94,13 +94,13 @@ def check_inputs(pool: Any, x: Array, mask: Optional[Array]) -> tuple[int, ...]:
   """Raises for invalid fields (:func:`check_fields`) or inputs of a whole-sequence
   call of ``pool``; returns the strides, one per spatial axis."""
   check_fields(pool)
-  v.check_rank(
+  checks.check_rank(
       OWNER, 'x', x, (3, 4), '[batch, length, features] or [batch, height, width, features]'
   )
   ndim = x.ndim - 2
-  strides = v.as_tuple(OWNER, 'strides', pool.strides, ndim)
+  strides = checks.as_tuple(OWNER, 'strides', pool.strides, ndim)
   if pool.window_shape is not None:
-    v.as_tuple(OWNER, 'window_shape', pool.window_shape, ndim)
+    checks.as_tuple(OWNER, 'window_shape', pool.window_shape, ndim)
   if pool.causal and ndim != 1:
     raise ConfigError(
         f'{OWNER}.causal=True needs a sequence [batch, length, '

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax import checks as v
+from contextpool_jax import checks
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
 from contextpool_jax.layers.context_pool.config import ACTIVATIONS
@@ -475,7 +475,7 @@ class ContextPool(StreamingMixin, nn.Module):
     window_shape = (
         strides
         if self.window_shape is None
-        else v.as_tuple(OWNER, 'window_shape', self.window_shape, len(spatial))
+        else checks.as_tuple(OWNER, 'window_shape', self.window_shape, len(spatial))
     )
     centre_axes = pool_centres(spatial, strides, window_shape)
     out_spatial = tuple(len(c) for c in centre_axes)
