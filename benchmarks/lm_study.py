@@ -121,6 +121,7 @@ LATE_ARMS = {
     'cp_kv': Arm('contextpool', {}, dict(context_pool_reads='kv')),
     'cp_q': Arm('contextpool', {}, dict(context_pool_reads='q')),
     'cp_half_heads': Arm('contextpool', {}, dict(context_pool_heads=2)),  # of the 4 heads
+    'cp_one_head': Arm('contextpool', {}, dict(context_pool_heads=1)),
     # How the pooled features replace the input, and the sizes (layer fields).
     'cp_gate': Arm('contextpool', dict(gate=True)),
     'cp_narrow': Arm('contextpool', dict(size_bias_init=-3.2)),  # s ~ 0.04: sigma ~ 1 at r n = 25.6
