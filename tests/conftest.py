@@ -33,6 +33,14 @@ def corpus(tmp_path_factory):
   return root
 
 
+def pytest_collection_modifyitems(config, items):
+  """Slow tests first (a stable sort): with ``-n auto`` the long ones start at once
+  on every worker and the quick ones fill in at the end, instead of one worker
+  running a long tail alone."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
 def config_cases() -> list[tuple[str, str]]:
   """``(config name, argument)`` for every argument (``ARGS``) of every config file
   in ``configs/``: the source of truth the config tests parametrize over."""
