@@ -28,6 +28,10 @@ Batch formats:
   smaller than one batch is not an error: padding rows have zero weight.
 """
 
+import inspect
+
+from etils import epath
+
 from contextpool_jax.errors import DatasetNotFoundError  # pylint: disable=unused-import
 
 
@@ -36,10 +40,6 @@ def builder_code_path(cls):
   defines it (TFDS's own probes ``importlib_resources``, a backport installed
   only on Python < 3.9). TFDS reads it to look up the (absent) checksums. Use as
   ``code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))``."""
-  import inspect  # pylint: disable=g-import-not-at-top
-
-  from etils import epath  # pylint: disable=g-import-not-at-top
-
   try:
     return epath.Path(inspect.getfile(cls))
   except (TypeError, OSError):

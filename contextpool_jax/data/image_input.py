@@ -109,7 +109,7 @@ import numpy as np
 from PIL import Image
 
 from contextpool_jax import checks
-from contextpool_jax.data import randaugment, tfds_splits
+from contextpool_jax.data import image_builders, randaugment, tfds_splits
 from contextpool_jax.errors import ConfigError
 
 DATASETS = ('cifar10', 'imagenet2012', 'sklearn_digits')
@@ -281,8 +281,6 @@ def open_source(spec: ImageInputSpec, split: str, setting: Optional[str] = None)
       or selects no example; the message names ``setting`` and the splits.
   """
   if spec.name == 'sklearn_digits':  # offline and small: prepared on first use
-    from contextpool_jax.data import image_builders  # pylint: disable=g-import-not-at-top
-
     image_builders.prepare(spec.data_dir)
   return tfds_splits.open_split(
       spec.name,

@@ -66,6 +66,7 @@ import uuid
 from typing import Any, Iterator, Optional, Sequence
 
 import grain
+import jax
 import numpy as np
 import sentencepiece as spm
 from etils import epath
@@ -279,8 +280,6 @@ def get_vocab(
   path = _vocab_path(config, workdir)
   if not path.exists():
     if process_index is None:
-      import jax  # pylint: disable=g-import-not-at-top
-
       process_index = jax.process_index()
     if process_index == 0:
       proto = train_sentencepiece(
