@@ -35,7 +35,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.errors import CheckpointError, ConfigError
-from contextpool_jax.training import config_fields, storage
+from contextpool_jax.training import config_fields, steps, storage
 
 # A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
 CONFIG_FILE = 'config.json'
@@ -162,7 +162,7 @@ def _loss_scale_difference(saved: dict, config: ml_collections.ConfigDict) -> li
   is on one side only: a float16 run's state also holds its loss scale
   (:class:`steps.ScaledTrainState`), so the saved and the new state differ."""
   before, now = saved.get('dtype', 'float32'), config.get('dtype', 'float32')
-  if (before == 'float16') == (now == 'float16'):
+  if steps.uses_loss_scaling(before) == steps.uses_loss_scaling(now):
     return []
   return [f'dtype: saved {before!r}, now {now!r} (a float16 state holds its loss scale)']
 

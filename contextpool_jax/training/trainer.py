@@ -191,13 +191,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run = validate_config(config)
   writers.check(config)  # an unknown writer or its missing package: before anything is built
-  profiling.resolve_spec(config)
+  profile = profiling.resolve_spec(config)  # a bad profile field: before anything is built
   config = config_fields.complete(config)
   workdir = epath.Path(workdir)
   with storage.writing(workdir):
     workdir.mkdir(parents=True, exist_ok=True)
   with runlock.hold(workdir, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
-    return _train(config, run, workdir, lock)
+    return _train(config, run, profile, workdir, lock)
 
 
 @dataclasses.dataclass
@@ -421,6 +421,7 @@ def _close_all(closers, completed: bool, write_error, saver) -> None:
 def _train(
     config: ml_collections.ConfigDict,
     run: spec_lib.RunSpec,
+    profile: profiling.ProfileSpec,
     workdir: epath.Path,
     lock: runlock.RunLock,
 ) -> dict[str, Any]:
@@ -443,9 +444,7 @@ def _train(
       checkpoints.write_config(workdir, config)
     setup = _set_up(config, run, workdir)
     start, state = _initial_state(setup, run, manager, saver, directory)
-    profiler = profiling.StepProfiler(
-        profiling.resolve_spec(config), workdir, start, run.num_train_steps
-    )
+    profiler = profiling.StepProfiler(profile, workdir, start, run.num_train_steps)
     ctx = dict(manager=manager, saver=saver, lock=lock, directory=directory, profiler=profiler)
     loop = _Loop(setup, run, state, start, ctx)
     loop.writer = writer = writers.Writers(config, workdir, is_main, start)
