@@ -16,6 +16,7 @@ import pytest
 
 from contextpool_jax import sample
 from contextpool_jax import viz
+from contextpool_jax.errors import ArgumentError
 from contextpool_jax.training import WorkdirError, export_params, load, tasks, trainer
 from test_training import tiny_config  # the small offline LM config
 
@@ -144,6 +145,15 @@ def test_sampling_rejects_bad_arguments(workdir):
     sample.sample_tokens(model, variables, TOKENS, length=2, context=32, top_k=300)
   with pytest.raises(ValueError, match="prompt='' is not allowed"):
     sample.sample_text(model, variables, config, '')
+
+
+def test_the_command_line_names_the_flag_a_language_model_workdir_needs(workdir):
+  flags = types.SimpleNamespace(workdir=str(workdir), step=None, prompt=None, sentence=[])
+  with pytest.raises(ArgumentError, match='--prompt is required for a language model workdir'):
+    sample.run(flags)
+  flags.prompt, flags.sentence = 'def ', ['a sentence']
+  with pytest.raises(ArgumentError, match='--sentence is for translation workdirs'):
+    sample.run(flags)
 
 
 def _run(module, *args):
@@ -283,5 +293,5 @@ def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
   beams = sample.run(flags)
   assert len(beams) == 2 and all(isinstance(t, str) for t in beams)
   flags.sentence = []
-  with pytest.raises(ValueError, match='--sentence is required for a translation workdir'):
+  with pytest.raises(ArgumentError, match='--sentence is required for a translation workdir'):
     sample.run(flags)

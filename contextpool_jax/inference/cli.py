@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from contextpool_jax.errors import ContextPoolJaxError
+from contextpool_jax.errors import ArgumentError, ContextPoolJaxError
 from contextpool_jax.inference import decoding
 from contextpool_jax.inference.sampling import sample_text
 from contextpool_jax.inference.translation import load_vocab, translate
@@ -29,12 +29,12 @@ from contextpool_jax.inference.translation import load_vocab, translate
 
 def _sample_lm(flag_values, model, variables, config) -> list[str]:
   if flag_values.sentence:
-    raise ValueError(
+    raise ArgumentError(
         f'--sentence is for translation workdirs; {flag_values.workdir} is a '
         'language model (config.task=lm): use --prompt.'
     )
   if flag_values.prompt is None:
-    raise ValueError(
+    raise ArgumentError(
         f'--prompt is required for a language model workdir ' f'({flag_values.workdir}).'
     )
   text = sample_text(
@@ -52,7 +52,7 @@ def _sample_lm(flag_values, model, variables, config) -> list[str]:
 
 def _translate(flag_values, model, variables, config) -> list[str]:
   if not flag_values.sentence:
-    raise ValueError(
+    raise ArgumentError(
         f'--sentence is required for a translation workdir '
         f'({flag_values.workdir}); repeat it for several sentences.'
     )
@@ -80,7 +80,7 @@ def run(flag_values) -> list[str]:
   model, variables, config = load(flag_values.workdir, flag_values.step)
   task = config.get('task', 'lm')
   if task not in RUNNERS:
-    raise ValueError(
+    raise ArgumentError(
         f'{flag_values.workdir} has config.task={task!r}; sampling supports '
         "'lm' (text) and 'translation' workdirs."
     )
@@ -95,7 +95,7 @@ def main(argv):
   logging.set_verbosity(logging.ERROR)  # orbax's read-only notices
   try:
     outputs = run(flags.FLAGS)
-  except (ContextPoolJaxError, FileNotFoundError, ValueError) as e:
+  except (ContextPoolJaxError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
   for text in outputs:
