@@ -33,12 +33,31 @@ def corpus(tmp_path_factory):
   return root
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks set here
 def pytest_collection_modifyitems(config, items):
-  """Slow tests first (a stable sort): with ``-n auto`` the long ones start at once
+  """The tiers, then the order.
+
+  A test marked ``sweep`` (a parametrized sweep over variants) runs its first case
+  in the fast tier (``-m "not slow"``); its other cases are marked ``slow``. So the
+  fast tier runs every test function at least once, and the full suite every case.
+
+  Slow tests first (a stable sort): with ``-n auto`` the long ones start at once
   on every worker and the quick ones fill in at the end, instead of one worker
   running a long tail alone."""
   del config
+  mark_sweep_cases_slow(items)
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+def mark_sweep_cases_slow(items) -> None:
+  """Marks ``slow`` every case but the first of each test function marked ``sweep``."""
+  first_seen = set()
+  for item in items:
+    if item.get_closest_marker('sweep') is not None:
+      function = item.nodeid.split('[')[0]
+      if function in first_seen:
+        item.add_marker(pytest.mark.slow)
+      first_seen.add(function)
 
 
 def config_cases() -> list[tuple[str, str]]:

@@ -386,6 +386,7 @@ def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
         ('2d_long', 'mean', False, None, False),
     ],
 )
+@pytest.mark.sweep
 def test_item_logit_path_matches_area_features_path(cfg, value_mode, causal, mask_kind, dropout):
   """Mean keys with sum/mean values run through item logits: outputs and
   gradients equal attention over the explicit area features (same masks, same

@@ -213,6 +213,7 @@ def _pool_size_lines(workdir):
   return [l for l in lines if l['split'] == 'pool_sigma_mean']
 
 
+@pytest.mark.slow
 def test_preset_context_pool_model_logs_pool_sizes(tmp_path):
   """A ContextPool model chosen by its preset name (``cp_resnet20``: the config's
   model section names no ``context_pool``) logs the Fig. 4 pooling sizes: the hook

@@ -282,6 +282,7 @@ STRIDED_CASES = [
 
 
 @pytest.mark.parametrize('shape,strides,window_shape,rows,cols', STRIDED_CASES)
+@pytest.mark.sweep
 def test_strided_grid_is_dense_grid_at_centres(shape, strides, window_shape, rows, cols):
   x = _x((B, *shape, D))
   strided = ContextPool(strides=strides, window_shape=window_shape, size_norm='sigmoid')
@@ -507,6 +508,7 @@ def _case_id(case):
 
 
 @pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_causal_jacobian_is_exactly_zero_above_diagonal(case):
   n = 8
   x = _x((1, n, D))
@@ -522,6 +524,7 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(case):
 
 
 @pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_causal_output_does_not_depend_on_sequence_length(case):
   """A prefix gives the same outputs as the full sequence: generation == training."""
   x = _x((B, 12, D))
@@ -542,6 +545,7 @@ PAD_CASES = (
 
 @pytest.mark.parametrize('causal', [False, True])
 @pytest.mark.parametrize('case', PAD_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_padding_never_changes_real_outputs(case, causal):
   n, length = 10, 6
   x = _x((B, n, D))
@@ -588,6 +592,7 @@ ALL_VARIANTS = (
 
 
 @pytest.mark.parametrize('case', ALL_VARIANTS, ids=_case_id)
+@pytest.mark.sweep
 def test_jit_grad_vmap(case):
   grid = 'strides' in case
   x = _x((B, 6, 6, D) if grid else (B, N, D))
@@ -606,6 +611,7 @@ def test_jit_grad_vmap(case):
 
 
 @pytest.mark.parametrize('case', ALL_VARIANTS, ids=_case_id)
+@pytest.mark.sweep
 def test_bfloat16_compute_is_finite_and_close(case):
   grid = 'strides' in case
   x = _x((B, 6, 6, D) if grid else (B, N, D))
@@ -641,6 +647,7 @@ def test_bfloat16_compute_is_finite_and_close(case):
     ],
     ids=_case_id,
 )
+@pytest.mark.sweep
 def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
   """Batch size 0 (the end of a sharded evaluation): empty outputs, zero parameter
   gradients, an empty input gradient, no error."""
@@ -658,6 +665,7 @@ def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
   chex.assert_trees_all_equal(g_params, jax.tree.map(jnp.zeros_like, params))
 
 
+@pytest.mark.slow
 def test_extreme_inputs_stay_finite():
   x = 1e3 * _x((B, 32, D))
   for size_norm in ('softmax', 'sigmoid'):
@@ -771,6 +779,7 @@ def test_causal_grid_and_causal_strides_raise():
     [dict(), dict(locality='adaptive_window'), dict(implementation='blockwise', block_size=4)],
     ids=_case_id,
 )
+@pytest.mark.sweep
 def test_grad_through_scan_and_remat(case):
   """Inside nn.scan over layers and nn.remat (as the models use it), gradients
   equal those of the same layers unrolled without remat."""

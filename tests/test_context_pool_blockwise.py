@@ -87,6 +87,7 @@ SEQ_CASES = [
 
 
 @pytest.mark.parametrize('weights,locality,causal', SEQ_CASES)
+@pytest.mark.sweep
 def test_sequence_variants_match_dense(weights, locality, causal):
   x = _x(SEQ)
   _check_blockwise_matches_dense(
@@ -115,6 +116,7 @@ def test_mapping_variants_match_dense(mapping, causal):
 
 
 @pytest.mark.parametrize('block_size', [4, 7, 37, 64])
+@pytest.mark.sweep
 def test_block_sizes_match_dense(block_size):
   """Many small blocks, an odd size, exactly n, one block larger than n."""
   x = _x(SEQ)
@@ -133,6 +135,7 @@ def test_block_sizes_match_dense(block_size):
     ],
     ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default',
 )
+@pytest.mark.sweep
 def test_grid_variants_match_dense(fields):
   """42 positions in blocks of 8 (padded) or of 14 (whole rows, no padding)."""
   x = _x(GRID)
@@ -144,6 +147,7 @@ def test_grid_variants_match_dense(fields):
     'strides,window_shape,locality',
     [(2, None, 'gaussian'), (2, 3, 'random_sparse'), ((3, 2), None, 'adaptive_window')],
 )
+@pytest.mark.sweep
 def test_strided_grids_match_dense(strides, window_shape, locality):
   x = _x(GRID)
   mask = jnp.ones(GRID[:-1], bool).at[1, -2:, :].set(False)
@@ -183,6 +187,7 @@ def test_tiny_sigma_is_identity_and_finite():
   chex.assert_tree_all_finite(grads)
 
 
+@pytest.mark.slow
 def test_dropout_is_identical_in_both_implementations_and_unbiased():
   x = _x(SEQ)
   mask = _right_pad_mask(37, [37, 17])
@@ -227,6 +232,7 @@ def test_sown_intermediates_are_what_blockwise_pools_with(weights):
     chex.assert_trees_all_close(np.asarray(y[b]), want, atol=2e-6, rtol=0)  # measured 6.4e-7
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_is_finite_and_close():
   x = _x((2, 30, 8))
   fields = dict(causal=True, weights='nonlocal')
@@ -261,6 +267,7 @@ def test_bfloat16_compute_is_finite_and_close():
     ],
     ids=lambda f: '-'.join(f'{k}={v}' for k, v in f.items()) or 'default',
 )
+@pytest.mark.sweep
 def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
   n = 10
   x = _x((1, n, 2))
@@ -295,6 +302,7 @@ def _take_positions(t, s):
         ('uniform', 'fixed_window'),
     ],
 )
+@pytest.mark.sweep
 def test_pool_block_of_any_block_is_that_slice_of_the_whole(weights, locality):
   """pool_block (what the dense path calls on everything and the blockwise path per
   block) depends only on each pair's positions and features: any block, e.g. the
@@ -347,6 +355,7 @@ def test_skipped_key_blocks():
   assert grid[0] == (0, 4) and grid[5] == (2, 6)
 
 
+@pytest.mark.slow
 def test_vmap_and_jit():
   x = _x(SEQ)
   module = ContextPool(implementation='blockwise', block_size=8, causal=True)
@@ -455,6 +464,7 @@ SKIP_CASES = [((300,), False, 4.0), ((300,), True, 4.0), ((15, 20), False, 1.0)]
 
 @pytest.mark.parametrize('spatial,causal,max_sigma', SKIP_CASES)
 @pytest.mark.parametrize('nats', [8.0, cp.GAUSSIAN_SKIP_NATS])
+@pytest.mark.sweep
 def test_gaussian_skipping_loses_at_most_n_exp_minus_nats_of_each_row(
     spatial, causal, max_sigma, nats
 ):
@@ -478,6 +488,7 @@ def test_gaussian_skipping_loses_at_most_n_exp_minus_nats_of_each_row(
 
 
 @pytest.mark.parametrize('spatial,causal,max_sigma', SKIP_CASES)
+@pytest.mark.sweep
 def test_gaussian_skipping_outputs_and_gradients_match_dense(spatial, causal, max_sigma):
   """Outputs within the bound 2 max|x| n exp(-nats) (+ float32 rounding) at a
   small margin; at the default margin, outputs and gradients (sigma, a, x)
@@ -518,6 +529,7 @@ def test_module_skips_by_default_and_matches_dense():
   chex.assert_trees_all_close(y[1:, :23], y_alone, atol=2e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_gaussian_skipping_never_reads_later_inputs():
   """Causal: changing the inputs after t (their weights a_j included) leaves the
   outputs up to t exactly unchanged, with a skipping margin small enough to

@@ -47,6 +47,7 @@ CP_CASES = list(itertools.product(CP_WEIGHTS, CP_LOCALITIES, CP_MAPPINGS))
 
 
 @pytest.mark.parametrize('weights,locality,mapping', CP_CASES)
+@pytest.mark.sweep
 def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
   x = _x((B, N, D))
   # Padding inside and at the end: padded positions pass through, and never
@@ -74,6 +75,7 @@ def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
         dict(sigma_length=5, size_bias_init=-2.0),
     ],
 )
+@pytest.mark.sweep
 def test_context_pool_stream_other_fields(fields):
   x = _x((B, N, D), seed=3)
   mask = jnp.ones((B, N), bool).at[1, 0].set(False)
@@ -153,6 +155,7 @@ def _cached_logits(apply_step, params, cache, tokens):
 
 
 @pytest.mark.parametrize('case', sorted(MODEL_CASES))
+@pytest.mark.sweep
 def test_transformer_cached_decoding_equals_full_forward(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
   dec_in = jax.random.randint(jax.random.key(5), (2, 9), 0, 13)
@@ -174,6 +177,7 @@ def test_transformer_cached_decoding_equals_full_forward(case):
 
 
 @pytest.mark.parametrize('case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp', 'cp_split'])
+@pytest.mark.sweep
 def test_lm_cached_decoding_equals_full_forward(case):
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
   tokens = jax.random.randint(jax.random.key(7), (2, 10), 0, 13)
@@ -196,6 +200,7 @@ def test_lm_cached_decoding_equals_full_forward(case):
 
 
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
+@pytest.mark.slow
 def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
   params = jax.jit(model.init)(jax.random.key(9), SOURCE, jnp.ones((2, 4), jnp.int32))
@@ -213,6 +218,7 @@ def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
 
 
 @pytest.mark.parametrize('case', sorted(MODEL_CASES))
+@pytest.mark.sweep
 def test_cache_for_fewer_positions_is_the_leading_slice(case):
   """The property segmented decoding relies on (decoding module docstring): the
   cache created for w positions equals the leading slice of the cache for
@@ -235,6 +241,7 @@ def test_cache_for_fewer_positions_is_the_leading_slice(case):
 
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.slow
 def test_cache_shapes_and_dtypes_under_jit(dtype):
   cfg = {**TINY, **MODEL_CASES['cp_area_local_softmax'], 'dtype': dtype}
   model = T.Transformer(**cfg)
@@ -282,6 +289,7 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
 
 
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp'])
+@pytest.mark.slow
 def test_bfloat16_cached_decoding_is_finite(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case], 'dtype': jnp.bfloat16})
   params = _spread_kernels(model.init(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32)))
@@ -319,6 +327,7 @@ def test_decode_needs_a_1d_area_memory_and_no_mask():
 
 
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp'])
+@pytest.mark.slow
 def test_lm_sampler_same_tokens_with_and_without_cache(case):
   from contextpool_jax import sample  # pylint: disable=g-import-not-at-top
 

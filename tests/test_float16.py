@@ -350,6 +350,7 @@ LAYERS = {
 
 
 @pytest.mark.parametrize('name', list(LAYERS))
+@pytest.mark.sweep
 def test_layer_forward_and_gradient_in_float16(name):
   cls, fields, shape = LAYERS[name]
   x = _x(shape, 1)
@@ -386,6 +387,7 @@ def test_layer_forward_and_gradient_in_float16(name):
     np.testing.assert_allclose(np.asarray(g, np.float32), want, atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 def test_area_tables_are_accumulated_in_float32_for_float16_inputs():
   """Summed area tables of 512 items with an offset: a float16 prefix sum would
   reach ~5e4, where float16's spacing is 32, i.e. ~10% of an area's sum; they

@@ -530,6 +530,7 @@ def test_rows_grad_matches_reference_grad(shape):
 
 
 @pytest.mark.parametrize('shape', [(2, 5, 4, 3, 2), (1, 3, 6, 2, 1), (0, 3, 3, 2, 1)])
+@pytest.mark.sweep
 def test_position_lambdas_rows_equals_correlation_with_vjp(shape):
   """The pure functions agree in float64, values and both cotangents."""
   with jax.enable_x64(True):

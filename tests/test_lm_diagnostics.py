@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from benchmarks import lm_diagnostics as diag
 from contextpool_jax.models import transformer as T
@@ -24,6 +25,7 @@ def test_buckets_are_the_quarters_and_the_scored_half():
   assert [diag.bucket_name(*b) for b in diag.buckets(256)] == ['0-63', '64-127', '128-255']
 
 
+@pytest.mark.slow
 def test_per_position_bpc_and_gradient_norms_match_direct_computation():
   model = T.TransformerLM(**TINY, context_pool={})
   valid, train = _tokens(20), _tokens(8, seed=1)

@@ -95,6 +95,7 @@ def _tiny(family, **overrides):
 
 
 @pytest.mark.parametrize('name', sorted(resnet.MODELS))
+@pytest.mark.sweep
 def test_forward_shapes(name):
   """Every preset at full depth and width, 32x32 (CIFAR) or 64x64 (ImageNet) inputs.
 
@@ -222,6 +223,7 @@ def _train(model, x, y, variables, steps, lr):
 
 
 @pytest.mark.parametrize('family', sorted(TINY))
+@pytest.mark.sweep
 def test_overfits_one_batch(family):
   model, size = _tiny(family)
   x = _images(8, size, seed=1)

@@ -107,6 +107,7 @@ def _case_id(case):
 
 
 @pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_lm_changing_token_j_never_changes_earlier_outputs(case):
   model = T.TransformerLM(**TINY, local_window=3, **case)
   tokens = _tokens((1, 12))
@@ -120,6 +121,7 @@ def test_lm_changing_token_j_never_changes_earlier_outputs(case):
 
 
 @pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_decoder_changing_target_j_never_changes_earlier_outputs(case):
   model = T.Transformer(**TINY, local_window=3, **case)
   inputs, targets = _tokens((1, 9)), _tokens((1, 10), seed=1)
@@ -134,6 +136,7 @@ def test_decoder_changing_target_j_never_changes_earlier_outputs(case):
 
 
 @pytest.mark.parametrize('case', CAUSAL_CASES, ids=_case_id)
+@pytest.mark.sweep
 def test_encoder_padding_never_changes_real_outputs(case):
   model = T.Transformer(**TINY, local_window=3, **case)
   inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
@@ -167,6 +170,7 @@ def _ref_attention(p, q_in, kv_in):
 
 @pytest.mark.parametrize('reads', T.CONTEXT_POOL_READS)
 @pytest.mark.parametrize('heads', [None, 1])
+@pytest.mark.sweep
 def test_attention_reads_pooled_features_as_configured(reads, heads):
   """context_pool_reads / _heads: a head's query (key and value) projects the
   pooled LN x where it reads pooled features, else LN x (numpy reference)."""
@@ -193,6 +197,7 @@ def _spread(params, scale=3.0):
   return jax.tree.map(lambda p: p * scale, params)
 
 
+@pytest.mark.slow
 def test_context_pool_first_layer_leaves_the_first_layers_without_it():
   """context_pool_first_layer=1 (Sec. 3: pooled "for use in the next attention
   block"): layer 0 has no ContextPool and computes what the baseline's layer 0
@@ -232,6 +237,7 @@ def test_bad_context_pool_placement_raises(fields, message):
     T.TransformerLM(**TINY, context_pool={}, **fields).init(jax.random.key(0), _tokens((1, 4)))
 
 
+@pytest.mark.slow
 def test_encode_decode_equals_call():
   model = T.Transformer(**TINY, context_pool={})
   inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
@@ -257,6 +263,7 @@ def _restack(params, prefix_layers, num_layers):
     [dict(), dict(context_pool={}, remat=True), dict(attention='area', num_area_layers=1)],
     ids=_case_id,
 )
+@pytest.mark.sweep
 def test_scan_layers_matches_unrolled(case):
   cfg = dict(TINY, num_layers=3)
   tokens = _tokens((2, 10))
@@ -281,6 +288,7 @@ def test_dropout_only_in_training():
   chex.assert_trees_all_close(model.apply(params, tokens), model.apply(params, tokens))
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_float32_params():
   model = T.Transformer(**TINY, context_pool={}, attention='area', dtype=jnp.bfloat16)
   inputs, targets = _tokens((2, 6)), _tokens((2, 5), seed=1)
@@ -312,6 +320,7 @@ def _overfit(model, batch, loss_fn, steps=40, lr=3e-3):
 @pytest.mark.parametrize(
     'name', ['cp_transformer_lm', 'area_transformer_tiny', 'cp_transformer_tiny']
 )
+@pytest.mark.slow
 def test_overfits_one_batch(name):
   model = T.MODELS[name](**TINY)
   if name.endswith('_lm'):
@@ -361,6 +370,7 @@ def test_float_tokens_raise():
     T.TransformerLM(**TINY).init(jax.random.key(0), jnp.ones((1, 4)))
 
 
+@pytest.mark.slow
 def test_cp_lm_train_step_at_8192_compiles_within_24_gb():
   """enwik8's last stage: the 12-layer CP LM AdamW step (remat, nn.scan), batch 1,
   n = 8192, with ContextPool's default implementation ('auto' -> blockwise).

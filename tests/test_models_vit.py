@@ -81,6 +81,7 @@ def test_registry_presets():
 
 
 @pytest.mark.parametrize('name', NAMES)
+@pytest.mark.sweep
 def test_forward_shapes_reduced(name):
   # The preset's width and heads, 2 layers, 32 x 32 images, patch 16 (a 2 x 2 grid).
   model = vit.MODELS[name](image_size=32, num_layers=2, num_classes=7)
@@ -105,6 +106,7 @@ def _cp_params_per_module(d, k=3, hidden=32):
   return (k * k * d * hidden + hidden) + (k * k * hidden * 2 + 2)
 
 
+@pytest.mark.slow
 def test_parameter_counts():
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
   count = lambda name, **kw: count_params(_shapes(vit.MODELS[name](**kw), x)['params'])
@@ -321,6 +323,7 @@ def tiny_init():
   return model, x, _jit(model.init)(_key(0), x)
 
 
+@pytest.mark.slow
 def test_initialisation(tiny_init):
   _, _, variables = tiny_init
   p = variables['params']
@@ -333,6 +336,7 @@ def test_initialisation(tiny_init):
   assert float(jnp.max(jnp.abs(kernel))) > 0.8 * bound
 
 
+@pytest.mark.slow
 def test_tiny_cp_vit_overfits_one_batch(tiny_init):
   _, x, variables = tiny_init
   model = vit.ViT(**TINY, remat=True)  # also trains through nn.remat (train static)

@@ -413,6 +413,7 @@ def _python_greedy(model, params, inputs, max_len):
   return out
 
 
+@pytest.mark.slow
 def test_transformer_greedy_matches_step_by_step_reference():
   """The static-width buffer and segments give what exact prefixes give (causal decoder,
   including ContextPool after each layer)."""

@@ -105,6 +105,7 @@ def test_sigma_distribution_bars_are_the_histograms_per_layer():
     )
 
 
+@pytest.mark.slow
 def test_model_pools_splits_scanned_layers_and_matches_unscanned():
   tokens = jnp.arange(12, dtype=jnp.int32)[None] % 7
   kw = dict(num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
