@@ -31,6 +31,7 @@ EXTRA_ONLY_MODULES = (
     'mlflow',
     'sqlalchemy',
     'alembic',
+    'xprof',
     'contextpool_jax.training',
     'contextpool_jax.data',
 )
@@ -77,10 +78,10 @@ def _extra_closure(extras: dict, name: str) -> set[str]:
 
 def test_extras_and_the_pinned_requirements_agree():
   """CI installs requirements.txt only: it pins everything the tests need (the ``[test]``
-  extra, which takes in the others)."""
+  extra, which takes in the others but ``[profile]``, a viewer no test runs)."""
   extras = PROJECT['optional-dependencies']
-  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'test', 'all'}
-  assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test')
+  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'profile', 'test', 'all'}
+  assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
   pinned = {}
   for line in (REPO / 'requirements.txt').read_text().splitlines():
