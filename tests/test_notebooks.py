@@ -24,9 +24,13 @@ EXPECTED_FIGURES = {
 
 
 def _pngs(notebook) -> list[bytes]:
-  return [base64.b64decode(output['data']['image/png'])
-          for cell in notebook.cells if cell.cell_type == 'code'
-          for output in cell.get('outputs', []) if 'image/png' in output.get('data', {})]
+  return [
+      base64.b64decode(output['data']['image/png'])
+      for cell in notebook.cells
+      if cell.cell_type == 'code'
+      for output in cell.get('outputs', [])
+      if 'image/png' in output.get('data', {})
+  ]
 
 
 def test_every_notebook_is_tested():
@@ -40,8 +44,9 @@ def test_notebook_runs_and_draws_its_figures(name, tmp_path, monkeypatch):
   monkeypatch.delenv('CONTEXTPOOL_WORKDIR', raising=False)
   notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
   assert not _pngs(notebook), f'{name} is committed with outputs; clear them'
-  client = nbclient.NotebookClient(notebook, timeout=600, kernel_name='python3',
-                                   resources={'metadata': {'path': str(NOTEBOOKS)}})
+  client = nbclient.NotebookClient(
+      notebook, timeout=600, kernel_name='python3', resources={'metadata': {'path': str(NOTEBOOKS)}}
+  )
   client.execute()  # raises CellExecutionError naming the cell if any cell fails
   pngs = _pngs(notebook)
   assert len(pngs) == EXPECTED_FIGURES[name]
