@@ -42,12 +42,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress_bar = True
   c.log_pool_sizes = True  # ContextPool sigma histograms per layer (Fig. 4)
   # Where metrics go (training/writers.py): 'jsonl' (metrics.jsonl), 'tensorboard',
-  # 'wandb' (pip install 'contextpool-jax[wandb]'; settings in c.wandb).
+  # 'wandb' (pip install 'contextpool-jax[wandb]'; settings in c.wandb), 'mlflow'
+  # (pip install 'contextpool-jax[mlflow]'; settings in c.mlflow).
   c.writers = ('jsonl', 'tensorboard')
   c.wandb = ml_collections.ConfigDict(
       # entity, name: '' = your default entity, the workdir's name; mode: '' (W&B's
       # default: WANDB_MODE, else online) | 'online' | 'offline' | 'disabled'.
       dict(project='contextpool-jax', entity='', name='', mode='')
+  )
+  c.mlflow = ml_collections.ConfigDict(
+      # tracking_uri: '' = sqlite:///<workdir>/mlruns/mlflow.db (offline; artifacts in
+      # <workdir>/mlruns/artifacts) or a server's URI; run_name: '' = the workdir's name.
+      dict(tracking_uri='', experiment='contextpool-jax', run_name='')
   )
   # A jax.profiler trace of steps start_step .. start_step + num_steps - 1 into
   # <workdir>/profile (training/profiling.py); num_steps=0: off.

@@ -11,7 +11,9 @@ unless the command line passes absl's ``--verbosity`` (``-v``). Quiet means
   and a dataset prepared for the first time has "no dataset_info.json" yet;
 * TFDS's own lines around preparing a dataset (printed to stdout, with sizes
   it does not know for our builders) are replaced by ours
-  (:func:`library_output` around the call that prepares).
+  (:func:`library_output` around the call that prepares);
+* a library's INFO logs about its own housekeeping are dropped
+  (:func:`library_logs`: MLflow creating the tables of its SQLite store).
 
 Any other warning still shows. With ``--verbosity`` (e.g. ``--verbosity=0``
 or ``-v 1``) nothing is dropped: absl's level is the one asked for and TFDS
@@ -81,6 +83,25 @@ def library_output() -> Iterator[None]:
     return
   with contextlib.redirect_stdout(io.StringIO()):
     yield
+
+
+@contextlib.contextmanager
+def library_logs(*names: str) -> Iterator[None]:
+  """Inside, the named loggers drop their INFO and DEBUG records when quiet (a
+  library announcing its own housekeeping, e.g. MLflow creating its tables);
+  warnings and errors still show."""
+  if not _state['quiet']:
+    yield
+    return
+  loggers = [logging.getLogger(name) for name in names]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(max(logger.level, logging.WARNING))
+  try:
+    yield
+  finally:
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
 
 
 def event(message: str) -> None:

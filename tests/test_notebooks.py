@@ -1,19 +1,24 @@
-"""The notebooks run headless, top to bottom (small-size switch on), and draw their figures."""
+"""The notebooks: stored with the outputs of a real run (``python notebooks/execute.py``), and
+they run headless, top to bottom, smoke-sized (``CONTEXTPOOL_NOTEBOOK_SMALL=1``), drawing their
+figures.
+
+The checks of the stored outputs are fast (they read the files); executing is ``slow``.
+"""
 
 import base64
-import os
+import importlib.util
 import pathlib
+import re
 
 import nbclient
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.slow  # executes the notebooks
-
-NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / 'notebooks'
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / 'notebooks'
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
-# The figures each notebook draws with the small-size switch (one image/png output each).
+# The figures each notebook draws, at either size (one image/png output each).
 EXPECTED_FIGURES = {
     # pool_text per ContextPool layer (2), Gaussian supports, sigma distribution.
     'quickstart.ipynb': 4,
@@ -23,10 +28,33 @@ EXPECTED_FIGURES = {
 }
 
 
+def _execute_script():
+  """notebooks/execute.py as a module (it is a script, not part of the package)."""
+  spec = importlib.util.spec_from_file_location('notebooks_execute', NOTEBOOKS / 'execute.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _pngs(notebook) -> list[bytes]:
-  return [base64.b64decode(output['data']['image/png'])
-          for cell in notebook.cells if cell.cell_type == 'code'
-          for output in cell.get('outputs', []) if 'image/png' in output.get('data', {})]
+  return [
+      base64.b64decode(output['data']['image/png'])
+      for cell in notebook.cells
+      if cell.cell_type == 'code'
+      for output in cell.get('outputs', [])
+      if 'image/png' in output.get('data', {})
+  ]
+
+
+def _texts(notebook) -> list[str]:
+  """Every printed or displayed text of the notebook's outputs."""
+  out = []
+  for cell in notebook.cells:
+    for output in cell.get('outputs', []):
+      if 'text' in output:
+        out.append(output['text'])
+      out.extend(v for k, v in output.get('data', {}).items() if k.startswith('text/'))
+  return out
 
 
 def test_every_notebook_is_tested():
@@ -34,17 +62,67 @@ def test_every_notebook_is_tested():
 
 
 @pytest.mark.parametrize('name', sorted(EXPECTED_FIGURES))
-def test_notebook_runs_and_draws_its_figures(name, tmp_path, monkeypatch):
+def test_the_stored_notebook_shows_a_real_run(name):
+  """What GitHub and Colab show before anything runs: every code cell's outputs from one
+  real-size run of the checkout, in order, without errors, with its figures."""
+  notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+  code = [c for c in notebook.cells if c.cell_type == 'code']
+  assert [c.execution_count for c in code] == list(
+      range(1, len(code) + 1)
+  ), f'{name}: not stored executed top to bottom; run python notebooks/execute.py'
+  setup = ''.join(o['text'] for o in code[0].outputs if o.get('name') == 'stdout')
+  assert 'repository: .. | small run: False' in setup, setup  # the real size, from a checkout
+  errors = [o for c in code for o in c.outputs if o.output_type == 'error']
+  assert not errors, [(e['ename'], e['evalue']) for e in errors]
+  pngs = _pngs(notebook)
+  assert len(pngs) == EXPECTED_FIGURES[name]
+  assert all(png.startswith(PNG_MAGIC) and len(png) > 5000 for png in pngs)
+  assert not [c.metadata['execution'] for c in notebook.cells if 'execution' in c.metadata]
+  # Paths: relative to the checkout, or the run's fixed workdir (the same on every rerun);
+  # none of the machine that ran it (quoted ones are Python text, e.g. sampled).
+  absolute = re.compile(r'(?<![\w./:\'"])/[\w.-]+/[\w.-]+\S*')
+  paths = {p for text in _texts(notebook) for p in absolute.findall(text)}
+  stem = pathlib.Path(name).stem
+  assert all(p.startswith(f'/tmp/contextpool-notebooks/{stem}') for p in paths), paths
+
+
+@pytest.mark.parametrize('name', sorted(EXPECTED_FIGURES))
+def test_the_smoke_run_starts_from_a_copy_without_outputs(name):
+  stored = (NOTEBOOKS / name).read_bytes()
+  notebook = _execute_script().clear_outputs(nbformat.reads(stored, as_version=4))
+  assert not _pngs(notebook) and not _texts(notebook)
+  assert all(c.execution_count is None for c in notebook.cells if c.cell_type == 'code')
+  assert (NOTEBOOKS / name).read_bytes() == stored
+
+
+def test_the_regenerating_script_names_an_unknown_notebook(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    _execute_script().main(['quickstrat.ipynb'])
+  assert exit_.value.code == 2
+  assert (
+      'not a notebook in notebooks/: quickstrat.ipynb; allowed: '
+      "['contextpool_explained.ipynb', 'quickstart.ipynb']"
+  ) in capsys.readouterr().err
+
+
+@pytest.mark.slow  # executes the notebooks
+@pytest.mark.parametrize('name', sorted(EXPECTED_FIGURES))
+def test_notebook_runs_smoke_sized_and_draws_its_figures(name, tmp_path, monkeypatch):
   monkeypatch.setenv('CONTEXTPOOL_NOTEBOOK_SMALL', '1')
   monkeypatch.setenv('CONTEXTPOOL_NOTEBOOK_WORKDIR', str(tmp_path / 'workdir'))
   monkeypatch.delenv('CONTEXTPOOL_WORKDIR', raising=False)
-  notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-  assert not _pngs(notebook), f'{name} is committed with outputs; clear them'
-  client = nbclient.NotebookClient(notebook, timeout=600, kernel_name='python3',
-                                   resources={'metadata': {'path': str(NOTEBOOKS)}})
+  stored = (NOTEBOOKS / name).read_bytes()
+  notebook = _execute_script().clear_outputs(nbformat.reads(stored, as_version=4))
+  client = nbclient.NotebookClient(
+      notebook,
+      timeout=600,
+      kernel_name='python3',
+      resources={'metadata': {'path': str(NOTEBOOKS)}},
+  )
   client.execute()  # raises CellExecutionError naming the cell if any cell fails
   pngs = _pngs(notebook)
   assert len(pngs) == EXPECTED_FIGURES[name]
   assert all(png.startswith(PNG_MAGIC) and len(png) > 5000 for png in pngs)
   setup = notebook.cells[1].outputs[0]['text']
-  assert 'small run: True' in setup and str(NOTEBOOKS.parent) in setup  # ran from the checkout
+  assert 'repository: .. | small run: True' in setup  # ran from the checkout, smoke-sized
+  assert (NOTEBOOKS / name).read_bytes() == stored  # the committed file is untouched

@@ -28,6 +28,10 @@ EXTRA_ONLY_MODULES = (
     'matplotlib',
     'chex',
     'wandb',
+    'mlflow',
+    'sqlalchemy',
+    'alembic',
+    'xprof',
     'contextpool_jax.training',
     'contextpool_jax.data',
 )
@@ -59,19 +63,34 @@ def test_layers_and_models_import_no_training_or_data_dependency():
   assert {_name(r) for r in PROJECT['dependencies']} == {'jax', 'flax', 'numpy'}
 
 
+def _extra_closure(extras: dict, name: str) -> set[str]:
+  """The distributions ``pip install 'contextpool-jax[<name>]'`` asks for, following the
+  extras' references to ``contextpool-jax[...]``."""
+  out = set()
+  for requirement in extras[name]:
+    if _name(requirement) == 'contextpool-jax':
+      for inner in requirement.split('[', 1)[1].split(']')[0].split(','):
+        out |= _extra_closure(extras, inner.strip())
+    else:
+      out.add(_name(requirement))
+  return out
+
+
 def test_extras_and_the_pinned_requirements_agree():
+  """CI installs requirements.txt only: it pins everything the tests need (the ``[test]``
+  extra, which takes in the others but ``[profile]``, a viewer no test runs)."""
   extras = PROJECT['optional-dependencies']
-  assert set(extras) == {'train', 'notebook', 'wandb', 'test', 'all'}
+  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'profile', 'test', 'all'}
+  assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
+  assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
   pinned = {}
   for line in (REPO / 'requirements.txt').read_text().splitlines():
     line = line.split('#')[0].strip()
     if line:
       assert '==' in line, f'requirements.txt: {line!r} is not pinned'
       pinned[_name(line)] = line
-  wanted = {_name(r) for group in extras.values() for r in group} | {
-      _name(r) for r in PROJECT['dependencies']
-  }
-  missing = sorted(wanted - set(pinned) - {'contextpool-jax'})
+  wanted = _extra_closure(extras, 'test') | {_name(r) for r in PROJECT['dependencies']}
+  missing = sorted(wanted - set(pinned))
   assert not missing, f'requirements.txt does not pin {missing}'
 
 

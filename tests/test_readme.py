@@ -103,6 +103,8 @@ SKIPPED = {
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
     'minutes of benchmarks (the full tables are for a GPU/TPU); tests/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',
+    'rewrites the stored notebooks from real-size runs (minutes each); tests/test_notebooks.py '
+    'checks the stored outputs and executes copies smoke-sized': 'python notebooks/execute.py',
 }
 
 # Docstring commands skipped by design: (file, the command's first words) -> reason.

@@ -1,11 +1,17 @@
-"""config.writers: the registry of metric writers (jsonl, TensorBoard, W&B offline, your own)."""
+"""config.writers: the registry of metric writers (jsonl, TensorBoard, W&B offline, MLflow
+on a local store, your own)."""
 
+import importlib.metadata
+import importlib.util
 import json
+import re
 import subprocess
+import tomllib
 
 import numpy as np
 import pytest
 
+from conftest import REPO
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import trainer, writers
 from test_training import tiny_config
@@ -52,6 +58,27 @@ def wandb_offline(monkeypatch, tmp_path):
     monkeypatch.setenv(var, value)
 
 
+@pytest.fixture
+def mlflow_offline(monkeypatch):
+  """MLflow installed, and no telemetry (the writer's default too, asserted below)."""
+  pytest.importorskip('mlflow')
+  pytest.importorskip('sqlalchemy')
+  monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+  monkeypatch.delenv('MLFLOW_DISABLE_TELEMETRY', raising=False)
+
+
+def _mlflow_client(workdir):
+  """A client on the writer's default store, ``<workdir>/mlruns/mlflow.db``."""
+  from mlflow.tracking import MlflowClient
+
+  return MlflowClient(tracking_uri=f'sqlite:///{workdir / "mlruns" / "mlflow.db"}')
+
+
+def _mlflow_history(client, run_id, key):
+  """``{step: value}`` of one MLflow metric."""
+  return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
 def _wandb_records(run_dir):
   """The records of an offline W&B run (its .wandb log, read by wandb's own reader)."""
   out = subprocess.run(
@@ -66,13 +93,13 @@ def _wandb_records(run_dir):
 
 @pytest.mark.slow
 def test_every_writer_gets_the_config_the_scalars_and_the_histograms(
-    corpus, tmp_path, recorder, wandb_offline
+    corpus, tmp_path, recorder, wandb_offline, mlflow_offline
 ):
   workdir = tmp_path / 'run'
   config = tiny_config(
       corpus,
       tmp_path / 'data',
-      writers=('jsonl', 'tensorboard', 'wandb', 'recorder'),
+      writers=('jsonl', 'tensorboard', 'wandb', 'mlflow', 'recorder'),
       **{'wandb.mode': 'offline'},
   )
   trainer.train_and_evaluate(config, str(workdir))
@@ -113,15 +140,66 @@ def test_every_writer_gets_the_config_the_scalars_and_the_histograms(
   sigma = [k for h in history for k in h if k.startswith('pool_sigma/')]
   assert sigma and all(k.endswith(('._type', '.bins', '.values')) for k in sigma), sigma
 
+  # MLflow, on its default SQLite store in the workdir: read back through its client.
+  import os
+
+  assert os.environ['MLFLOW_DISABLE_TELEMETRY'] == 'true'  # no network unless asked
+  client = _mlflow_client(workdir)
+  experiment = client.get_experiment_by_name('contextpool-jax')
+  (run,) = client.search_runs([experiment.experiment_id])
+  assert run.info.run_id == (workdir / 'mlruns' / 'run_id').read_text().strip()
+  assert run.info.status == 'FINISHED' and run.info.run_name == 'run'
+  saved = json.loads((workdir / 'config.json').read_text())
+  params = run.data.params
+  assert params['model.name'] == 'cp_transformer_lm'
+  assert params['num_train_steps'] == str(saved['num_train_steps'])
+  assert json.loads(params['writers']) == saved['writers']
+  assert params['dataset.files'] == json.dumps(saved['dataset']['files'])
+  assert client.download_artifacts(run.info.run_id, 'config.json', str(tmp_path)).endswith('json')
+  assert json.loads((tmp_path / 'config.json').read_text()) == saved
+  for line in jsonl:
+    for key, value in line.items():
+      if key not in ('step', 'split'):
+        logged = _mlflow_history(client, run.info.run_id, f'{line["split"]}/{key}')
+        np.testing.assert_allclose(logged[line['step']], value, rtol=1e-6)
+  # Histograms: summary metrics per layer, from the values the loop handed the writers.
+  for kind, step, prefix, values in rec.records:
+    if kind == 'histograms':
+      for layer, v in values.items():
+        for stat, expect in (('min', v.min()), ('p50', np.median(v)), ('max', v.max())):
+          logged = _mlflow_history(client, run.info.run_id, f'{prefix}/{layer}/{stat}')
+          np.testing.assert_allclose(logged[step], expect, rtol=1e-6)
+        ordered = np.sort(v.ravel()).astype(np.float64)
+        for stat, q in (('p10', 0.1), ('p90', 0.9)):  # between the order statistics around q
+          logged = _mlflow_history(client, run.info.run_id, f'{prefix}/{layer}/{stat}')[step]
+          at = q * (ordered.size - 1)
+          assert ordered[int(np.floor(at))] <= logged <= ordered[int(np.ceil(at))], (stat, logged)
+
+
+def test_mlflow_params_are_the_flattened_config_cut_to_the_limit():
+  config = {'a': {'b': 1, 'c': 'x' * 50, 'd': {}}, 'e': [1, 'f'], 'g': None, 'h': True}
+  params = writers.mlflow_params(config, limit=20)
+  assert params == {
+      'a.b': '1',
+      'a.c': 'x' * 17 + '...',
+      'a.d': '{}',
+      'e': '[1, "f"]',
+      'g': 'null',
+      'h': 'true',
+  }
+  assert all(len(v) <= 20 for v in params.values())
+  assert writers.mlflow_params(config, limit=1000)['a.c'] == 'x' * 50
+
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_its_wandb_run_and_metrics_jsonl_is_cut_as_before(
-    corpus, tmp_path, wandb_offline
+def test_a_resumed_run_keeps_its_wandb_and_mlflow_runs_and_metrics_jsonl_is_cut_as_before(
+    corpus, tmp_path, wandb_offline, mlflow_offline
 ):
   workdir = tmp_path / 'run'
-  kw = dict(writers=('jsonl', 'wandb'), eval_every_steps=100, **{'wandb.mode': 'offline'})
+  kw = dict(writers=('jsonl', 'wandb', 'mlflow'), eval_every_steps=100, **{'wandb.mode': 'offline'})
   first = tiny_config(corpus, tmp_path / 'data', num_train_steps=2, **kw)
   trainer.train_and_evaluate(first, str(workdir))
+  mlflow_run_id = (workdir / 'mlruns' / 'run_id').read_text().strip()
   with (workdir / 'metrics.jsonl').open('a') as f:  # a line a killed run logged after step 2
     f.write(json.dumps({'step': 3, 'split': 'train', 'loss': 0.0}) + '\n')
   trainer.train_and_evaluate(tiny_config(corpus, tmp_path / 'data', **kw), str(workdir))
@@ -130,6 +208,33 @@ def test_a_resumed_run_keeps_its_wandb_run_and_metrics_jsonl_is_cut_as_before(
   runs = sorted((workdir / 'wandb').glob('offline-run-*'))
   run_id = (workdir / 'wandb' / 'run_id').read_text().strip()
   assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+  # MLflow: the same run, continued; params keep the first start's values (MLflow's
+  # params cannot change), the config.json artifact holds the latest config.
+  client = _mlflow_client(workdir)
+  (run,) = client.search_runs([client.get_experiment_by_name('contextpool-jax').experiment_id])
+  assert run.info.run_id == mlflow_run_id == (workdir / 'mlruns' / 'run_id').read_text().strip()
+  assert run.info.status == 'FINISHED'
+  assert sorted(_mlflow_history(client, mlflow_run_id, 'train/loss')) == [2, 4]
+  assert run.data.params['num_train_steps'] == '2'
+  client.download_artifacts(mlflow_run_id, 'config.json', str(tmp_path))
+  assert json.loads((tmp_path / 'config.json').read_text())['num_train_steps'] == 4
+
+
+@pytest.mark.slow
+def test_an_mlflow_run_id_its_store_does_not_hold_starts_a_new_run(
+    corpus, tmp_path, mlflow_offline, capsys
+):
+  workdir = tmp_path / 'run'
+  (workdir / 'mlruns').mkdir(parents=True)
+  (workdir / 'mlruns' / 'run_id').write_text('0123456789abcdef\n')  # another store's run
+  config = tiny_config(corpus, tmp_path / 'data', writers=('mlflow',), num_train_steps=2)
+  trainer.train_and_evaluate(config, str(workdir))
+  run_id = (workdir / 'mlruns' / 'run_id').read_text().strip()
+  assert run_id != '0123456789abcdef'
+  assert 'MLflow run 0123456789abcdef is not in this store; starting a new run' in (
+      capsys.readouterr().out
+  )
+  assert _mlflow_client(workdir).get_run(run_id).info.status == 'FINISHED'
 
 
 def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
@@ -144,6 +249,12 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
   ):
     with pytest.raises(ConfigError, match="config.wandb.mode='offlin' is not supported"):
       writers.check(tiny_config(corpus, tmp_path, writers=('wandb',), **{'wandb.mode': 'offlin'}))
+  if all(importlib.util.find_spec(p) for p in writers.REGISTRY['mlflow'].packages):
+    bad = {'writers': ('mlflow',), 'mlflow': {'experiment': 3}}  # e.g. a config file's typo
+    with pytest.raises(
+        ConfigError, match=r'^config.mlflow.experiment=3 is invalid; expected a string'
+    ):
+      writers.check(bad)
   monkeypatch.setitem(
       writers.REGISTRY,
       'wandb',
@@ -159,6 +270,68 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
       "(or pip install wandb_not_installed_here), or remove 'wandb' from config.writers."
   )
   assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+
+
+@pytest.mark.parametrize('quiet', [True, False])
+def test_a_new_mlflow_store_says_nothing_on_a_quiet_console(quiet, tmp_path, mlflow_offline, capfd):
+  from configs import default as default_config
+  from contextpool_jax import console
+
+  console.set_quiet(quiet)
+  try:
+    writer = writers.MlflowWriter(writers.Run(default_config.get_config(), tmp_path, 0))
+    writer.close()
+  finally:
+    console.set_quiet(False)
+  said = capfd.readouterr()
+  chatter = 'Creating initial MLflow database tables'
+  assert (chatter in said.out + said.err) is not quiet, said  # train.py --verbosity: all shows
+  assert (tmp_path / 'mlruns' / 'mlflow.db').is_file()
+
+
+def test_the_mlflow_writer_names_a_missing_package_and_its_extra(corpus, tmp_path, monkeypatch):
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+      importlib.util,
+      'find_spec',
+      lambda name, *a: None if name == 'sqlalchemy' else find_spec(name, *a),
+  )
+  with pytest.raises(ConfigError) as error:
+    writers.check(tiny_config(corpus, tmp_path, writers=('jsonl', 'mlflow')))
+  assert str(error.value) == (
+      "config.writers includes 'mlflow', which needs the Python package sqlalchemy, not "
+      "installed here: pip install 'contextpool-jax[mlflow]' (or pip install sqlalchemy), or "
+      "remove 'mlflow' from config.writers."
+  )
+
+
+def _extra_distributions(extras, name):
+  """The distributions ``pip install 'contextpool-jax[<name>]'`` asks for (self-references
+  followed)."""
+  out = set()
+  for requirement in extras[name]:
+    dist, _, rest = requirement.partition('[')
+    dist = re.split(r'[<>=!~; ]', dist)[0]
+    if dist == 'contextpool-jax':
+      for inner in rest.split(']')[0].split(','):
+        out |= _extra_distributions(extras, inner.strip())
+    else:
+      out.add(dist.lower().replace('_', '-'))
+  return out
+
+
+def test_every_writer_extra_installs_the_packages_the_writer_imports():
+  extras = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['optional-dependencies']
+  installed_by = importlib.metadata.packages_distributions()
+  for name, kind in writers.REGISTRY.items():
+    if not kind.packages:
+      continue
+    assert kind.extra in extras, (name, kind.extra)
+    wanted = _extra_distributions(extras, kind.extra)
+    for package in kind.packages:
+      dists = {d.lower().replace('_', '-') for d in installed_by.get(package, ())}
+      if dists:  # installed here: one of its distributions is in the extra
+        assert dists & wanted, (name, package, dists, sorted(wanted))
 
 
 @pytest.mark.slow

@@ -15,6 +15,10 @@ and the hooks talk to one :class:`Writers` (fan-out, in the order of
                           ``[train]``)
 ``'wandb'``               a Weights & Biases run (``pip install 'contextpool-jax[wandb]'``);
                           ``config.wandb``: ``project``, ``entity``, ``name``, ``mode``
+``'mlflow'``              an MLflow run, by default in ``<workdir>/mlruns/mlflow.db`` (SQLite,
+                          offline; ``pip install 'contextpool-jax[mlflow]'``); histograms as
+                          per-layer summary metrics; ``config.mlflow``: ``tracking_uri``,
+                          ``experiment``, ``run_name``
 ========================  ==================================================================
 
 The default is ``('jsonl', 'tensorboard')``. A new writer is a factory
@@ -25,10 +29,10 @@ anything is compiled.
 Resuming: ``metrics.jsonl`` is cut back to the step the run resumes from and
 the TensorBoard file of a rerun starts with a ``SessionLog.START`` there, so
 the lines a killed run logged after its last checkpoint are logged once
-(:mod:`.storage`). A W&B run continues the same W&B run (its id is kept in
-``<workdir>/wandb/run_id``); W&B keeps what it was sent, so those steps show
-twice there. A write that fails raises WriteError from the loop (jsonl,
-TensorBoard).
+(:mod:`.storage`). A W&B or MLflow run continues the same tracker run (its id
+is kept in ``<workdir>/wandb/run_id``, ``<workdir>/mlruns/run_id``); the trackers
+keep what they were sent, so those steps show twice there. A write that fails
+raises WriteError from the loop (jsonl, TensorBoard).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import pathlib
+import time
 import uuid
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
@@ -43,13 +50,14 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from contextpool_jax import checks
+from contextpool_jax import checks, console
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import storage
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
 WANDB_DIR = 'wandb'
+MLFLOW_DIR = 'mlruns'
 DEFAULT_WRITERS = ('jsonl', 'tensorboard')
 
 
@@ -255,25 +263,34 @@ class TensorBoardWriter:
 WANDB_MODES = ('', 'online', 'offline', 'disabled')
 
 
-def _check_wandb(config: Any) -> None:
-  for key in ('project', 'entity', 'name'):
-    value = checks.lookup(config, f'wandb.{key}', '')
+def _check_strings(config: Any, section: str, keys: Sequence[str]) -> None:
+  """``config.<section>.<key>`` is a string (or absent) for each key."""
+  for key in keys:
+    value = checks.lookup(config, f'{section}.{key}', '')
     if not isinstance(value, str):
-      raise ConfigError(f'config.wandb.{key}={value!r} is invalid; expected a string.')
+      raise ConfigError(f'config.{section}.{key}={value!r} is invalid; expected a string.')
+
+
+def _check_wandb(config: Any) -> None:
+  _check_strings(config, 'wandb', ('project', 'entity', 'name'))
   checks.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
 
 
-def wandb_run_id(workdir: epath.Path) -> str:
-  """The W&B run id of ``workdir`` (kept in ``<workdir>/wandb/run_id``, made once), so a
-  resumed run continues the same W&B run."""
-  path = workdir / WANDB_DIR / 'run_id'
+def kept_run_id(path: epath.Path, make: Callable[[], str]) -> str:
+  """The tracker's run id kept in ``path`` (``make()`` once, when there is none), so
+  a resumed run continues the same tracker run."""
   if path.exists():
     return path.read_text().strip()
   with storage.writing(path.parent):
     path.parent.mkdir(parents=True, exist_ok=True)
-  run_id = uuid.uuid4().hex[:16]
+  run_id = make()
   storage.write_atomic(path, run_id + '\n')
   return run_id
+
+
+def wandb_run_id(workdir: epath.Path) -> str:
+  """The W&B run id of ``workdir`` (kept in ``<workdir>/wandb/run_id``, made once)."""
+  return kept_run_id(workdir / WANDB_DIR / 'run_id', lambda: uuid.uuid4().hex[:16])
 
 
 class WandbWriter:
@@ -321,4 +338,160 @@ class WandbWriter:
 
 register('jsonl', JsonlWriter)
 register('tensorboard', TensorBoardWriter, packages=('tensorboardX',), extra='train')
+MLFLOW_EXPERIMENT = 'contextpool-jax'
+MLFLOW_STATS = {
+    'min': np.min,
+    'p10': lambda v: np.percentile(v, 10),
+    'p50': np.median,
+    'p90': lambda v: np.percentile(v, 90),
+    'max': np.max,
+}
+
+
+def _check_mlflow(config: Any) -> None:
+  _check_strings(config, 'mlflow', ('tracking_uri', 'experiment', 'run_name'))
+
+
+def mlflow_store(workdir: epath.Path, tracking_uri: str) -> tuple[str, Optional[str]]:
+  """``(tracking URI, artifact location of a new experiment)``: ``tracking_uri``
+  as given (its server chooses where artifacts go), or by default a SQLite file
+  ``<workdir>/mlruns/mlflow.db`` with artifacts in ``<workdir>/mlruns/artifacts``."""
+  if tracking_uri:
+    return tracking_uri, None
+  if '://' in os.fspath(workdir):
+    raise ConfigError(
+        f"config.mlflow.tracking_uri='' keeps a SQLite store in the workdir, which must be "
+        f'a local directory; {workdir} is not: set config.mlflow.tracking_uri (e.g. a server).'
+    )
+  root = pathlib.Path(os.fspath(workdir)).absolute() / MLFLOW_DIR
+  with storage.writing(root):
+    root.mkdir(parents=True, exist_ok=True)
+  return f'sqlite:///{root / "mlflow.db"}', (root / 'artifacts').as_uri()
+
+
+def mlflow_params(config: Mapping[str, Any], limit: int) -> dict[str, str]:
+  """The config as MLflow params: dotted keys (``model.emb_dim``), strings as
+  they are, other values as JSON, each cut to ``limit`` characters (MLflow's
+  longest param value; a cut value ends in ``...``)."""
+  flat = {}
+
+  def visit(prefix: str, node: Any) -> None:
+    if isinstance(node, Mapping) and node:
+      for key, value in node.items():
+        visit(f'{prefix}.{key}' if prefix else str(key), value)
+      return
+    text = node if isinstance(node, str) else json.dumps(node)
+    flat[prefix] = text if len(text) <= limit else text[: limit - 3] + '...'
+
+  visit('', config)
+  return flat
+
+
+def _param_limit() -> int:
+  """The longest param value the installed MLflow client accepts."""
+  from mlflow.utils import validation  # pylint: disable=g-import-not-at-top
+
+  return getattr(validation, 'MAX_PARAM_VAL_LENGTH', 500)
+
+
+class MlflowWriter:
+  """An MLflow run, offline by default (a SQLite store in ``<workdir>/mlruns/``).
+
+  It logs the config as params (dotted keys, values cut to MLflow's limit: see
+  :func:`mlflow_params`) and as the artifact ``config.json`` (whole; rewritten at
+  every start, so it holds the latest config while params keep the first start's
+  values, which MLflow does not let change), the scalars as metrics
+  ``<prefix>/<name>`` at the training ``step``, and each histogram as summary
+  metrics ``<prefix>/<name>/<stat>`` (stat: ``min``, ``p10``, ``p50``, ``p90``,
+  ``max`` of the values, e.g. one layer's pooling sizes), so they plot as curves.
+
+  ``config.mlflow``: ``tracking_uri`` ('' = ``sqlite:///<workdir>/mlruns/mlflow.db``,
+  artifacts in ``<workdir>/mlruns/artifacts``; or a server, ``http://host:5000``),
+  ``experiment`` ('' = ``'contextpool-jax'``), ``run_name`` ('' = the workdir's
+  name). The run id is kept in ``<workdir>/mlruns/run_id``: a resumed run continues
+  that MLflow run. MLflow's usage telemetry is off unless ``MLFLOW_DISABLE_TELEMETRY``
+  is set otherwise (no network at run time).
+  """
+
+  def __init__(self, run: Run):
+    os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')
+    from mlflow import entities, tracking  # pylint: disable=g-import-not-at-top
+
+    self._entities = entities
+    get = lambda key: checks.lookup(run.config, f'mlflow.{key}', '')
+    uri, artifacts = mlflow_store(run.workdir, get('tracking_uri'))
+    with console.library_logs('mlflow.store.db.utils', 'alembic'):
+      self.client = tracking.MlflowClient(tracking_uri=uri)  # a new store creates its tables
+    self.run_id = self._run_id(run, get('experiment') or MLFLOW_EXPERIMENT, artifacts)
+    self._log_config(run.config_dict())
+
+  def _run_id(self, run: Run, experiment: str, artifacts: Optional[str]) -> str:
+    """The workdir's MLflow run (made in ``experiment`` the first time), running."""
+    found = self.client.get_experiment_by_name(experiment)
+    experiment_id = (
+        found.experiment_id
+        if found is not None
+        else self.client.create_experiment(experiment, artifact_location=artifacts)
+    )
+    name = checks.lookup(run.config, 'mlflow.run_name', '') or run.workdir.name
+    make = lambda: self.client.create_run(experiment_id, run_name=name).info.run_id
+    path = run.workdir / MLFLOW_DIR / 'run_id'
+    run_id = kept_run_id(path, make)
+    if not self._exists(run_id):  # e.g. another tracking_uri than the first start's
+      console.event(f'{path}: MLflow run {run_id} is not in this store; starting a new run.')
+      run_id = make()
+      storage.write_atomic(path, run_id + '\n')
+    self.client.update_run(run_id, status='RUNNING')
+    return run_id
+
+  def _exists(self, run_id: str) -> bool:
+    from mlflow import exceptions  # pylint: disable=g-import-not-at-top
+
+    try:
+      self.client.get_run(run_id)
+    except exceptions.MlflowException as e:
+      if e.error_code != 'RESOURCE_DOES_NOT_EXIST':
+        raise
+      return False
+    return True
+
+  def _log_config(self, config: dict[str, Any]) -> None:
+    logged = self.client.get_run(self.run_id).data.params
+    params = [
+        self._entities.Param(k, v)
+        for k, v in mlflow_params(config, _param_limit()).items()
+        if k not in logged  # a resumed run: the params of the first start stay
+    ]
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+      self.client.log_batch(self.run_id, params=params[i : i + 100])
+    self.client.log_dict(self.run_id, config, 'config.json')
+
+  def _log(self, step: int, metrics: Mapping[str, float]) -> None:
+    now = int(time.time() * 1000)
+    metric = self._entities.Metric
+    self.client.log_batch(
+        self.run_id, metrics=[metric(k, float(v), now, step) for k, v in metrics.items()]
+    )
+
+  def scalars(self, step, metrics, prefix):
+    self._log(step, {f'{prefix}/{k}': v for k, v in metrics.items()})
+
+  def histograms(self, step, values, prefix):
+    flat = {k: np.asarray(v, np.float64).ravel() for k, v in values.items()}
+    self._log(
+        step,
+        {f'{prefix}/{k}/{stat}': f(v) for k, v in flat.items() for stat, f in MLFLOW_STATS.items()},
+    )
+
+  def close(self):
+    self.client.set_terminated(self.run_id)
+
+
 register('wandb', WandbWriter, packages=('wandb',), extra='wandb', validate=_check_wandb)
+register(
+    'mlflow',
+    MlflowWriter,
+    packages=('mlflow', 'sqlalchemy', 'alembic'),
+    extra='mlflow',
+    validate=_check_mlflow,
+)
