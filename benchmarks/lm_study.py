@@ -127,6 +127,9 @@ LATE_ARMS = {
     'cp_narrow': Arm('contextpool', dict(size_bias_init=-3.2)),  # s ~ 0.04: sigma ~ 1 at r n = 25.6
     'cp_ratio_small': Arm('contextpool', dict(ratio=0.025)),
     'cp_static_n': Arm('contextpool', dict(sigma_length=SEQ_LEN)),
+    # A combination of the two arms that screened best, on different axes (which
+    # heads read pooled features; how the pooled features replace the input).
+    'cp_half_heads_gate': Arm('contextpool', dict(gate=True), dict(context_pool_heads=2)),
 }
 ARMS.update(LATE_ARMS)
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)

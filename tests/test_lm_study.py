@@ -163,6 +163,8 @@ def test_late_arms_set_the_fields_they_name(tmp_path):
   assert config('cp_kv').model.context_pool_reads == 'kv'
   assert config('cp_after_attention').model.context_pool_first_layer == 1
   assert config('cp_gate').model.context_pool.gate is True
+  both = config('cp_half_heads_gate').model
+  assert both.context_pool.gate is True and both.context_pool_heads == 2
   assert set(lm_study.LATE_ARMS).isdisjoint(lm_study.ABLATION_ARMS)
 
 
