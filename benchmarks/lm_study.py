@@ -130,6 +130,9 @@ LATE_ARMS = {
     # A combination of the two arms that screened best, on different axes (which
     # heads read pooled features; how the pooled features replace the input).
     'cp_half_heads_gate': Arm('contextpool', dict(gate=True), dict(context_pool_heads=2)),
+    # The gate closed at the start (the baseline at step 0), opened as training finds
+    # it useful: does the early shortcut of a pooled path cost the late loss?
+    'cp_gate_closed': Arm('contextpool', dict(gate=True, gate_init=0.0)),
 }
 ARMS.update(LATE_ARMS)
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)

@@ -165,6 +165,7 @@ def test_late_arms_set_the_fields_they_name(tmp_path):
   assert config('cp_gate').model.context_pool.gate is True
   both = config('cp_half_heads_gate').model
   assert both.context_pool.gate is True and both.context_pool_heads == 2
+  assert config('cp_gate_closed').model.context_pool.gate_init == 0.0
   assert set(lm_study.LATE_ARMS).isdisjoint(lm_study.ABLATION_ARMS)
 
 
