@@ -263,6 +263,7 @@ def report(diagnostics: dict[str, dict[str, Any]]) -> str:
       g = s['grad_norm']
       cp = math.sqrt(sum(v**2 for k, v in g.items() if k.endswith('/context_pool')))
       att = math.sqrt(sum(v**2 for k, v in g.items() if k.endswith('/self_attention')))
-      rows.append([key, step, f'{g["total"]:.3f}', f'{att:.3f}', f'{cp:.3f}'])
-  lines += _table(['run', 'step', 'total', 'self-attention', 'ContextPool'], rows)
+      emb = g.get('embedder', 0.0)  # the tied input/output embedding
+      rows.append([key, step, f'{g["total"]:.3f}', f'{emb:.3f}', f'{att:.3f}', f'{cp:.3f}'])
+  lines += _table(['run', 'step', 'total', 'embedding', 'self-attention', 'ContextPool'], rows)
   return '\n'.join(lines)

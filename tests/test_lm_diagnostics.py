@@ -84,3 +84,21 @@ def test_a_model_without_context_pool_has_no_layer_statistics():
   d = diag.diagnose_step(model, variables, valid, valid)
   assert d['layers'] == {} and diag.window_of(d['val_bpc_by_bucket']) == N
   chex.assert_tree_all_finite(d['val_bpc_by_bucket'])
+
+
+def test_report_tables_carry_the_recorded_values():
+  grad = {'embedder': 0.3, 'layer_0/context_pool': 0.3, 'layer_1/context_pool': 0.4}
+  grad.update({'layer_0/self_attention': 0.6, 'layer_1/self_attention': 0.8, 'total': 1.5})
+  stats = {'median_sigma': 1.25, 'norm_ratio': 0.875, 'share_s_above_half': 0.125}
+  layer = {'all': stats, **{b: stats for b in ('0-3', '4-7', '8-15')}}
+  step = {
+      'val_bpc_by_bucket': {'0-3': 2.5, '4-7': 2.25, '8-15': 2.0},
+      'layers': {'layer_0/context_pool': layer},
+      'grad_norm': grad,
+  }
+  md = diag.report({'run-a': {'steps': {'500': step}}})
+  assert 'non-overlapping 16-byte windows' in md
+  assert '| run-a | 500 | 2.500 | 2.250 | 2.000 |' in md
+  assert '| run-a | 500 | layer_0/context_pool | 0.12 | 1.25 | 1.25 | 1.25 | 0.88 | 0.88 |' in md
+  # ContextPool and self-attention as the root sum of squares of their layers' norms.
+  assert '| run-a | 500 | 1.500 | 0.300 | 1.000 | 0.500 |' in md
