@@ -19,6 +19,12 @@ every kept step:
 * **the gradient norm** of the training loss on fixed training windows, in
   total and per module (embedder, ``layer_i/context_pool``,
   ``layer_i/self_attention``, ``layer_i/mlp``, norms).
+* **copying** (:func:`copying_bpc`): BPC on windows made of a random
+  printable sequence and its repeat. The first copy cannot be predicted
+  (log2 95 = 6.57 bits per byte at best); the second can only by copying
+  from n/2 bytes back, the job of induction heads (a previous-token head in
+  one layer, a head in the next that attends to the byte after the earlier
+  occurrence of the current one).
 
 The trainer's own gradient norm along training (``metrics.jsonl``, the mean
 over each log interval) is added to the result. :func:`report` turns the
@@ -45,6 +51,8 @@ from contextpool_jax.training.workdirs import checkpoint_steps, load, read_confi
 WIDE = 0.5  # s above this counts as a wide pool
 GRAD_WINDOWS = 64  # fixed training windows of the gradient norm
 GRAD_SEED = 27
+COPY_WINDOWS = 32  # repeated random windows of the copying score
+COPY_SEED = 28
 BATCH = 16
 
 
@@ -157,6 +165,26 @@ def gradient_norms(model, variables, tokens: np.ndarray) -> dict[str, float]:
   return norms
 
 
+def copying_windows(n: int, count: int = COPY_WINDOWS, seed: int = COPY_SEED) -> np.ndarray:
+  """``[count, n + 1]`` int32 bytes: a random printable sequence of ``n // 2``
+  bytes, then the same again (and its first byte, the last target)."""
+  half = np.random.default_rng(seed).integers(32, 127, (count, n // 2))
+  return np.concatenate([half, half, half[:, :1]], axis=1).astype(np.int32)
+
+
+def copying_bpc(model, variables, tokens: np.ndarray) -> dict[str, float]:
+  """BPC on :func:`copying_windows`: ``first_copy`` (targets 1 .. n/2 - 1) and
+  ``second_copy`` (targets n/2 + 1 .. n, each the byte n/2 positions back; the
+  target n/2 follows a byte not seen before and is in neither)."""
+  n = tokens.shape[1] - 1
+  logits = model.apply(variables, tokens[:, :-1])
+  bits = np.asarray(objectives.cross_entropy(logits, tokens[:, 1:]), np.float64) / math.log(2.0)
+  return {  # bits[:, t] scores target t + 1
+      'first_copy': float(bits[:, : n // 2 - 1].mean()),
+      'second_copy': float(bits[:, n // 2 :].mean()),
+  }
+
+
 def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dict[str, Any]:
   """The diagnostics of one set of variables (module docstring)."""
   n = valid.shape[1] - 1
@@ -173,6 +201,7 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
       'val_bpc_all_positions': float(bpc.mean()),
       'layers': _layer_stats(merged, n),
       'grad_norm': gradient_norms(model, variables, train),
+      'copying_bpc': copying_bpc(model, variables, copying_windows(n)),
   }
 
 
@@ -266,4 +295,18 @@ def report(diagnostics: dict[str, dict[str, Any]]) -> str:
       emb = g.get('embedder', 0.0)  # the tied input/output embedding
       rows.append([key, step, f'{g["total"]:.3f}', f'{emb:.3f}', f'{att:.3f}', f'{cp:.3f}'])
   lines += _table(['run', 'step', 'total', 'embedding', 'self-attention', 'ContextPool'], rows)
-  return '\n'.join(lines)
+  return '\n'.join(lines + _copying_table(diagnostics))
+
+
+def _copying_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
+  """The copying score of the runs that have it (diagnosed after it was added)."""
+  rows = [
+      [key, step, f"{s['copying_bpc']['first_copy']:.3f}", f"{s['copying_bpc']['second_copy']:.3f}"]
+      for key, d in diagnostics.items()
+      for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0]))
+      if 'copying_bpc' in s
+  ]
+  if not rows:
+    return []
+  head = ['## Copying: BPC on a random sequence and its repeat (copying_bpc)', '']
+  return head + _table(['run', 'step', 'first copy', 'second copy'], rows)

@@ -95,10 +95,29 @@ def test_report_tables_carry_the_recorded_values():
       'val_bpc_by_bucket': {'0-3': 2.5, '4-7': 2.25, '8-15': 2.0},
       'layers': {'layer_0/context_pool': layer},
       'grad_norm': grad,
+      'copying_bpc': {'first_copy': 6.5, 'second_copy': 0.25},
   }
   md = diag.report({'run-a': {'steps': {'500': step}}})
+  assert '| run-a | 500 | 6.500 | 0.250 |' in md
   assert 'non-overlapping 16-byte windows' in md
   assert '| run-a | 500 | 2.500 | 2.250 | 2.000 |' in md
   assert '| run-a | 500 | layer_0/context_pool | 0.12 | 1.25 | 1.25 | 1.25 | 0.88 | 0.88 |' in md
   # ContextPool and self-attention as the root sum of squares of their layers' norms.
   assert '| run-a | 500 | 1.500 | 0.300 | 1.000 | 0.500 |' in md
+
+
+def test_copying_windows_repeat_and_the_score_splits_the_copies():
+  w = diag.copying_windows(N, count=5)
+  chex.assert_shape(w, (5, N + 1))
+  # Every target from N/2 + 1 on is the byte N/2 positions back; the first half is printable.
+  np.testing.assert_array_equal(w[:, N // 2 + 1 :], w[:, 1 : N // 2 + 1])
+  assert w.min() >= 32 and w.max() < 127
+  model = T.TransformerLM(**TINY, context_pool={})
+  variables = model.init(jax.random.key(0), w[:1, :-1])
+  got = diag.copying_bpc(model, variables, w)
+  z = np.asarray(model.apply(variables, w[:, :-1]), np.float64)
+  logp = z - z.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  bits = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0] / math.log(2)  # target t + 1
+  assert abs(got['first_copy'] - bits[:, : N // 2 - 1].mean()) < 1e-4
+  assert abs(got['second_copy'] - bits[:, N // 2 :].mean()) < 1e-4
