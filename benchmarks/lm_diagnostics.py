@@ -20,7 +20,8 @@ every kept step:
   total and per module (embedder, ``layer_i/context_pool``,
   ``layer_i/self_attention``, ``layer_i/mlp``, norms).
 * **copying** (:func:`copying_bpc`): BPC on windows made of a random
-  printable sequence and its repeat. The first copy cannot be predicted
+  printable sequence and its repeat (``copying_bpc``), and of the first half
+  of a validation window and its repeat (``copying_text_bpc``). The first copy cannot be predicted
   (log2 95 = 6.57 bits per byte at best); the second can only by copying
   from n/2 bytes back, the job of induction heads (a previous-token head in
   one layer, a head in the next that attends to the byte after the earlier
@@ -172,6 +173,13 @@ def copying_windows(n: int, count: int = COPY_WINDOWS, seed: int = COPY_SEED) ->
   return np.concatenate([half, half, half[:, :1]], axis=1).astype(np.int32)
 
 
+def repeated_windows(windows: np.ndarray, n: int) -> np.ndarray:
+  """:func:`copying_windows` from real text: the first ``n // 2`` bytes of each
+  window, then the same again (in distribution for the first copy)."""
+  half = windows[:, : n // 2]
+  return np.concatenate([half, half, half[:, :1]], axis=1).astype(np.int32)
+
+
 def copying_bpc(model, variables, tokens: np.ndarray) -> dict[str, float]:
   """BPC on :func:`copying_windows`: ``first_copy`` (targets 1 .. n/2 - 1) and
   ``second_copy`` (targets n/2 + 1 .. n, each the byte n/2 positions back; the
@@ -202,6 +210,7 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
       'layers': _layer_stats(merged, n),
       'grad_norm': gradient_norms(model, variables, train),
       'copying_bpc': copying_bpc(model, variables, copying_windows(n)),
+      'copying_text_bpc': copying_bpc(model, variables, repeated_windows(valid[:COPY_WINDOWS], n)),
   }
 
 
@@ -300,13 +309,18 @@ def report(diagnostics: dict[str, dict[str, Any]]) -> str:
 
 def _copying_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
   """The copying score of the runs that have it (diagnosed after it was added)."""
+  cell = lambda s, k, copy: f'{s[k][copy]:.3f}' if k in s else '-'
   rows = [
-      [key, step, f"{s['copying_bpc']['first_copy']:.3f}", f"{s['copying_bpc']['second_copy']:.3f}"]
+      [key, step, *(cell(s, k, c) for k in COPYING for c in ('first_copy', 'second_copy'))]
       for key, d in diagnostics.items()
       for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0]))
-      if 'copying_bpc' in s
+      if any(k in s for k in COPYING)
   ]
   if not rows:
     return []
-  head = ['## Copying: BPC on a random sequence and its repeat (copying_bpc)', '']
-  return head + _table(['run', 'step', 'first copy', 'second copy'], rows)
+  head = ['## Copying: BPC on a sequence and its repeat (random bytes; validation text)', '']
+  columns = ['random, first copy', 'random, second copy', 'text, first copy', 'text, second copy']
+  return head + _table(['run', 'step', *columns], rows)
+
+
+COPYING = ('copying_bpc', 'copying_text_bpc')  # random bytes; validation text

@@ -429,12 +429,13 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
   recorded = result_path(study_dir, run)
   if diagnosed(run, sizes):
     d = lm_diagnostics.diagnose(workdir, sizes.eval_max_bytes)
-    d.update(key=run.key, val_bpc_this_training=out['eval_validation'][metric])
+    d['key'] = run.key
+    if 'eval_validation' in out:  # trained now, not resumed at its last (kept) step
+      d['val_bpc_this_training'] = out['eval_validation'][metric]
     if recorded.exists():
       d['val_bpc_recorded'] = json.loads(recorded.read_text())[f'val_{metric}']
     _write_json(diagnostics_path(study_dir, run), d)
-  if recorded.exists():  # trained again for its diagnostics only
-    shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)
+  if recorded.exists():  # trained again (or resumed at its end) for its diagnostics only
     return json.loads(recorded.read_text())
   lines = _read_jsonl(workdir / 'metrics.jsonl')
   if run.corpus == IMAGES:  # error in percent from top-1 accuracy
@@ -459,7 +460,8 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
       **{f'{split}_{metric}': out[f'eval_{name}'][metric] for split, name in _SPLITS},
   )
   _write_json(recorded, result)
-  shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)  # only needed to resume
+  if not diagnosed(run, sizes):  # a diagnosed run keeps its checkpoints for later probes
+    shutil.rmtree(workdir / 'checkpoints', ignore_errors=True)  # only needed to resume
   return result
 
 

@@ -98,7 +98,7 @@ def test_report_tables_carry_the_recorded_values():
       'copying_bpc': {'first_copy': 6.5, 'second_copy': 0.25},
   }
   md = diag.report({'run-a': {'steps': {'500': step}}})
-  assert '| run-a | 500 | 6.500 | 0.250 |' in md
+  assert '| run-a | 500 | 6.500 | 0.250 | - | - |' in md  # recorded before copying_text_bpc
   assert 'non-overlapping 16-byte windows' in md
   assert '| run-a | 500 | 2.500 | 2.250 | 2.000 |' in md
   assert '| run-a | 500 | layer_0/context_pool | 0.12 | 1.25 | 1.25 | 1.25 | 0.88 | 0.88 |' in md
@@ -121,3 +121,6 @@ def test_copying_windows_repeat_and_the_score_splits_the_copies():
   bits = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0] / math.log(2)  # target t + 1
   assert abs(got['first_copy'] - bits[:, : N // 2 - 1].mean()) < 1e-4
   assert abs(got['second_copy'] - bits[:, N // 2 :].mean()) < 1e-4
+  text = diag.repeated_windows(_tokens(3), N)
+  np.testing.assert_array_equal(text[:, N // 2 : N], _tokens(3)[:, : N // 2])
+  np.testing.assert_array_equal(text[:, N // 2 + 1 :], text[:, 1 : N // 2 + 1])

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -135,7 +136,8 @@ def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, m
   for run in runs:
     path = lm_study.diagnostics_path(study, run)
     assert path.exists() == lm_study.diagnosed(run, TINY)
-    assert not (study / 'runs' / run.key / 'checkpoints').exists()
+    # A diagnosed run keeps its checkpoints for later probes; the others need none.
+    assert (study / 'runs' / run.key / 'checkpoints').exists() == lm_study.diagnosed(run, TINY)
   cp_run = runs[1]
   d = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
   assert sorted(int(s) for s in d['steps']) == [2, 4, 6]  # kept every 2 steps
@@ -143,16 +145,22 @@ def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, m
   recorded = lm_study.result_path(study, cp_run).read_text()
   assert d['val_bpc_this_training'] == json.loads(recorded)['val_bpc']
 
-  lm_study.diagnostics_path(study, cp_run).unlink()
-  assert lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None) == []
-  trained = lm_study.run_all(
+  # Diagnosed again from the kept checkpoints (no training), then, with them
+  # gone, trained again: the same diagnostics and validation BPC both times.
+  rediagnose = lambda: lm_study.run_all(
       runs, TINY, study, in_process=True, diagnose_existing=True, log=lambda s: None
   )
-  assert trained == [cp_run]
-  assert lm_study.result_path(study, cp_run).read_text() == recorded
-  again = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
-  assert again['val_bpc_this_training'] == again['val_bpc_recorded']
-  assert again['steps'] == d['steps']
+  for drop_checkpoints in (False, True):
+    lm_study.diagnostics_path(study, cp_run).unlink()
+    if drop_checkpoints:
+      shutil.rmtree(study / 'runs' / cp_run.key / 'checkpoints')
+    assert lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None) == []
+    assert rediagnose() == [cp_run]
+    assert lm_study.result_path(study, cp_run).read_text() == recorded
+    again = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
+    assert again['steps'] == d['steps']
+    assert again.get('val_bpc_this_training', again['val_bpc_recorded']) == again['val_bpc_recorded']
+  assert 'val_bpc_this_training' in again  # the second time it trained
 
 
 def test_late_arms_set_the_fields_they_name(tmp_path):
