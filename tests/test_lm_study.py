@@ -159,7 +159,9 @@ def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, m
     assert lm_study.result_path(study, cp_run).read_text() == recorded
     again = json.loads(lm_study.diagnostics_path(study, cp_run).read_text())
     assert again['steps'] == d['steps']
-    assert again.get('val_bpc_this_training', again['val_bpc_recorded']) == again['val_bpc_recorded']
+    assert (
+        again.get('val_bpc_this_training', again['val_bpc_recorded']) == again['val_bpc_recorded']
+    )
   assert 'val_bpc_this_training' in again  # the second time it trained
 
 
