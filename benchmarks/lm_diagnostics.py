@@ -54,6 +54,7 @@ GRAD_WINDOWS = 64  # fixed training windows of the gradient norm
 GRAD_SEED = 27
 COPY_WINDOWS = 32  # repeated random windows of the copying score
 COPY_SEED = 28
+COPYING = ('copying_bpc', 'copying_text_bpc')  # the two copying scores: random bytes; text
 BATCH = 16
 
 
@@ -167,21 +168,20 @@ def gradient_norms(model, variables, tokens: np.ndarray) -> dict[str, float]:
 
 
 def copying_windows(n: int, count: int = COPY_WINDOWS, seed: int = COPY_SEED) -> np.ndarray:
-  """``[count, n + 1]`` int32 bytes: a random printable sequence of ``n // 2``
-  bytes, then the same again (and its first byte, the last target)."""
-  half = np.random.default_rng(seed).integers(32, 127, (count, n // 2))
-  return np.concatenate([half, half, half[:, :1]], axis=1).astype(np.int32)
+  """:func:`repeated_windows` of ``count`` random printable sequences (nothing
+  in the first copy can be predicted)."""
+  return repeated_windows(np.random.default_rng(seed).integers(32, 127, (count, n // 2)), n)
 
 
 def repeated_windows(windows: np.ndarray, n: int) -> np.ndarray:
-  """:func:`copying_windows` from real text: the first ``n // 2`` bytes of each
-  window, then the same again (in distribution for the first copy)."""
+  """``[count, n + 1]`` int32: the first ``n // 2`` bytes of each window, the same
+  again, and their first byte (the last target)."""
   half = windows[:, : n // 2]
   return np.concatenate([half, half, half[:, :1]], axis=1).astype(np.int32)
 
 
 def copying_bpc(model, variables, tokens: np.ndarray) -> dict[str, float]:
-  """BPC on :func:`copying_windows`: ``first_copy`` (targets 1 .. n/2 - 1) and
+  """BPC on :func:`repeated_windows`: ``first_copy`` (targets 1 .. n/2 - 1) and
   ``second_copy`` (targets n/2 + 1 .. n, each the byte n/2 positions back; the
   target n/2 follows a byte not seen before and is in neither)."""
   n = tokens.shape[1] - 1
@@ -321,6 +321,3 @@ def _copying_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
   head = ['## Copying: BPC on a sequence and its repeat (random bytes; validation text)', '']
   columns = ['random, first copy', 'random, second copy', 'text, first copy', 'text, second copy']
   return head + _table(['run', 'step', *columns], rows)
-
-
-COPYING = ('copying_bpc', 'copying_text_bpc')  # random bytes; validation text

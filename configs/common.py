@@ -12,7 +12,7 @@ from typing import Sequence
 
 import ml_collections
 
-from contextpool_jax.training import config_fields
+from contextpool_jax.training import config_fields, writers
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -48,12 +48,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.wandb = ml_collections.ConfigDict(
       # entity, name: '' = your default entity, the workdir's name; mode: '' (W&B's
       # default: WANDB_MODE, else online) | 'online' | 'offline' | 'disabled'.
-      dict(project='contextpool-jax', entity='', name='', mode='')
+      dict(project=writers.PROJECT, entity='', name='', mode='')
   )
   c.mlflow = ml_collections.ConfigDict(
       # tracking_uri: '' = sqlite:///<workdir>/mlruns/mlflow.db (offline; artifacts in
       # <workdir>/mlruns/artifacts) or a server's URI; run_name: '' = the workdir's name.
-      dict(tracking_uri='', experiment='contextpool-jax', run_name='')
+      dict(tracking_uri='', experiment=writers.PROJECT, run_name='')
   )
   # A jax.profiler trace of steps start_step .. start_step + num_steps - 1 into
   # <workdir>/profile (training/profiling.py); num_steps=0: off.

@@ -58,6 +58,9 @@ METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
 WANDB_DIR = 'wandb'
 MLFLOW_DIR = 'mlruns'
+# The W&B project and the MLflow experiment (config.wandb.project, config.mlflow.experiment)
+# when the config names none.
+PROJECT = 'contextpool-jax'
 DEFAULT_WRITERS = ('jsonl', 'tensorboard')
 
 
@@ -310,7 +313,7 @@ class WandbWriter:
     self._wandb = wandb
     get = lambda key, default='': checks.lookup(run.config, f'wandb.{key}', default)
     self.run = wandb.init(
-        project=get('project') or 'contextpool-jax',
+        project=get('project') or PROJECT,
         entity=get('entity') or None,
         name=get('name') or run.workdir.name,
         dir=str(run.workdir),
@@ -336,9 +339,6 @@ class WandbWriter:
     self.run.finish()
 
 
-register('jsonl', JsonlWriter)
-register('tensorboard', TensorBoardWriter, packages=('tensorboardX',), extra='train')
-MLFLOW_EXPERIMENT = 'contextpool-jax'
 MLFLOW_STATS = {
     'min': np.min,
     'p10': lambda v: np.percentile(v, 10),
@@ -407,7 +407,7 @@ class MlflowWriter:
 
   ``config.mlflow``: ``tracking_uri`` ('' = ``sqlite:///<workdir>/mlruns/mlflow.db``,
   artifacts in ``<workdir>/mlruns/artifacts``; or a server, ``http://host:5000``),
-  ``experiment`` ('' = ``'contextpool-jax'``), ``run_name`` ('' = the workdir's
+  ``experiment`` ('' = :data:`PROJECT`), ``run_name`` ('' = the workdir's
   name). The run id is kept in ``<workdir>/mlruns/run_id``: a resumed run continues
   that MLflow run. MLflow's usage telemetry is off unless ``MLFLOW_DISABLE_TELEMETRY``
   is set otherwise (no network at run time).
@@ -422,7 +422,7 @@ class MlflowWriter:
     uri, artifacts = mlflow_store(run.workdir, get('tracking_uri'))
     with console.library_logs('mlflow.store.db.utils', 'alembic'):
       self.client = tracking.MlflowClient(tracking_uri=uri)  # a new store creates its tables
-    self.run_id = self._run_id(run, get('experiment') or MLFLOW_EXPERIMENT, artifacts)
+    self.run_id = self._run_id(run, get('experiment') or PROJECT, artifacts)
     self._log_config(run.config_dict())
 
   def _run_id(self, run: Run, experiment: str, artifacts: Optional[str]) -> str:
@@ -487,6 +487,8 @@ class MlflowWriter:
     self.client.set_terminated(self.run_id)
 
 
+register('jsonl', JsonlWriter)
+register('tensorboard', TensorBoardWriter, packages=('tensorboardX',), extra='train')
 register('wandb', WandbWriter, packages=('wandb',), extra='wandb', validate=_check_wandb)
 register(
     'mlflow',
