@@ -96,8 +96,10 @@ def test_report_tables_carry_the_recorded_values():
       'layers': {'layer_0/context_pool': layer},
       'grad_norm': grad,
       'copying_bpc': {'first_copy': 6.5, 'second_copy': 0.25},
+      'attention': {'layer_1': {'previous_token': [0.125, 0.5], 'induction': [0.75, 0.25]}},
   }
   md = diag.report({'run-a': {'steps': {'500': step}}})
+  assert '| run-a | 500 | layer_1 | 0.500 (head 1) | 0.750 (head 0) |' in md
   assert '| run-a | 500 | 6.500 | 0.250 | - | - |' in md  # recorded before copying_text_bpc
   assert 'non-overlapping 16-byte windows' in md
   assert '| run-a | 500 | 2.500 | 2.250 | 2.000 |' in md
@@ -124,3 +126,41 @@ def test_copying_windows_repeat_and_the_score_splits_the_copies():
   text = diag.repeated_windows(_tokens(3), N)
   np.testing.assert_array_equal(text[:, N // 2 : N], _tokens(3)[:, : N // 2])
   np.testing.assert_array_equal(text[:, N // 2 + 1 :], text[:, 1 : N // 2 + 1])
+
+
+@pytest.mark.parametrize('heads', [None, 1])  # every head reads the pooled features; a HeadMix
+def test_attention_weights_reproduce_the_attention_output(heads):
+  """Weights x values through the output projection give the self-attention's
+  own output, so the weights are the ones the model uses (scale, mask, heads)."""
+  model = T.TransformerLM(**TINY, context_pool={}, context_pool_heads=heads)
+  tokens = diag.copying_windows(N, count=3)
+  variables = model.init(jax.random.key(0), tokens[:1, :-1])
+  weights = diag.attention_weights(model, variables, tokens)
+  assert set(weights) == {'layer_0', 'layer_1'}
+  probed = lambda m, name: name == '__call__' and m.name in ('value', 'self_attention')
+  _, inter = model.apply(
+      variables, tokens[:, :-1], mutable=['intermediates'], capture_intermediates=probed
+  )
+  for layer, w in weights.items():
+    chex.assert_shape(w, (3, 2, N, N))
+    assert np.all(np.triu(w, 1) == 0) and np.allclose(w.sum(-1), 1.0)
+    got = inter['intermediates']['decoder'][layer]['self_attention']
+    v = diag._projection(model, got['value']['__call__'])  # pylint: disable=protected-access
+    out = variables['params']['decoder'][layer]['self_attention']['out']
+    y = np.einsum('bhqk,bkhd,hdf->bqf', w, v, out['kernel']) + out['bias']
+    np.testing.assert_allclose(y, got['__call__'][0], atol=1e-5)
+
+
+def test_head_scores_of_known_patterns():
+  """Head 0 always attends to the previous byte; head 1, in the second copy, to
+  the byte after the earlier occurrence (else to itself)."""
+  n = 8
+  w = np.zeros((2, 2, n, n))
+  w[:, 0, 0, 0] = 1.0
+  for t in range(1, n):
+    w[:, 0, t, t - 1] = 1.0
+  for t in range(n):
+    w[:, 1, t, t - n // 2 + 1 if t >= n // 2 else t] = 1.0
+  got = diag.head_scores(w)
+  assert got['previous_token'] == [1.0, 0.0]
+  assert got['induction'] == [0.0, 1.0]
