@@ -113,8 +113,9 @@ ARMS = {
 }
 # Issue 27: arms against the late deficit of the default ContextPool, each a
 # field (README "Decisions"), screened on the long setup. SEQ_LEN stands for
-# the study's --size_seq_len.
+# the study's --size_seq_len, BELOW_TOP for the layer below the run's top one.
 SEQ_LEN = 'seq_len'
+BELOW_TOP = 'below_top'
 LATE_ARMS = {
     # Where and what the attention reads pooled (model fields).
     'cp_after_attention': Arm('contextpool', {}, dict(context_pool_first_layer=1)),
@@ -122,6 +123,10 @@ LATE_ARMS = {
     'cp_q': Arm('contextpool', {}, dict(context_pool_reads='q')),
     'cp_half_heads': Arm('contextpool', {}, dict(context_pool_heads=2)),  # of the 4 heads
     'cp_one_head': Arm('contextpool', {}, dict(context_pool_heads=1)),
+    # Pooled features in every layer but the top one, whose attention reads
+    # exact bytes (the diagnostics: pooled queries in the top layer leave no
+    # induction head).
+    'cp_below_top': Arm('contextpool', {}, dict(context_pool_last_layer=BELOW_TOP)),
     # How the pooled features replace the input, and the sizes (layer fields).
     'cp_gate': Arm('contextpool', dict(gate=True)),
     'cp_narrow': Arm('contextpool', dict(size_bias_init=-3.2)),  # s ~ 0.04: sigma ~ 1 at r n = 25.6
@@ -278,18 +283,20 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
 
   arm = ARMS[run.arm]
   c = default.get_config('baseline' if arm.context_pool is None else '')
+  resolved = lambda fields: {
+      k: {SEQ_LEN: sizes.seq_len, BELOW_TOP: run.depth - 2}.get(v, v) if isinstance(v, str) else v
+      for k, v in fields.items()
+  }
   with c.unlocked():
     if arm.context_pool is not None:
-      c.model.context_pool.update(
-          {k: sizes.seq_len if v == SEQ_LEN else v for k, v in arm.context_pool.items()}
-      )
+      c.model.context_pool.update(resolved(arm.context_pool))
     c.model.update(
         dict(
             num_layers=run.depth,
             emb_dim=sizes.emb_dim,
             mlp_dim=sizes.mlp_dim,
             num_heads=sizes.num_heads,
-            **arm.model,
+            **resolved(arm.model),
         )
     )
     c.seed = run.seed

@@ -76,6 +76,7 @@ def _representative_overrides(config):
       out.update(
           {
               'model.context_pool_first_layer': 1,
+              'model.context_pool_last_layer': 1,
               'model.context_pool_reads': 'kv',
               'model.context_pool_heads': 1,
           }

@@ -130,6 +130,9 @@ MODEL_CASES = {
         context_pool_reads='kv',
         context_pool_heads=1,
     ),
+    'cp_below_top': dict(
+        num_layers=3, scan_layers=True, context_pool={}, context_pool_last_layer=1
+    ),
     'scan_local_remat': dict(num_layers=3, scan_layers=True, remat=True, attention='local'),
 }
 SOURCE = jnp.array([[3, 4, 5, 6, 1, 0, 0], [7, 1, 0, 0, 0, 0, 0]], jnp.int32)  # padded source
@@ -176,7 +179,9 @@ def test_transformer_cached_decoding_equals_full_forward(case):
   chex.assert_trees_all_close(cached, full, atol=5e-5, rtol=5e-5)
 
 
-@pytest.mark.parametrize('case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp', 'cp_split'])
+@pytest.mark.parametrize(
+    'case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp', 'cp_split', 'cp_below_top']
+)
 @pytest.mark.sweep
 def test_lm_cached_decoding_equals_full_forward(case):
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})

@@ -172,6 +172,9 @@ def test_late_arms_set_the_fields_they_name(tmp_path):
   assert config('cp_half_heads').model.context_pool_heads == 2
   assert config('cp_kv').model.context_pool_reads == 'kv'
   assert config('cp_after_attention').model.context_pool_first_layer == 1
+  assert config('cp_below_top').model.context_pool_last_layer == 0  # the layer below the top
+  deep = lm_study.make_config(lm_study.Run('code', 'cp_below_top', 4, 6, 0), sizes, tmp_path)
+  assert deep.model.context_pool_last_layer == 2 and deep.model.num_layers == 4
   assert config('cp_gate').model.context_pool.gate is True
   both = config('cp_half_heads_gate').model
   assert both.context_pool.gate is True and both.context_pool_heads == 2

@@ -1,5 +1,6 @@
 """Transformer encoder-decoder and character LM: shapes, causality, padding, overfitting."""
 
+import dataclasses
 import functools
 
 import chex
@@ -96,6 +97,7 @@ CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(attention='area', area_key_mode='concat'),
     dict(attention='area', area_value_mode='max'),
     dict(context_pool={}, context_pool_first_layer=1),
+    dict(context_pool={}, context_pool_last_layer=0),
     dict(context_pool={'sigma_length': 12}, context_pool_reads='kv'),
     dict(context_pool={'gate': True}, context_pool_reads='q'),
     dict(context_pool={}, context_pool_heads=1, attention='local'),
@@ -217,10 +219,33 @@ def test_context_pool_first_layer_leaves_the_first_layers_without_it():
   chex.assert_trees_all_equal(layer_0(model, p), layer_0(base, p_base))
 
 
+@pytest.mark.slow
+def test_context_pool_last_layer_leaves_the_layers_after_it_without_it():
+  """context_pool_last_layer=0 of 2 layers: layer 1 has no ContextPool and
+  computes, from layer 0's output, what a layer without ContextPool does."""
+  tokens = _tokens((2, 10))
+  model = T.TransformerLM(**TINY, context_pool={}, context_pool_last_layer=0)
+  assert model.config.context_pool_layers() == range(1)
+  variables = _init(model, tokens)
+  params = variables['params']['decoder']
+  assert 'context_pool' in params['layer_0'] and 'context_pool' not in params['layer_1']
+  _, inter = model.apply(variables, tokens, capture_intermediates=True, mutable=['intermediates'])
+  outputs = inter['intermediates']['decoder']
+  plain = T.TransformerLayer(dataclasses.replace(model.config, context_pool=None), causal=True)
+  valid = jnp.ones(tokens.shape, bool)
+  want = plain.apply({'params': params['layer_1']}, outputs['layer_0']['__call__'][0], valid)
+  chex.assert_trees_all_close(outputs['layer_1']['__call__'][0], want, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     'fields,message',
     [
         (dict(context_pool_first_layer=2), 'context_pool_first_layer=2 leaves no layer'),
+        (dict(context_pool_last_layer=2), 'context_pool_last_layer=2 is outside'),
+        (
+            dict(context_pool_first_layer=1, context_pool_last_layer=0),
+            'context_pool_last_layer=0 is outside context_pool_first_layer=1',
+        ),
         (dict(context_pool_heads=3), 'context_pool_heads=3 exceeds num_heads=2'),
         (
             dict(context_pool_reads='kv', context_pool_position='output'),
@@ -351,6 +376,7 @@ def test_overfits_one_batch(name):
         ('context_pool_reads', 'k'),
         ('context_pool_heads', 0),
         ('context_pool_first_layer', -1),
+        ('context_pool_last_layer', -1),
     ],
 )
 def test_bad_options_raise(field, value):

@@ -137,6 +137,9 @@ class TransformerConfig:
       layer). 1 is the paper's "after each attention block ... for use in the
       next attention block" read literally with ``'attention_input'``: layer
       0's attention reads the unpooled embeddings.
+    context_pool_last_layer: the last layer with ContextPool (None: the
+      last layer); the layers after it read ``LN x``. An extension (issue 27):
+      the top layer's attention reads exact features, the lower ones pooled.
     context_pool_reads: ``'attention_input'`` only: which inputs of the
       self-attention read the pooled features, ``'qkv'`` (default) | ``'kv'``
       (queries read ``LN x``) | ``'q'`` (keys and values read ``LN x``).
@@ -164,6 +167,7 @@ class TransformerConfig:
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'attention_input'
   context_pool_first_layer: int = 0
+  context_pool_last_layer: Optional[int] = None
   context_pool_reads: str = 'qkv'
   context_pool_heads: Optional[int] = None
   scan_layers: bool = False
@@ -200,6 +204,18 @@ class TransformerConfig:
           f'{owner}.num_heads={self.num_heads!r} does not divide ' f'emb_dim={self.emb_dim!r}.'
       )
 
+  def context_pool_layers(self) -> range:
+    """The layers with ContextPool: ``context_pool_first_layer`` to
+    ``context_pool_last_layer`` (empty without ContextPool)."""
+    if self.context_pool is None:
+      return range(0)
+    last = (
+        self.num_layers - 1
+        if self.context_pool_last_layer is None
+        else self.context_pool_last_layer
+    )
+    return range(self.context_pool_first_layer, last + 1)
+
   def check_context_pool_placement(self, owner: str) -> None:
     """The ``context_pool_*`` placement fields (first layer, reads, heads)."""
     checks.check_choice(owner, 'context_pool_reads', self.context_pool_reads, CONTEXT_POOL_READS)
@@ -213,6 +229,14 @@ class TransformerConfig:
     checks.check_positive(
         owner, 'context_pool_heads', self.context_pool_heads, integer=True, allow_none=True
     )
+    checks.check_positive(
+        owner,
+        'context_pool_last_layer',
+        self.context_pool_last_layer,
+        integer=True,
+        allow_zero=True,
+        allow_none=True,
+    )
     if self.context_pool is None:
       return
     if self.context_pool_first_layer >= self.num_layers:
@@ -220,6 +244,13 @@ class TransformerConfig:
           f'{owner}.context_pool_first_layer={self.context_pool_first_layer!r} leaves no '
           f'layer with ContextPool (num_layers={self.num_layers}); expected 0 to '
           f'{self.num_layers - 1}, or context_pool=None for no ContextPool.'
+      )
+    last = self.context_pool_last_layer
+    if last is not None and not self.context_pool_first_layer <= last < self.num_layers:
+      raise ConfigError(
+          f'{owner}.context_pool_last_layer={last!r} is outside context_pool_first_layer='
+          f'{self.context_pool_first_layer} to num_layers - 1 = {self.num_layers - 1};'
+          ' expected a layer in that range, or None (the last layer).'
       )
     if self.context_pool_heads is not None and self.context_pool_heads > self.num_heads:
       raise ConfigError(
@@ -629,8 +660,9 @@ class TransformerStack(nn.Module):
 
   With ``attention='area'`` the first ``num_area_layers`` layers use area
   attention and the rest standard attention (Li et al., 2019); with
-  ContextPool, layers before ``context_pool_first_layer`` have none. With
-  ``scan_layers`` the identical layers after those are one ``nn.scan``
+  ContextPool, layers outside ``context_pool_first_layer`` to
+  ``context_pool_last_layer`` have none. With ``scan_layers`` the identical
+  layers between those are one ``nn.scan``
   (parameters stacked on a leading axis), so one layer is compiled instead of
   n. ``remat`` recomputes each layer's activations in the backward pass.
 
@@ -666,16 +698,28 @@ class TransformerStack(nn.Module):
     args = (valid,) if memory is None else (valid, memory, memory_valid)
     num_area = min(cfg.num_area_layers, cfg.num_layers) if cfg.attention == 'area' else 0
     rest_kind = 'standard' if cfg.attention == 'area' else cfg.attention
-    # The first layers differ from the rest (area attention, no ContextPool):
-    # built one by one; the identical rest may be one nn.scan.
-    first = max(num_area, cfg.context_pool_first_layer if cfg.context_pool is not None else 0)
+    # The layers that differ from the middle ones (area attention, no
+    # ContextPool) are built one by one; the identical middle may be one nn.scan.
+    pooled = cfg.context_pool_layers() if cfg.context_pool is not None else range(cfg.num_layers)
+    first = max(num_area, pooled.start)
+    stop = max(first, pooled.stop)  # the middle: layers first .. stop - 1
+    one = lambda i: layer(
+        attention_kind='area' if i < num_area else rest_kind,
+        use_context_pool=i in pooled,
+        name=f'layer_{i}',
+    )
     for i in range(first):
-      x = layer(
-          attention_kind='area' if i < num_area else rest_kind,
-          use_context_pool=i >= cfg.context_pool_first_layer,
-          name=f'layer_{i}',
-      )(x, *args)
-    rest = cfg.num_layers - first
+      x = one(i)(x, *args)
+    x = self._middle(layer, rest_kind, first, stop, x, args)
+    for i in range(stop, cfg.num_layers):
+      x = one(i)(x, *args)
+    return nn.LayerNorm(dtype=cfg.dtype, param_dtype=cfg.param_dtype, name='norm')(x)
+
+  def _middle(self, layer, kind: str, first: int, stop: int, x: Array, args: tuple) -> Array:
+    """Layers ``first .. stop - 1`` (identical: one ``nn.scan`` with
+    ``scan_layers``), each with ContextPool if the model has it."""
+    cfg = self.config
+    rest = stop - first
     if cfg.scan_layers and rest > 1:
       scanned = nn.scan(
           _ScanBody,
@@ -684,13 +728,11 @@ class TransformerStack(nn.Module):
           in_axes=(nn.broadcast,) * len(args),
           length=rest,
       )
-      x, _ = scanned(functools.partial(layer, attention_kind=rest_kind), name='scanned_layers')(
-          x, *args
-      )
+      x, _ = scanned(functools.partial(layer, attention_kind=kind), name='scanned_layers')(x, *args)
     else:
-      for i in range(first, cfg.num_layers):
-        x = layer(attention_kind=rest_kind, name=f'layer_{i}')(x, *args)
-    return nn.LayerNorm(dtype=cfg.dtype, param_dtype=cfg.param_dtype, name='norm')(x)
+      for i in range(first, stop):
+        x = layer(attention_kind=kind, name=f'layer_{i}')(x, *args)
+    return x
 
 
 def _check_tokens(owner: str, name: str, tokens: Array) -> None:
