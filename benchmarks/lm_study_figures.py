@@ -20,6 +20,17 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def _style(i: int, baseline: bool) -> dict[str, Any]:
+  """The line of the i-th curve: the baseline black and thick, the others a
+  colour each (tab20, so a dozen arms do not share colours)."""
+  if baseline:
+    return dict(lw=2.2, color='k')
+  j = i % 20  # the ten dark colours first, then their light pairs
+  return dict(
+      lw=1.4, color=plt.get_cmap('tab20')(2 * (j % 10) + j // 10), ls='-' if i < 20 else '--'
+  )
+
+
 def _long_groups(results: Sequence[dict[str, Any]], long_steps: int) -> list[tuple[str, int]]:
   return sorted({(r['corpus'], r['depth']) for r in results if r['steps'] == long_steps})
 
@@ -34,11 +45,11 @@ def long_curves(
     mine = [
         r for r in results if (r['corpus'], r['depth'], r['steps']) == (corpus, depth, long_steps)
     ]
-    for arm in [a for a in arm_order if any(r['arm'] == a for r in mine)]:
+    for i, arm in enumerate(a for a in arm_order if any(r['arm'] == a for r in mine)):
       curves = [dict(r['val_curve']) for r in mine if r['arm'] == arm]
       steps = sorted(set.intersection(*(set(c) for c in curves)))
       mean = [statistics.mean(c[s] for c in curves) for s in steps]
-      style = dict(lw=2.2, color='k') if arm == 'baseline' else dict(lw=1.4)
+      style = _style(i, arm == 'baseline')
       (line,) = ax.plot(
           steps, mean, label=f'{arm} ({len(curves)} seed{"s" * (len(curves) > 1)})', **style
       )
@@ -64,10 +75,10 @@ def position_losses(diagnostics: dict[str, dict[str, Any]], path: pathlib.Path) 
   names = list(first['val_bpc_by_bucket'])
   fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
   for ax, name in zip(axes[0], names):
-    for key, d in diagnostics.items():
+    for i, (key, d) in enumerate(diagnostics.items()):
       steps = sorted(d['steps'], key=int)
       values = [d['steps'][s]['val_bpc_by_bucket'][name] for s in steps]
-      style = dict(lw=2.2, color='k') if '-baseline-' in key else dict(lw=1.4)
+      style = _style(i, '-baseline-' in key)
       ax.plot([int(s) for s in steps], values, marker='o', ms=3, label=key, **style)
     ax.set_xlabel('training step')
     ax.set_ylabel('validation BPC')
