@@ -271,14 +271,15 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
     batches.append({k: np.asarray(v, np.float32) for k, v in flat.items()})
   bpc = nll_sum / len(valid) / math.log(2.0)
   merged = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  copies = copying_windows(n)
   return {
       'val_bpc_by_bucket': {bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in buckets(n)},
       'val_bpc_all_positions': float(bpc.mean()),
       'layers': _layer_stats(merged, n),
       'grad_norm': gradient_norms(model, variables, train),
-      'copying_bpc': copying_bpc(model, variables, copying_windows(n)),
+      'copying_bpc': copying_bpc(model, variables, copies),
       'copying_text_bpc': copying_bpc(model, variables, repeated_windows(valid[:COPY_WINDOWS], n)),
-      'attention': attention_scores(model, variables, copying_windows(n)),
+      'attention': attention_scores(model, variables, copies),
   }
 
 
@@ -372,7 +373,7 @@ def report(diagnostics: dict[str, dict[str, Any]]) -> str:
       emb = g.get('embedder', 0.0)  # the tied input/output embedding
       rows.append([key, step, f'{g["total"]:.3f}', f'{emb:.3f}', f'{att:.3f}', f'{cp:.3f}'])
   lines += _table(['run', 'step', 'total', 'embedding', 'self-attention', 'ContextPool'], rows)
-  return '\n'.join(lines + _copying_table(diagnostics) + _attention_table(diagnostics))
+  return '\n'.join(lines + _copying_table(diagnostics) + _attention_table(diagnostics, n))
 
 
 def _copying_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
@@ -391,9 +392,10 @@ def _copying_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
   return head + _table(['run', 'step', *columns], rows)
 
 
-def _attention_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
+def _attention_table(diagnostics: dict[str, dict[str, Any]], n: int) -> list[str]:
   """Per layer, the best head's previous-token and induction scores of the runs
-  that have them (diagnosed after :func:`attention_scores` was added)."""
+  that have them (diagnosed after :func:`attention_scores` was added), and what
+  uniform causal attention over ``n`` bytes scores."""
   rows = []
   for key, d in diagnostics.items():
     for step, s in sorted(d['steps'].items(), key=lambda kv: int(kv[0])):
@@ -408,12 +410,14 @@ def _attention_table(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
         )
   if not rows:
     return []
+  uniform = head_scores(np.tril(np.ones((1, 1, n, n))) / np.arange(1, n + 1)[:, None])
   head = [
       '## Attention patterns on repeated random bytes (best head per layer)',
       '',
       'previous-token: mean weight of position t on t - 1; induction: mean weight of t'
       ' (second copy) on the byte after the earlier occurrence of its byte. Uniform'
-      ' causal attention over 256 bytes scores 0.020 and 0.005.',
+      f' causal attention over {n} bytes scores {uniform["previous_token"][0]:.3f}'
+      f' and {uniform["induction"][0]:.3f}.',
       '',
   ]
   return head + _table(['run', 'step', 'layer', 'previous-token', 'induction'], rows)

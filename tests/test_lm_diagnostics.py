@@ -100,6 +100,9 @@ def test_report_tables_carry_the_recorded_values():
   }
   md = diag.report({'run-a': {'steps': {'500': step}}})
   assert '| run-a | 500 | layer_1 | 0.500 (head 1) | 0.750 (head 0) |' in md
+  # Uniform causal attention: 1 / (t + 1) on each earlier byte.
+  uniform = [np.mean([1 / (t + 1) for t in ts]) for ts in (range(1, 16), range(8, 16))]
+  assert f'over 16 bytes scores {uniform[0]:.3f} and {uniform[1]:.3f}.' in md
   assert '| run-a | 500 | 6.500 | 0.250 | - | - |' in md  # recorded before copying_text_bpc
   assert 'non-overlapping 16-byte windows' in md
   assert '| run-a | 500 | 2.500 | 2.250 | 2.000 |' in md

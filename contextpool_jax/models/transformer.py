@@ -205,10 +205,8 @@ class TransformerConfig:
       )
 
   def context_pool_layers(self) -> range:
-    """The layers with ContextPool: ``context_pool_first_layer`` to
-    ``context_pool_last_layer`` (empty without ContextPool)."""
-    if self.context_pool is None:
-      return range(0)
+    """The layers with ContextPool when the model has it:
+    ``context_pool_first_layer`` to ``context_pool_last_layer``."""
     last = (
         self.num_layers - 1
         if self.context_pool_last_layer is None
