@@ -651,6 +651,75 @@ def _by_seed(results, **match) -> dict[int, dict[str, Any]]:
   return {r['seed']: r for r in results if all(r[k] == v for k, v in match.items())}
 
 
+def _fewer_layers_table(
+    rs: Sequence[dict[str, Any]], costs: dict[tuple[str, int], dict[str, Any]], val: str
+) -> list[str]:
+  """The paper's "fewer layers" claim: each arm at depth d against the
+  baseline at every deeper depth trained as long, paired by seed."""
+  from benchmarks import harness  # pylint: disable=g-import-not-at-top
+
+  rows = []
+  for steps, depth, arm in sorted({(r['steps'], r['depth'], r['arm']) for r in rs}):
+    if arm == 'baseline':
+      continue
+    mine = {s: r[val] for s, r in _by_seed(rs, arm=arm, steps=steps, depth=depth).items()}
+    for deeper in sorted({r['depth'] for r in rs if r['steps'] == steps and r['depth'] > depth}):
+      base = _by_seed(rs, arm='baseline', steps=steps, depth=deeper)
+      diff = paired(mine, {s: r[val] for s, r in base.items()})
+      if diff:
+        gflops = [
+            harness.gflops_cell(costs.get(k, {})) for k in ((arm, depth), ('baseline', deeper))
+        ]
+        rows.append(
+            f'| {steps} | {arm} | {depth} | {deeper} | {_diff_cell(diff)} | '
+            f'{gflops[0]} vs {gflops[1]} |'
+        )
+  if not rows:
+    return []
+  return [
+      '',
+      '### Fewer layers: an arm against the baseline with more layers, trained as long',
+      '',
+      '| steps | arm | depth | baseline depth | arm − deeper baseline (val, 95% CI, per seed)'
+      ' | beyond seed noise | GFLOPs/step (arm vs baseline) |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+  ] + rows
+
+
+def _val_at(result: dict[str, Any], step: int) -> Optional[float]:
+  return dict((s, v) for s, v in result['val_curve']).get(step)
+
+
+def _early_and_final_table(
+    rs: Sequence[dict[str, Any]], longer: Sequence[tuple[int, int]], early: int
+) -> list[str]:
+  """The longer runs' arms against the baseline at step ``early`` (the
+  shorter runs' length) and at the end, paired by seed: does an arm that ends
+  ahead keep its early lead? Validation BPC."""
+  rows = []
+  for steps, depth in longer:
+    base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
+    for arm in (a for a in ARMS if a != 'baseline'):
+      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      diffs = []
+      for step in (early, steps):
+        a, b = ({s: _val_at(r, step) for s, r in x.items()} for x in (mine, base))
+        diffs.append(paired(*({s: v for s, v in d.items() if v is not None} for d in (a, b))))
+      if diffs[1]:
+        cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
+        rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
+  if not rows:
+    return []
+  return [
+      '',
+      '### Early lead and end, paired by seed (validation BPC, arm − baseline)',
+      '',
+      f'| steps | depth | arm | at step {early} (95% CI, per seed) | beyond seed noise |'
+      ' at the end (95% CI, per seed) | beyond seed noise |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+  ] + rows
+
+
 def _curve_tables(
     rs: Sequence[dict[str, Any]],
     groups: Sequence[tuple[int, int]],
@@ -737,9 +806,11 @@ def corpus_report(
         "`>=`: the step has a loop (area attention's query blocks) whose body XLA's"
         ' `cost_analysis()` counts once, so its GFLOPs are a lower bound.',
     ]
+  lines += _fewer_layers_table(rs, costs, val)
+  longer = [g for g in groups if g[0] > groups[0][0]] if metric == 'bpc' and groups else []
+  lines += _early_and_final_table(rs, longer, early=groups[0][0]) if longer else []
   lines += ['', f'### Learning curves (validation {name}, mean over seeds)', '']
   lines += _curve_tables(rs, groups, 'val_curve')
-  longer = [g for g in groups if g[0] > groups[0][0]] if metric == 'bpc' and groups else []
   if longer:
     # Is a late reversal overfitting (train still better) or slower
     # optimisation (train worse too)? The training loss tells them apart.

@@ -295,6 +295,47 @@ def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
   assert 'Training loss' not in lm_study.corpus_report(short, {}, 'code')
 
 
+def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
+  def result(arm, depth, steps, seed, early, end):
+    return dict(
+        corpus='code',
+        arm=arm,
+        depth=depth,
+        steps=steps,
+        seed=seed,
+        key=f'{arm}{depth}{steps}{seed}',
+        val_bpc=end,
+        test_bpc=end,
+        val_curve=[[10, early], [steps, end]],
+    )
+
+  results = []
+  for s in (0, 1, 2):
+    results += [
+        result('baseline', 2, 10, s, 3.0, 3.0),
+        result('baseline', 2, 40, s, 3.0, 2.0),
+        result('baseline', 4, 40, s, 2.9, 1.8 + 0.1 * s),
+        # cp at depth 2: 0.5 ahead at step 10, behind by 0.1, 0.2, 0.3 at 40.
+        result('cp', 2, 40, s, 2.5, 2.0 + 0.1 * (s + 1)),
+    ]
+  costs = {('cp', 2): dict(gflops=16.0), ('baseline', 4): dict(gflops=27.0)}
+  md = lm_study.corpus_report(results, costs, 'code')
+  fewer = md.split('### Fewer layers')[1].split('###')[0]
+  # cp at depth 2 minus the depth-4 baseline: 2.1 - 1.8, 2.2 - 1.9, 2.3 - 2.0.
+  assert (
+      '| 40 | cp | 2 | 4 | +0.300 ± 0.000 (+0.300, +0.300, +0.300) | yes | 16.00 vs 27.00 |'
+      in fewer
+  )
+  assert '| 10 |' not in fewer  # no deeper baseline trained 10 steps
+  early = md.split('### Early lead and end')[1].split('###')[0]
+  assert '| at step 10 (' in early
+  row = next(line for line in early.splitlines() if line.startswith('| 40 | 2 | cp |'))
+  assert '-0.500 ± 0.000 (-0.500, -0.500, -0.500) | yes' in row
+  # std 0.1 over 3 seeds: half-width t(0.975, 2) 0.1 / sqrt(3) = 4.303 * 0.0577.
+  assert '+0.200 ± 0.248 (+0.100, +0.200, +0.300) | no |' in row
+  assert '| 40 | 4 |' not in early  # no arm but the baseline at depth 4
+
+
 @pytest.mark.slow
 def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
   study = tmp_path / 'study'
