@@ -12,7 +12,8 @@ every kept step:
   damped) and the median sigma, per position bucket;
 * **the pooled features' norm** ``|CP(LN x)| / |LN x|`` per bucket (with
   ``context_pool_position='attention_input'``: what the attention reads
-  against what it would read without ContextPool);
+  against what it would read without ContextPool; ``'mlp_input'``: the same
+  for the feed-forward; ``'output'``: not measured);
 * **validation BPC per position bucket** (:func:`buckets`: 0-63, 64-127,
   128-255 of a 256-byte window; the study's validation scores the second
   half of each window, its first window excepted) over the non-overlapping full windows of the validation split;
@@ -42,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import flax
 import jax
@@ -104,10 +105,15 @@ def training_windows(config) -> np.ndarray:
   return _windows(split, np.sort(rng.integers(0, len(split) - n - 1, GRAD_WINDOWS)), n)
 
 
+# The LayerNorm whose output ContextPool pools, per ``context_pool_position``
+# (``TransformerLayer``); 'output' pools the residual stream, not a norm.
+POOLED_NORM = {'attention_input': 'self_attention_norm', 'mlp_input': 'mlp_norm', 'output': None}
+
+
 def _is_probed(module, method_name: str) -> bool:
-  """Captured outputs: each ContextPool and the norm whose output it pools."""
+  """Captured outputs: each ContextPool and the norms whose output it may pool."""
   return method_name == '__call__' and (
-      isinstance(module, ContextPool) or module.name == 'self_attention_norm'
+      isinstance(module, ContextPool) or module.name in POOLED_NORM.values()
   )
 
 
@@ -124,14 +130,17 @@ def _forward(model, variables, tokens):
   return nll, {k: v[0] for k, v in flat.items()}
 
 
-def _layer_stats(flat: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
-  """Per ContextPool layer: s, sigma and the norm ratio per bucket (numpy in)."""
+def _layer_stats(
+    flat: dict[str, np.ndarray], n: int, pooled_norm: Optional[str]
+) -> dict[str, dict[str, Any]]:
+  """Per ContextPool layer: s, sigma and, when ContextPool pools the norm
+  named ``pooled_norm``, the norm ratio, per bucket (numpy in)."""
   out = {}
   for key in sorted(k for k in flat if k.endswith('/pool_sigma')):
     layer = key[: -len('/pool_sigma')]  # .../layer_i/context_pool
     s, sigma = flat[f'{layer}/pool_size'], flat[key]
     pooled = flat.get(f'{layer}/__call__')
-    plain = flat.get(f'{layer.rsplit("/", 1)[0]}/self_attention_norm/__call__')
+    plain = flat.get(f'{layer.rsplit("/", 1)[0]}/{pooled_norm}/__call__') if pooled_norm else None
     ratio = None
     if pooled is not None and plain is not None and pooled.shape == plain.shape:
       ratio = np.linalg.norm(pooled, axis=-1) / np.maximum(np.linalg.norm(plain, axis=-1), 1e-9)
@@ -275,7 +284,7 @@ def diagnose_step(model, variables, valid: np.ndarray, train: np.ndarray) -> dic
   return {
       'val_bpc_by_bucket': {bucket_name(lo, hi): float(bpc[lo:hi].mean()) for lo, hi in buckets(n)},
       'val_bpc_all_positions': float(bpc.mean()),
-      'layers': _layer_stats(merged, n),
+      'layers': _layer_stats(merged, n, POOLED_NORM[model.config.context_pool_position]),
       'grad_norm': gradient_norms(model, variables, train),
       'copying_bpc': copying_bpc(model, variables, copies),
       'copying_text_bpc': copying_bpc(model, variables, repeated_windows(valid[:COPY_WINDOWS], n)),

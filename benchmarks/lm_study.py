@@ -127,6 +127,10 @@ LATE_ARMS = {
     # exact bytes (the diagnostics: pooled queries in the top layer leave no
     # induction head).
     'cp_below_top': Arm('contextpool', {}, dict(context_pool_last_layer=BELOW_TOP)),
+    # Every attention exact; the feed-forward reads the pooled features (the
+    # diagnostics: the early lead is a local n-gram feature, the late cost that
+    # the queries carry it).
+    'cp_mlp_input': Arm('contextpool', {}, dict(context_pool_position='mlp_input')),
     # How the pooled features replace the input, and the sizes (layer fields).
     'cp_gate': Arm('contextpool', dict(gate=True)),
     'cp_narrow': Arm('contextpool', dict(size_bias_init=-3.2)),  # s ~ 0.04: sigma ~ 1 at r n = 25.6

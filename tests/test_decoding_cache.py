@@ -112,6 +112,7 @@ MODEL_CASES = {
     'area_sample_sum': dict(attention='area', max_area_width=4, area_key_mode='sample_sum'),
     'cp': dict(context_pool={}),
     'cp_output': dict(context_pool={}, context_pool_position='output'),
+    'cp_mlp_input': dict(context_pool={}, context_pool_position='mlp_input'),
     'cp_nonlocal_attention_map': dict(
         context_pool=dict(weights='nonlocal', mapping='attention', locality='fixed_window')
     ),

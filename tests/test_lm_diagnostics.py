@@ -77,6 +77,27 @@ def test_pool_size_statistics_of_a_known_size():
     assert 0 < st['all']['norm_ratio'] < 2
 
 
+@pytest.mark.parametrize('position', sorted(diag.POOLED_NORM))
+def test_norm_ratio_compares_the_pooled_features_with_what_they_replace(position):
+  """|CP(h)| / |h| for the h ContextPool pools: the attention's input norm,
+  the feed-forward's, or none (the residual stream is not a norm's output)."""
+  model = T.TransformerLM(**TINY, context_pool={}, context_pool_position=position)
+  valid = _tokens(4)
+  variables = model.init(jax.random.key(0), valid[:1, :-1])
+  stats = diag.diagnose_step(model, variables, valid, valid)['layers']['layer_1/context_pool']
+  norm = {'attention_input': 'self_attention_norm', 'mlp_input': 'mlp_norm'}.get(position)
+  if norm is None:
+    assert 'norm_ratio' not in stats['all']
+    return
+  _, inter = model.apply(
+      variables, valid[:, :-1], capture_intermediates=True, mutable=['intermediates']
+  )
+  layer = inter['intermediates']['decoder']['layer_1']
+  pooled, plain = (np.asarray(layer[k]['__call__'][0]) for k in ('context_pool', norm))
+  want = np.mean(np.linalg.norm(pooled, axis=-1) / np.linalg.norm(plain, axis=-1))
+  assert abs(stats['all']['norm_ratio'] - want) < 1e-5 * want
+
+
 def test_a_model_without_context_pool_has_no_layer_statistics():
   model = T.TransformerLM(**TINY)
   valid = _tokens(4)

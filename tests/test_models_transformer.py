@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from contextpool_jax.models import transformer as T
-from contextpool_jax.models.common import count_params
+from contextpool_jax.models.common import count_params, make_context_pool
 
 TINY = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
 KINDS = ('standard', 'local', 'area')
@@ -101,6 +101,7 @@ CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(context_pool={'sigma_length': 12}, context_pool_reads='kv'),
     dict(context_pool={'gate': True}, context_pool_reads='q'),
     dict(context_pool={}, context_pool_heads=1, attention='local'),
+    dict(context_pool={}, context_pool_position='mlp_input'),
 ]
 
 
@@ -193,6 +194,32 @@ def test_attention_reads_pooled_features_as_configured(reads, heads):
   want = _ref_attention(params['params']['self_attention'], q_in, kv_in)
   # float32 against float64: 1e-6 of the largest output.
   chex.assert_trees_all_close(got('self_attention'), want, atol=1e-6 * np.abs(want).max(), rtol=0)
+
+
+def test_mlp_input_pools_what_the_feed_forward_reads_and_leaves_attention_exact():
+  """context_pool_position='mlp_input': x' = x + Attn(LN x) (the layer
+  without ContextPool's attention), then x' + FFN(CP(LN x'))."""
+  cfg = T.TransformerConfig(**TINY, context_pool={}, context_pool_position='mlp_input')
+  x = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  valid = jnp.ones((2, 6), bool)
+  layer = T.TransformerLayer(cfg, causal=True)
+  params = _spread(layer.init(jax.random.key(1), x, valid))['params']
+  capture = lambda m, p: m.apply(
+      {'params': p}, x, valid, capture_intermediates=True, mutable=['intermediates']
+  )
+  y, inter = capture(layer, params)
+  got = lambda name: inter['intermediates'][name]['__call__'][0]
+  plain = T.TransformerLayer(dataclasses.replace(cfg, context_pool=None), causal=True)
+  exact = {k: v for k, v in params.items() if k != 'context_pool'}
+  _, plain_inter = capture(plain, exact)
+  attention = plain_inter['intermediates']['self_attention']['__call__'][0]
+  chex.assert_trees_all_close(got('self_attention'), attention, atol=1e-6)
+  pool = make_context_pool({}, dtype=None, param_dtype=jnp.float32, causal=True)
+  pooled = pool.apply({'params': params['context_pool']}, got('mlp_norm'), valid, True)
+  chex.assert_trees_all_close(got('context_pool'), pooled, atol=1e-6)
+  assert not np.allclose(pooled, got('mlp_norm'), atol=1e-3)
+  ffn = T.FeedForward(cfg).apply({'params': params['mlp']}, pooled)
+  chex.assert_trees_all_close(y, x + attention + ffn, atol=1e-5)
 
 
 def _spread(params, scale=3.0):

@@ -32,7 +32,9 @@ the paper's "self-attention module"); what is pooled "for use in the next
 attention block" is a field, ``context_pool_position``: by default the pooled
 features are what the next self-attention reads (``x + Attn(CP(LN(x)))``, the
 residual stream is not pooled); ``'output'`` pools the whole residual stream
-(each layer's output). Encoder: ContextPool with the source
+(each layer's output); ``'mlp_input'`` (an extension, issue 27) pools what the
+feed-forward reads (``x + FFN(CP(LN(x)))``) and leaves the attention exact.
+Encoder: ContextPool with the source
 padding mask. Decoder and LM: ``causal=True`` (forced; a conflicting override
 raises) with the target padding mask.
 
@@ -96,7 +98,7 @@ def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
   return q_valid[:, None, :, None] & kv_valid[:, None, None, :]
 
 
-CONTEXT_POOL_POSITIONS = ('output', 'attention_input')
+CONTEXT_POOL_POSITIONS = ('output', 'attention_input', 'mlp_input')
 # Which inputs of the self-attention read the pooled features
 # (context_pool_position='attention_input'): queries, keys and values; keys and
 # values only; queries only.
@@ -131,7 +133,7 @@ class TransformerConfig:
     area_value_mode: area value, one of the area attention ``VALUE_MODES``
       (``'sum'``: Eq. 4).
     context_pool: None (off) or a mapping of ContextPool field overrides.
-    context_pool_position: ``'attention_input' | 'output'``
+    context_pool_position: ``'attention_input' | 'output' | 'mlp_input'``
       (:class:`TransformerLayer`).
     context_pool_first_layer: the first layer with ContextPool (0: every
       layer). 1 is the paper's "after each attention block ... for use in the
@@ -548,7 +550,10 @@ class TransformerLayer(nn.Module):
   normalised input of the self-attention, ``x + Attn(CP(LN(x)))``, so the
   attention reads pooled features while the residual stream keeps every
   token's own features; ``'output'`` pools the layer's output (the residual
-  stream the next layer reads). Default measured (README "Results"): pooling
+  stream the next layer reads); ``'mlp_input'`` pools the normalised input of
+  the feed-forward, ``x + FFN(CP(LN(x)))``, and every attention reads exact
+  features (an extension: the pooled features as a local n-gram input of the
+  feed-forward, not of the queries). Default measured (README "Results"): pooling
   the residual stream raised the offline LM's validation BPC above the
   baseline's, pooling the attention input lowered it.
 
@@ -636,6 +641,8 @@ class TransformerLayer(nn.Module):
       )
       x = x + drop(h)
     h = norm(name='mlp_norm')(x)
+    if pool is not None and cfg.context_pool_position == 'mlp_input':
+      h = pool(h, x_valid, self.deterministic)  # the feed-forward reads pooled features
     h = FeedForward(cfg, self.deterministic, name='mlp')(h)
     x = x + drop(h)
     if pool is not None and cfg.context_pool_position == 'output':
