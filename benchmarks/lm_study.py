@@ -690,25 +690,35 @@ def _fewer_layers_table(
   ] + rows
 
 
-def _val_at(result: dict[str, Any], step: int) -> Optional[float]:
-  return dict((s, v) for s, v in result['val_curve']).get(step)
+def _curve_at(result: dict[str, Any], field: str, step: int) -> Optional[float]:
+  """``field``'s value at ``step`` (a ``[(step, value)]`` curve), None if not recorded."""
+  return dict((s, v) for s, v in result.get(field, [])).get(step)
+
+
+def _paired_at(mine, base, field: str, step: int, unit: float) -> Optional[dict[str, Any]]:
+  """:func:`paired` of two ``{seed: result}`` at one step of a curve, in ``unit``."""
+
+  def at(runs):
+    values = {s: _curve_at(r, field, step) for s, r in runs.items()}
+    return {s: v / unit for s, v in values.items() if v is not None}
+
+  return paired(at(mine), at(base))
 
 
 def _early_and_final_table(
     rs: Sequence[dict[str, Any]], longer: Sequence[tuple[int, int]], early: int
 ) -> list[str]:
-  """The longer runs' arms against the baseline at step ``early`` (the
-  shorter runs' length) and at the end, paired by seed: does an arm that ends
-  ahead keep its early lead? Validation BPC."""
+  """The longer runs' arms against the baseline, paired by seed: validation
+  BPC at step ``early`` (the shorter runs' length) and at the end, and the
+  training loss (BPC) at the end. Does an arm that ends ahead keep its early
+  lead, and is a late gap in optimisation or in generalisation?"""
+  points = [('val_curve', early, 1.0), ('val_curve', None, 1.0), ('train_curve', None, math.log(2))]
   rows = []
   for steps, depth in longer:
     base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
     for arm in (a for a in ARMS if a != 'baseline'):
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
-      diffs = []
-      for step in (early, steps):
-        a, b = ({s: _val_at(r, step) for s, r in x.items()} for x in (mine, base))
-        diffs.append(paired(*({s: v for s, v in d.items() if v is not None} for d in (a, b))))
+      diffs = [_paired_at(mine, base, field, step or steps, unit) for field, step, unit in points]
       if diffs[1]:
         cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
         rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
@@ -716,11 +726,11 @@ def _early_and_final_table(
     return []
   return [
       '',
-      '### Early lead and end, paired by seed (validation BPC, arm − baseline)',
+      '### Early lead and end, paired by seed (BPC, arm − baseline, 95% CI, per seed)',
       '',
-      f'| steps | depth | arm | at step {early} (95% CI, per seed) | beyond seed noise |'
-      ' at the end (95% CI, per seed) | beyond seed noise |',
-      '| --- | --- | --- | --- | --- | --- | --- |',
+      f'| steps | depth | arm | validation at step {early} | beyond seed noise |'
+      ' validation at the end | beyond seed noise | training loss at the end | beyond seed noise |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   ] + rows
 
 

@@ -307,6 +307,7 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
         val_bpc=end,
         test_bpc=end,
         val_curve=[[10, early], [steps, end]],
+        train_curve=[[steps, end * math.log(2)]],  # nats: the same BPC as validation
     )
 
   results = []
@@ -328,11 +329,11 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
   )
   assert '| 10 |' not in fewer  # no deeper baseline trained 10 steps
   early = md.split('### Early lead and end')[1].split('###')[0]
-  assert '| at step 10 (' in early
+  assert '| validation at step 10 |' in early
   row = next(line for line in early.splitlines() if line.startswith('| 40 | 2 | cp |'))
   assert '-0.500 ± 0.000 (-0.500, -0.500, -0.500) | yes' in row
   # std 0.1 over 3 seeds: half-width t(0.975, 2) 0.1 / sqrt(3) = 4.303 * 0.0577.
-  assert '+0.200 ± 0.248 (+0.100, +0.200, +0.300) | no |' in row
+  assert row.count('+0.200 ± 0.248 (+0.100, +0.200, +0.300) | no |') == 2  # validation, training
   assert '| 40 | 4 |' not in early  # no arm but the baseline at depth 4
 
 
