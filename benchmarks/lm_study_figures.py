@@ -38,31 +38,38 @@ def _long_groups(results: Sequence[dict[str, Any]], long_steps: int) -> list[tup
 def long_curves(
     results: Sequence[dict[str, Any]], long_steps: int, arm_order: Sequence[str], path: pathlib.Path
 ) -> pathlib.Path:
-  """One panel per long (corpus, depth): validation BPC vs step per arm."""
+  """One column per long (corpus, depth): validation BPC vs step per arm, the
+  whole run on top and its second half, where the arms end, below."""
   groups = _long_groups(results, long_steps)
-  fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 5), squeeze=False)
-  for ax, (corpus, depth) in zip(axes[0], groups):
+  fig, axes = plt.subplots(2, len(groups), figsize=(7 * len(groups), 9), squeeze=False)
+  for col, (corpus, depth) in enumerate(groups):
     mine = [
         r for r in results if (r['corpus'], r['depth'], r['steps']) == (corpus, depth, long_steps)
     ]
+    late = []  # every value drawn in the second half, for its y range
     for i, arm in enumerate(a for a in arm_order if any(r['arm'] == a for r in mine)):
       curves = [dict(r['val_curve']) for r in mine if r['arm'] == arm]
       steps = sorted(set.intersection(*(set(c) for c in curves)))
+      lo, hi = ([f(c[s] for c in curves) for s in steps] for f in (min, max))
       mean = [statistics.mean(c[s] for c in curves) for s in steps]
-      style = _style(i, arm == 'baseline')
-      (line,) = ax.plot(
-          steps, mean, label=f'{arm} ({len(curves)} seed{"s" * (len(curves) > 1)})', **style
-      )
-      if len(curves) > 1:
-        lo = [min(c[s] for c in curves) for s in steps]
-        hi = [max(c[s] for c in curves) for s in steps]
-        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
-    ax.set_ylim(top=min(ax.get_ylim()[1], 2.6))
-    ax.set_xlabel('training step')
-    ax.set_ylabel('validation BPC')
-    ax.set_title(f'{corpus}, depth {depth}: mean over seeds, band = seed range')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+      late += [v for s, a, b in zip(steps, lo, hi) if s >= long_steps // 2 for v in (a, b)]
+      label = f'{arm} ({len(curves)} seed{"s" * (len(curves) > 1)})'
+      for ax in axes[:, col]:
+        (line,) = ax.plot(steps, mean, label=label, **_style(i, arm == 'baseline'))
+        if len(curves) > 1:
+          ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+    top, bottom = axes[:, col]
+    top.set_ylim(top=min(top.get_ylim()[1], 2.6))
+    top.set_title(f'{corpus}, depth {depth}: mean over seeds, band = seed range')
+    top.legend(fontsize=8)
+    bottom.set_xlim(long_steps // 2, long_steps)
+    margin = 0.02 * (max(late) - min(late))
+    bottom.set_ylim(min(late) - margin, max(late) + margin)
+    bottom.set_title(f'{corpus}, depth {depth}: the second half')
+    for ax in (top, bottom):
+      ax.set_xlabel('training step')
+      ax.set_ylabel('validation BPC')
+      ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -365,3 +365,20 @@ def test_a_run_claimed_by_a_live_study_process_is_left_to_it(tmp_path):
   assert lm_study.claim(study, other) and lm_study.claim(study, other)  # re-entrant for its holder
   lm_study.release(study, other)
   assert not (study / 'runs' / f'{other.key}.claim').exists()
+
+
+def test_long_curves_draw_every_long_group_whole_and_its_second_half(tmp_path):
+  from benchmarks import lm_study_figures  # pylint: disable=g-import-not-at-top
+
+  def result(corpus, arm, seed, offset):
+    curve = [[s, 3.0 - s / 20 + offset] for s in range(10, 41, 10)]
+    return dict(corpus=corpus, arm=arm, depth=2, steps=40, seed=seed, val_curve=curve)
+
+  results = [result('code', 'baseline', s, 0.1 * s) for s in (0, 1)]
+  results += [result('code', 'cp', 0, 0.05), result('text', 'baseline', 0, 0.0)]
+  results += [dict(result('code', 'baseline', 0, 0.0), steps=10)]  # not a long run
+  path = lm_study_figures.long_curves(results, 40, list(lm_study.ARMS), tmp_path / 'long.png')
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  width, height = Image.open(path).size
+  assert width > height  # two columns (code, text) of two rows
