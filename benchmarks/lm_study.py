@@ -808,12 +808,19 @@ def corpus_report(
       cost = costs.get((arm, depth), {})
       gflops = harness.gflops_cell(cost)
       ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
+      ratio += ' (under load)' * bool(cost.get('measured_under_load'))
       lines.append(
           f'| {steps} | {depth} | {arm} | {len(mine)} | '
           f'{_mean_std([r[val] for r in mine.values()])} | '
           f'{_mean_std([r[test] for r in mine.values()])} | '
           f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
       )
+  if any(costs.get((r['arm'], r['depth']), {}).get('measured_under_load') for r in rs):
+    lines += [
+        '',
+        '`(under load)`: step time measured while other jobs shared the cores (recorded as'
+        ' `measured_under_load` in its costs file); its GFLOPs are exact, its step time is not.',
+    ]
   if any(costs.get((r['arm'], r['depth']), {}).get('gflops_lower_bound') for r in rs):
     lines += [
         '',

@@ -258,7 +258,10 @@ def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
   }
   md = lm_study.corpus_report(results, costs, 'code')
   assert '| 14.00 | 1.000x |' in md and '| >=11.40 | 1.700x |' in md
-  assert 'lower bound' in md
+  assert 'lower bound' in md and 'under load' not in md
+  costs[('area', 2)] = dict(costs[('area', 2)], measured_under_load=True)
+  md = lm_study.corpus_report(results, costs, 'code')
+  assert '| >=11.40 | 1.700x (under load) |' in md and 'its step time is not' in md
   assert 'lower bound' not in lm_study.corpus_report(
       results, {('baseline', 2): costs[('baseline', 2)]}, 'code'
   )
