@@ -712,13 +712,17 @@ def _early_and_final_table(
   BPC at step ``early`` (the shorter runs' length) and at the end, and the
   training loss (BPC) at the end. Does an arm that ends ahead keep its early
   lead, and is a late gap in optimisation or in generalisation?"""
-  points = [('val_curve', early, 1.0), ('val_curve', None, 1.0), ('train_curve', None, math.log(2))]
   rows = []
   for steps, depth in longer:
+    points = [
+        ('val_curve', early, 1.0),
+        ('val_curve', steps, 1.0),
+        ('train_curve', steps, math.log(2)),
+    ]
     base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
     for arm in (a for a in ARMS if a != 'baseline'):
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
-      diffs = [_paired_at(mine, base, field, step or steps, unit) for field, step, unit in points]
+      diffs = [_paired_at(mine, base, *point) for point in points]
       if diffs[1]:
         cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
         rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
