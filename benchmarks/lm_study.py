@@ -705,13 +705,24 @@ def _paired_at(mine, base, field: str, step: int, unit: float) -> Optional[dict[
   return paired(at(mine), at(base))
 
 
+def _paired_best(mine, base) -> Optional[dict[str, Any]]:
+  """:func:`paired` of two ``{seed: result}``'s lowest validation value along
+  training (a corpus small enough to overfit has it before the end)."""
+
+  def best(runs):
+    return {s: min(v for _, v in r['val_curve']) for s, r in runs.items() if r.get('val_curve')}
+
+  return paired(best(mine), best(base))
+
+
 def _early_and_final_table(
     rs: Sequence[dict[str, Any]], longer: Sequence[tuple[int, int]], early: int
 ) -> list[str]:
   """The longer runs' arms against the baseline, paired by seed: validation
-  BPC at step ``early`` (the shorter runs' length) and at the end, and the
-  training loss (BPC) at the end. Does an arm that ends ahead keep its early
-  lead, and is a late gap in optimisation or in generalisation?"""
+  BPC at step ``early`` (the shorter runs' length), at the end and at its
+  lowest along training, and the training loss (BPC) at the end. Does an arm
+  that ends ahead keep its early lead, and is a late gap in optimisation or in
+  generalisation?"""
   rows = []
   for steps, depth in longer:
     points = [
@@ -723,6 +734,7 @@ def _early_and_final_table(
     for arm in (a for a in ARMS if a != 'baseline'):
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
       diffs = [_paired_at(mine, base, *point) for point in points]
+      diffs.insert(2, _paired_best(mine, base))
       if diffs[1]:
         cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
         rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
@@ -733,8 +745,9 @@ def _early_and_final_table(
       '### Early lead and end, paired by seed (BPC, arm − baseline, 95% CI, per seed)',
       '',
       f'| steps | depth | arm | validation at step {early} | beyond seed noise |'
-      ' validation at the end | beyond seed noise | training loss at the end | beyond seed noise |',
-      '| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
+      ' validation at the end | beyond seed noise | lowest validation along training |'
+      ' beyond seed noise | training loss at the end | beyond seed noise |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   ] + rows
 
 
@@ -913,9 +926,10 @@ def _long_report(study_dir, results, out_dir: pathlib.Path) -> list[pathlib.Path
     path = out_dir / 'lm_study_diagnostics.md'
     path.write_text(lm_diagnostics.report(diagnostics) + '\n')
     written.append(path)
-    written.append(
-        lm_study_figures.position_losses(diagnostics, out_dir / 'lm_study_positions.png')
-    )
+    by_corpus: dict[str, dict[str, Any]] = {}
+    for key, d in diagnostics.items():
+      by_corpus.setdefault(parse_key(key).corpus, {})[key] = d
+    written.append(lm_study_figures.position_losses(by_corpus, out_dir / 'lm_study_positions.png'))
   return written
 
 

@@ -5,7 +5,7 @@
   the band between the lowest and the highest seed.
 * :func:`position_losses`: from the diagnostics of the seed-0 long runs
   (:mod:`benchmarks.lm_diagnostics`), the validation BPC of each position
-  bucket along training, one panel per bucket.
+  bucket along training, one row per corpus and one panel per bucket.
 """
 
 from __future__ import annotations
@@ -76,22 +76,34 @@ def long_curves(
   return path
 
 
-def position_losses(diagnostics: dict[str, dict[str, Any]], path: pathlib.Path) -> pathlib.Path:
-  """One panel per position bucket: validation BPC vs step per diagnosed run."""
-  first = next(iter(next(iter(diagnostics.values()))['steps'].values()))
+def position_losses(
+    diagnostics: dict[str, dict[str, dict[str, Any]]], path: pathlib.Path
+) -> pathlib.Path:
+  """One row per corpus (``diagnostics``: ``{corpus: {run key: diagnostics}}``),
+  one panel per position bucket: validation BPC vs step per diagnosed run; the
+  baselines black, the deeper ones dashed."""
+  rows = list(diagnostics.items())
+  first = next(iter(next(iter(rows[0][1].values()))['steps'].values()))
   names = list(first['val_bpc_by_bucket'])
-  fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
-  for ax, name in zip(axes[0], names):
-    for i, (key, d) in enumerate(diagnostics.items()):
-      steps = sorted(d['steps'], key=int)
-      values = [d['steps'][s]['val_bpc_by_bucket'][name] for s in steps]
-      style = _style(i, '-baseline-' in key)
-      ax.plot([int(s) for s in steps], values, marker='o', ms=3, label=key, **style)
-    ax.set_xlabel('training step')
-    ax.set_ylabel('validation BPC')
-    ax.set_title(f'positions {name} of the window')
-    ax.grid(alpha=0.3)
-  axes[0][-1].legend(fontsize=7)
+  fig, axes = plt.subplots(
+      len(rows), len(names), figsize=(6 * len(names), 4.5 * len(rows)), squeeze=False
+  )
+  for (corpus, runs), row in zip(rows, axes):
+    for ax, name in zip(row, names):
+      baselines = 0
+      for i, (key, d) in enumerate(runs.items()):
+        steps = sorted(d['steps'], key=int)
+        values = [d['steps'][s]['val_bpc_by_bucket'][name] for s in steps]
+        style = _style(i, '-baseline-' in key)
+        if '-baseline-' in key:
+          style['ls'] = '-' if baselines == 0 else '--'
+          baselines += 1
+        ax.plot([int(s) for s in steps], values, marker='o', ms=3, label=key, **style)
+      ax.set_xlabel('training step')
+      ax.set_ylabel('validation BPC')
+      ax.set_title(f'{corpus}: positions {name} of the window')
+      ax.grid(alpha=0.3)
+    row[-1].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

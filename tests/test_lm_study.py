@@ -299,7 +299,8 @@ def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
 
 
 def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
-  def result(arm, depth, steps, seed, early, end):
+  def result(arm, depth, steps, seed, early, end, lowest=None):
+    middle = [] if lowest is None else [[steps // 2, lowest]]  # overfits: lowest before the end
     return dict(
         corpus='code',
         arm=arm,
@@ -309,7 +310,7 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
         key=f'{arm}{depth}{steps}{seed}',
         val_bpc=end,
         test_bpc=end,
-        val_curve=[[10, early], [steps, end]],
+        val_curve=[[10, early], *middle, [steps, end]],
         train_curve=[[steps, end * math.log(2)]],  # nats: the same BPC as validation
     )
 
@@ -317,10 +318,11 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
   for s in (0, 1, 2):
     results += [
         result('baseline', 2, 10, s, 3.0, 3.0),
-        result('baseline', 2, 40, s, 3.0, 2.0),
+        result('baseline', 2, 40, s, 3.0, 2.0, lowest=1.7),
         result('baseline', 4, 40, s, 2.9, 1.8 + 0.1 * s),
-        # cp at depth 2: 0.5 ahead at step 10, behind by 0.1, 0.2, 0.3 at 40.
-        result('cp', 2, 40, s, 2.5, 2.0 + 0.1 * (s + 1)),
+        # cp at depth 2: 0.5 ahead at step 10, behind by 0.1, 0.2, 0.3 at 40,
+        # and 0.4 behind at its lowest (step 20), which it reaches before the end.
+        result('cp', 2, 40, s, 2.5, 2.0 + 0.1 * (s + 1), lowest=2.1),
     ]
   costs = {('cp', 2): dict(gflops=16.0), ('baseline', 4): dict(gflops=27.0)}
   md = lm_study.corpus_report(results, costs, 'code')
@@ -337,6 +339,9 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
   assert '-0.500 ± 0.000 (-0.500, -0.500, -0.500) | yes' in row
   # std 0.1 over 3 seeds: half-width t(0.975, 2) 0.1 / sqrt(3) = 4.303 * 0.0577.
   assert row.count('+0.200 ± 0.248 (+0.100, +0.200, +0.300) | no |') == 2  # validation, training
+  assert '| lowest validation along training |' in early
+  # The cells in order: step 10, the end, the lowest (2.1 - 1.7), training.
+  assert '| +0.400 ± 0.000 (+0.400, +0.400, +0.400) | yes | +0.200' in row
   assert '| 40 | 4 |' not in early  # no arm but the baseline at depth 4
 
 
