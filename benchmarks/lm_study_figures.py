@@ -81,7 +81,7 @@ def position_losses(
 ) -> pathlib.Path:
   """One row per corpus (``diagnostics``: ``{corpus: {run key: diagnostics}}``),
   one panel per position bucket: validation BPC vs step per diagnosed run; the
-  baselines black, the deeper ones dashed."""
+  baselines black, the first solid and any other (another depth) dashed."""
   rows = list(diagnostics.items())
   first = next(iter(next(iter(rows[0][1].values()))['steps'].values()))
   names = list(first['val_bpc_by_bucket'])
