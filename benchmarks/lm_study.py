@@ -725,16 +725,15 @@ def _early_and_final_table(
   generalisation?"""
   rows = []
   for steps, depth in longer:
-    points = [
-        ('val_curve', early, 1.0),
-        ('val_curve', steps, 1.0),
-        ('train_curve', steps, math.log(2)),
-    ]
     base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
     for arm in (a for a in ARMS if a != 'baseline'):
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
-      diffs = [_paired_at(mine, base, *point) for point in points]
-      diffs.insert(2, _paired_best(mine, base))
+      diffs = [
+          _paired_at(mine, base, 'val_curve', early, 1.0),
+          _paired_at(mine, base, 'val_curve', steps, 1.0),
+          _paired_best(mine, base),
+          _paired_at(mine, base, 'train_curve', steps, math.log(2)),
+      ]
       if diffs[1]:
         cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
         rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
