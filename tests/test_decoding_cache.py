@@ -251,7 +251,7 @@ def test_cache_for_fewer_positions_is_the_leading_slice(case):
 def test_cache_shapes_and_dtypes_under_jit(dtype):
   cfg = {**TINY, **MODEL_CASES['cp_area_local_softmax'], 'dtype': dtype}
   model = T.Transformer(**cfg)
-  params = model.init(jax.random.key(0), SOURCE, jnp.ones((2, 3), jnp.int32))
+  params = jax.jit(model.init)(jax.random.key(0), SOURCE, jnp.ones((2, 3), jnp.int32))
   max_len, head_dim = 6, TINY['emb_dim'] // TINY['num_heads']
 
   @jax.jit
@@ -298,17 +298,22 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
 @pytest.mark.slow
 def test_bfloat16_cached_decoding_is_finite(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case], 'dtype': jnp.bfloat16})
-  params = _spread_kernels(model.init(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32)))
-  encoded = model.apply(params, SOURCE, method=model.encode)
-  cache = decoding.init_cache(model, params, encoded, SOURCE, 8)
-  step = jax.jit(
-      lambda v, tok: model.apply(
-          v, encoded, SOURCE, tok, decode=True, method=model.decode, mutable=['cache']
-      )
-  )
-  logits = _cached_logits(step, params, cache, jax.random.randint(jax.random.key(0), (2, 8), 0, 13))
+  init = jax.jit(model.init)
+  params = _spread_kernels(init(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32)))
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
+
+  @jax.jit
+  def run(params):
+    encoded = model.apply(params, SOURCE, method=model.encode)
+    cache = decoding.init_cache(model, params, encoded, SOURCE, 8)
+    step = lambda v, tok: model.apply(
+        v, encoded, SOURCE, tok, decode=True, method=model.decode, mutable=['cache']
+    )
+    ids = decoding.beam_search(model, params, SOURCE, beam_size=2, max_len=8)
+    return _cached_logits(step, params, cache, tokens), ids
+
+  logits, ids = run(params)
   chex.assert_tree_all_finite(logits)
-  ids = decoding.beam_search(model, params, SOURCE, beam_size=2, max_len=8)
   chex.assert_shape(ids, (2, 8))
 
 
@@ -339,7 +344,7 @@ def test_lm_sampler_same_tokens_with_and_without_cache(case):
 
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
   prompt = jnp.array([[3, 4, 5], [6, 7, 8]], jnp.int32)
-  params = _spread_kernels(model.init(jax.random.key(6), prompt), 5.0)
+  params = _spread_kernels(jax.jit(model.init)(jax.random.key(6), prompt), 5.0)
   for kw in (
       dict(length=6, context=16, temperature=0),  # all inside the context
       dict(length=9, context=5, temperature=0),  # then a sliding window

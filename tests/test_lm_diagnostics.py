@@ -1,5 +1,6 @@
 """Diagnostics of an LM along training (benchmarks/lm_diagnostics.py, issue 27)."""
 
+import functools
 import math
 
 import chex
@@ -32,7 +33,7 @@ def test_per_position_bpc_and_gradient_norms_match_direct_computation():
   variables = model.init(jax.random.key(0), valid[:1, :-1])
   d = diag.diagnose_step(model, variables, valid, train)
   # Per-position NLL by a log-softmax of the logits, position by position.
-  logits = np.asarray(model.apply(variables, valid[:, :-1]), np.float64)
+  logits = np.asarray(jax.jit(model.apply)(variables, valid[:, :-1]), np.float64)
   nll = np.zeros(N)
   for i in range(N):
     z = logits[:, i]
@@ -47,7 +48,7 @@ def test_per_position_bpc_and_gradient_norms_match_direct_computation():
   loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
       model.apply({'params': p}, train[:, :-1]), train[:, 1:]
   ).mean()
-  total = float(optax.tree.norm(jax.grad(loss)(variables['params'])))
+  total = float(optax.tree.norm(jax.jit(jax.grad(loss))(variables['params'])))
   assert abs(g['total'] - total) < 1e-4 * total
   parts = math.sqrt(sum(v**2 for k, v in g.items() if k != 'total'))
   assert abs(parts - total) < 1e-4 * total
@@ -89,9 +90,8 @@ def test_norm_ratio_compares_the_pooled_features_with_what_they_replace(position
   if norm is None:
     assert 'norm_ratio' not in stats['all']
     return
-  _, inter = model.apply(
-      variables, valid[:, :-1], capture_intermediates=True, mutable=['intermediates']
-  )
+  capture = functools.partial(model.apply, capture_intermediates=True, mutable=['intermediates'])
+  _, inter = jax.jit(capture)(variables, valid[:, :-1])
   layer = inter['intermediates']['decoder']['layer_1']
   pooled, plain = (np.asarray(layer[k]['__call__'][0]) for k in ('context_pool', norm))
   want = np.mean(np.linalg.norm(pooled, axis=-1) / np.linalg.norm(plain, axis=-1))
