@@ -298,8 +298,8 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
 @pytest.mark.slow
 def test_bfloat16_cached_decoding_is_finite(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case], 'dtype': jnp.bfloat16})
-  init = jax.jit(model.init)
-  params = _spread_kernels(init(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32)))
+  params = jax.jit(model.init)(jax.random.key(4), SOURCE, jnp.ones((2, 3), jnp.int32))
+  params = _spread_kernels(params)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
 
   @jax.jit
