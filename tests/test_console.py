@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from contextpool_jax.data import text_builders as tb
 from test_readme import TINY_TRAIN
 
 pytestmark = pytest.mark.slow  # runs train.py in a subprocess
@@ -57,6 +58,8 @@ def test_the_default_run_prints_one_line_per_event(tmp_path):
   run = tmp_path / 'run'
   expected = [
       rf'Preparing local_text \(once; later runs reuse it\): {tmp_path}/tfds/local_text/\S+',
+      rf'What each split holds \({tmp_path}/tfds/local_text/\S+/splits\.json\):',
+      *(rf'{split}: [\d,]+ bytes \([\d.]+%\), \d+ pieces of \d+ files .*' for split in tb.SPLITS),
       r'Compiling the train step \(its first call waits for it\)\.',
       r'step 2: validation loss=\S+, accuracy=\S+, bpc=\S+',
       rf'step 2: saving checkpoint {run}/checkpoints/2',

@@ -76,6 +76,18 @@ def _split_bytes(config, split):
   return corpus.read(0, len(corpus)).tobytes()
 
 
+def _corpus(config):
+  """``{relative path: bytes}`` put back together from the prepared splits."""
+  pieces = tb.make_local_text_config(**lm_input.resolve_spec(config).builder_kwargs).splits
+  files = {}
+  for split in tb.SPLITS:
+    data, pos = _split_bytes(config, split), 0
+    for piece in pieces[split]:
+      files.setdefault(piece.path, {})[piece.offset] = data[pos : pos + piece.length]
+      pos += piece.length
+  return {path: b''.join(parts[o] for o in sorted(parts)) for path, parts in files.items()}
+
+
 # ---------------------------------------------------------------------------
 # local_text inputs.
 # ---------------------------------------------------------------------------
@@ -121,8 +133,8 @@ def test_empty_files_are_skipped_with_a_warning_naming_them(tmp_path):
   (tmp_path / 'b.txt').write_bytes(b'')
   config = _lm_config(tmp_path, (str(tmp_path / '*.txt'),))
   with pytest.warns(UserWarning, match=r'skipping 1 empty file\(s\): .*b\.txt'):
-    data = b''.join(_split_bytes(config, s) for s in tb.SPLITS)
-  assert data == (tmp_path / 'a.txt').read_bytes()
+    data = _corpus(config)
+  assert data == {'a.txt': (tmp_path / 'a.txt').read_bytes()}
   # Only empty files: no data.
   with pytest.raises(DatasetNotFoundError, match=r'names only empty files \(.*b\.txt\)'):
     _train(_lm_config(tmp_path, (str(tmp_path / 'b.txt'),)))
@@ -145,11 +157,19 @@ def test_a_binary_file_is_an_error_naming_it_unless_allowed(tmp_path):
   assert 'config.dataset.allow_binary=True' in message
   assert _prepared(tmp_path) == []
   allowed = _lm_config(tmp_path, files, allow_binary=True)
-  data = b''.join(_split_bytes(allowed, s) for s in tb.SPLITS)
-  assert data == (tmp_path / 'a.txt').read_bytes() + binary
-  # Only the bytes used are checked: a NUL past the byte cap is never read.
-  capped = _lm_config(tmp_path, files, max_bytes=3000)
-  assert b''.join(_split_bytes(capped, s) for s in tb.SPLITS) == (tmp_path / 'a.txt').read_bytes()
+  assert _corpus(allowed) == {'a.txt': (tmp_path / 'a.txt').read_bytes(), 'b.png': binary}
+  # Only the bytes used are checked: a NUL in a piece the cap's sample leaves out is
+  # never read (a split seed whose sample of 2,000 bytes has the NUL, one whose has not).
+  kept = lambda seed: any(
+      p == 'b.png' and o <= 5 < o + n
+      for p, o, n, _ in tb.make_local_text_config(
+          files, max_bytes=2000, allow_binary=True, split_seed=seed
+      ).inputs
+  )
+  with_nul, without = [next(s for s in range(100) if kept(s) == k) for k in (True, False)]
+  with pytest.raises(ValueError, match='first NUL at byte 5'):
+    tb.make_local_text_config(files, max_bytes=2000, split_seed=with_nul)
+  tb.make_local_text_config(files, max_bytes=2000, split_seed=without)
 
 
 # ---------------------------------------------------------------------------
@@ -157,15 +177,19 @@ def test_a_binary_file_is_an_error_naming_it_unless_allowed(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def test_a_corpus_too_small_for_the_90_5_5_split_fails_before_preparing(tmp_path):
+def test_a_corpus_too_small_for_three_splits_fails_before_preparing(tmp_path):
   (tmp_path / 'a.txt').write_bytes(_text(1000))
   files = (str(tmp_path / 'a.txt'),)
   with pytest.raises(ValueError) as e:
     _train(_lm_config(tmp_path, files, max_bytes=19))
   assert str(e.value).startswith(
-      f'local_text: config.dataset.files={files!r} gives a corpus of 19 bytes'
-      ' (config.dataset.max_bytes=19, 0 = no cap), too few for a non-empty validation split'
+      f'local_text: config.dataset.files={files!r} gives 19 piece(s) of 19 bytes'
+      ' (config.dataset.max_bytes=19, 0 = no cap; config.dataset.split_block_bytes=4096,'
+      ' 0 = files whole), too few for a validation split of at least 2 bytes'
   )
+  # Whole files: one file cannot make three splits; the message says what would.
+  with pytest.raises(ValueError, match='set split_block_bytes > 0 to cut files into blocks'):
+    _train(_lm_config(tmp_path, files, split_block_bytes=0))
   assert _prepared(tmp_path) == []
 
 
@@ -196,15 +220,13 @@ def test_a_train_split_shorter_than_two_windows_is_an_error_naming_seq_len(tmp_p
 
 
 def test_an_evaluation_split_shorter_than_two_bytes_is_an_error(tmp_path):
-  (tmp_path / 'a.txt').write_bytes(_text(39))  # validation: 1 byte
+  (tmp_path / 'a.txt').write_bytes(_text(20))  # 20 one-byte pieces, one group: validation 1 byte
   files = (str(tmp_path / 'a.txt'),)
   with pytest.raises(ValueError) as e:
-    _train(_lm_config(tmp_path, files, seq_len=8))  # checked before training
-  assert str(e.value).startswith(
-      f'The validation split of config.dataset.files={files!r} (config.dataset.max_bytes=0)'
-      ' has 1 byte(s); evaluation needs at least 2'
-  )
-  (tmp_path / 'a.txt').write_bytes(_text(40))  # validation: 2 bytes, test: 2 bytes
+    _train(_lm_config(tmp_path, files, seq_len=8))  # checked before preparing
+  assert 'too few for a validation split of at least 2 bytes' in str(e.value)
+  assert _prepared(tmp_path) == []
+  (tmp_path / 'a.txt').write_bytes(_text(40))  # two groups: validation 2 bytes, test 2 bytes
   (batch,) = lm_input.make_eval_batches(
       _lm_config(tmp_path, files, seq_len=8), 'validation', process_index=0, process_count=1
   )
@@ -287,13 +309,14 @@ def test_edited_files_are_prepared_again_never_read_stale(tmp_path):
   path.write_bytes(_text(4000, seed=1))
   config = _lm_config(tmp_path, (str(path),))
   before = _split_bytes(config, 'train')
-  assert before == path.read_bytes()[:3600]
+  assert _corpus(config) == {'a.txt': path.read_bytes()}
   # Same size, same mtime (what (path, size, mtime) keys would miss): prepared again.
   st = os.stat(path)
   path.write_bytes(_text(4000, seed=2))
   os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
   assert os.stat(path).st_mtime_ns == st.st_mtime_ns
-  assert _split_bytes(config, 'train') == path.read_bytes()[:3600] != before
+  assert _corpus(config) == {'a.txt': path.read_bytes()}
+  assert _split_bytes(config, 'train') != before
   assert len(_prepared(tmp_path)) == 2  # the old directory stays until deleted
   # Touching a file (same bytes) reuses the prepared data.
   name = tb.make_local_text_config((str(path),), max_bytes=0).name
@@ -579,13 +602,13 @@ def _no_compiling(monkeypatch):
         ('glob_matches_nothing', DatasetNotFoundError, 'names no file (a glob pattern'),
         ('binary_file', ValueError, 'first NUL at byte'),
         ('shorter_than_seq_len', ValueError, 'config.dataset.seq_len=32 is too large'),
-        ('validation_too_short', ValueError, 'The validation split of'),
+        ('validation_too_short', ValueError, 'too few for a validation split'),
     ],
 )
 def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault, error, expected):
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
-  sizes = {'shorter_than_seq_len': 60, 'validation_too_short': 39}
+  sizes = {'shorter_than_seq_len': 60, 'validation_too_short': 20}
   (corpus / 'a.txt').write_bytes(_text(sizes.get(fault, 5000)))
   if fault == 'binary_file':
     (corpus / 'b.txt').write_bytes(b'text\x00')

@@ -141,9 +141,18 @@ def _make_text_files(root, sizes, seed=0):
   return paths
 
 
-def test_local_text_files_split_disjoint_covering_order_independent(tmp_path):
+def _segments_bytes(config, split):
+  """The bytes of ``split`` read straight from the files, as its pieces name them."""
+  out = []
+  for path, offset, length in config.segments(split):
+    with open(path, 'rb') as f:
+      f.seek(offset)
+      out.append(f.read(length))
+  return b''.join(out)
+
+
+def test_local_text_files_order_independent_and_keyed_by_content(tmp_path):
   paths = _make_text_files(tmp_path / 'text', [7000, 300, 12_345, 5000])
-  expected = b''.join(p.read_bytes() for p in sorted(paths, key=str))
   patterns = [
       str(tmp_path / 'text' / 'dir0'),  # a directory
       str(tmp_path / 'text' / 'dir1' / '*.txt'),  # a glob
@@ -159,13 +168,9 @@ def test_local_text_files_split_disjoint_covering_order_independent(tmp_path):
           'local_text', str(tmp_path / 'tfds'), files=patterns[::-1], max_bytes=0, chunk_bytes=1000
       )
   )
-  n = len(expected)
-  assert [len(splits[s]) for s in tb.SPLITS] == [
-      n * 90 // 100,
-      n * 5 // 100,
-      n - n * 90 // 100 - n * 5 // 100,
-  ]
-  assert b''.join(splits[s] for s in tb.SPLITS) == expected
+  for split in tb.SPLITS:
+    assert splits[split] == _segments_bytes(a.builder_config, split)
+  assert sum(map(len, splits.values())) == sum(p.stat().st_size for p in paths)
   # A cap, or a changed file, changes the config (and the data directory).
   capped = tb.LocalText(files=patterns, max_bytes=10_000, chunk_bytes=1000)
   assert capped.builder_config.name != a.builder_config.name
@@ -185,16 +190,15 @@ def test_local_text_files_split_disjoint_covering_order_independent(tmp_path):
 def test_local_text_default_is_stdlib_sources(tmp_path):
   builder = tb.LocalText(max_bytes=100_000, data_dir=str(tmp_path))
   config = builder.builder_config
-  assert config.name.startswith('stdlib_')
+  assert config.name.startswith('stdlib_') and config.root == tb.stdlib_source_dir()
   assert config.name == tb.LocalText(max_bytes=100_000).builder_config.name
-  paths = [p for p, _, _ in config.inputs]
+  paths = [p for p, _, _, _ in config.inputs]
   assert paths == sorted(paths) and all(p.endswith('.py') for p in paths)
-  assert all(p.startswith(tb.stdlib_source_dir()) for p in paths)
   assert not any('site-packages' in p for p in paths)
-  expected = b''.join(open(p, 'rb').read() for p in paths)[:100_000]
   splits = _read_all(tb.prepare_text_dataset('local_text', str(tmp_path), max_bytes=100_000))
-  assert b''.join(splits[s] for s in tb.SPLITS) == expected
-  assert len(splits['train']) == 90_000
+  for split in tb.SPLITS:
+    assert splits[split] == _segments_bytes(config, split)
+  assert sum(map(len, splits.values())) == 100_000
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,11 @@ Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
 * ``config.dataset.allow_binary`` (``False``): local_text only: accept files
   containing NUL bytes (default: a ValueError naming them).
 * ``config.dataset.max_bytes`` (``16 * 2**20``): local_text only: cap on the
-  concatenated corpus in bytes, 0 = no cap.
+  corpus in bytes (a seeded sample across the tree), 0 = no cap.
+* ``config.dataset.split_block_bytes`` (``4096``) and ``config.dataset.split_seed``
+  (``0``): local_text only: files larger than this are cut into blocks of this
+  many bytes before the seeded split (0: files whole); the seed of the split and
+  of the cap's sample (not of the training order). See ``text_splits``.
 * ``config.dataset.seq_len`` (``1024``): training window: ``seq_len`` inputs
   predicting ``seq_len`` targets (``tokens`` has ``seq_len + 1`` bytes).
 * ``config.dataset.eval_context`` (``32768``): evaluation window length (model
@@ -35,7 +39,9 @@ Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
 * ``config.dataset.eval_batch_size`` (``8``): global evaluation batch size
   (rows), divisible by ``process_count``.
 * ``config.dataset.eval_max_bytes`` (``0``): evaluate on only the first this
-  many bytes of the split (quick evaluation during training); 0 = all.
+  many bytes of the split (quick evaluation during training); 0 = all. A
+  local_text evaluation split is stored in a seeded order of its pieces, so its
+  first bytes are a sample of the whole split.
 * ``config.dataset.split_bytes`` (unset): enwik8/text8 only: (train, validation,
   test) sizes in bytes; unset = the standard 90M/5M/5M.
 * ``config.dataset.download`` (``True``): enwik8/text8: may download when not
@@ -71,7 +77,7 @@ weights. BPC = sum of weighted NLL (nats) / (sum of weights * ln 2).
 Bad data fails in :func:`load_split` (which the trainer's ``prepare`` calls
 before compiling), naming the setting, the value and what is needed: patterns
 naming no file or only empty files (DatasetNotFoundError), binary files, a
-corpus too small for the 90/5/5 split (see ``text_builders.LocalText``), a
+corpus too small for three splits (see ``text_builders.LocalText``), a
 train split shorter than ``2 * seq_len`` bytes, a validation or test split
 shorter than 2 bytes, and bad ``eval_*`` values (ValueError). Every split is
 checked whichever one is asked for. An evaluation split smaller than one
@@ -91,6 +97,7 @@ import numpy as np
 
 from contextpool_jax import checks
 from contextpool_jax.data import text_builders
+from contextpool_jax.data import text_splits
 from contextpool_jax.errors import ConfigError, DataError
 
 VOCAB_SIZE = text_builders.VOCAB_SIZE
@@ -104,6 +111,8 @@ OPTIONAL_DEFAULTS = {
     'manual_dir': None,
     'files': (),
     'max_bytes': text_builders.DEFAULT_MAX_BYTES,
+    'split_block_bytes': text_splits.DEFAULT_BLOCK_BYTES,
+    'split_seed': 0,
     'split_bytes': (),
     'eval_max_bytes': 0,
     'allow_binary': False,
@@ -148,6 +157,8 @@ class LMDataSpec:
   files: tuple[str, ...]
   allow_binary: bool
   max_bytes: int
+  split_block_bytes: int
+  split_seed: int
   split_bytes: tuple[int, ...]
   download: bool
   seq_len: int
@@ -162,7 +173,13 @@ class LMDataSpec:
   @property
   def builder_kwargs(self) -> dict[str, Any]:
     if self.name == 'local_text':
-      return dict(files=self.files, allow_binary=self.allow_binary, max_bytes=self.max_bytes)
+      return dict(
+          files=self.files,
+          allow_binary=self.allow_binary,
+          max_bytes=self.max_bytes,
+          split_block_bytes=self.split_block_bytes,
+          split_seed=self.split_seed,
+      )
     return dict(zip(('train_bytes', 'validation_bytes', 'test_bytes'), self.split_bytes))
 
   @property
@@ -232,6 +249,10 @@ def resolve_spec(config) -> LMDataSpec:
       files=_files(config),
       allow_binary=checks.read_bool(config, 'dataset.allow_binary', default=_opt('allow_binary')),
       max_bytes=checks.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
+      split_block_bytes=checks.read_int(
+          config, 'dataset.split_block_bytes', default=_opt('split_block_bytes')
+      ),
+      split_seed=checks.read_int(config, 'dataset.split_seed', default=_opt('split_seed')),
       split_bytes=_split_bytes(config),
       download=checks.read_bool(config, 'dataset.download', default=_opt('download')),
       seq_len=checks.read_int(config, 'dataset.seq_len', minimum=1),

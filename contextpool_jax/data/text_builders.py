@@ -11,12 +11,15 @@ Three builders, all with a vocabulary of 256 (one token per byte):
   Tokens are still raw bytes (vocabulary 256): bits per byte equals bits per
   character for text8.
 * :class:`LocalText` -- any local text files (or, by default, the running
-  Python's standard-library ``*.py`` sources), concatenated in sorted path
-  order and split by contiguous byte ranges: first 90% / next 5% / last 5%.
+  Python's standard-library ``*.py`` sources), cut into pieces (whole files, and
+  blocks of large files) that go to train / validation / test by a seeded,
+  machine-independent rule spread over the whole tree (:mod:`.text_splits`).
   Files are checked when the builder is made (patterns naming nothing, binary
   files, a corpus too small to split are errors naming the setting; empty
   files are skipped with a warning), and the prepared data is keyed by the
-  content of the files, so edited files are never read stale.
+  content of the bytes used and by the rule, so edited files are never read
+  stale. What each split holds is printed once at preparation and kept beside
+  the data (``splits.json``).
 
 Storage (all builders): each split is a sequence of records
 ``{'offset': int64, 'bytes': uint8[n]}``, one per ``chunk_bytes`` (64 KiB by
@@ -59,10 +62,11 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
+from contextpool_jax.data import text_splits
 from contextpool_jax.errors import DataError
 
 VOCAB_SIZE = 256
-SPLITS = ('train', 'validation', 'test')
+SPLITS = text_splits.SPLITS
 CHUNK_BYTES = 64 * 1024
 # Standard enwik8/text8 split, in bytes of the full 10^8-byte corpus.
 STANDARD_SPLIT_BYTES = {
@@ -70,8 +74,6 @@ STANDARD_SPLIT_BYTES = {
     'validation': 5_000_000,
     'test': 5_000_000,
 }
-# LocalText: percentages of the (capped) concatenated corpus per split.
-LOCAL_SPLIT_PERCENT = {'train': 90, 'validation': 5, 'test': 5}
 DEFAULT_MAX_BYTES = 16 * 2**20
 ENWIK8_URL = 'http://mattmahoney.net/dc/enwik8.zip'
 TEXT8_URL = 'http://mattmahoney.net/dc/text8.zip'
@@ -126,43 +128,45 @@ class _ZipMemberSource:
       yield f  # ZipExtFile is seekable (forward seeks decompress through).
 
 
-class _ConcatReader:
-  """Minimal seek/read over the concatenation of files, truncated at size."""
+class _SegmentsReader:
+  """Minimal seek/read over the concatenation of file segments ``(path, offset, length)``."""
 
-  def __init__(self, paths: Sequence[str], sizes: Sequence[int], size: int):
-    self._paths = list(paths)
-    self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    self._size = size
+  def __init__(self, segments: Sequence[tuple[str, int, int]]):
+    self._segments = list(segments)
+    self._starts = np.concatenate([[0], np.cumsum([n for _, _, n in segments])]).astype(np.int64)
     self._pos = 0
 
   def seek(self, pos: int) -> None:
     self._pos = pos
 
   def read(self, n: int) -> bytes:
-    n = max(0, min(n, self._size - self._pos))
+    n = max(0, min(n, int(self._starts[-1]) - self._pos))
     out = []
     while n > 0:
       i = int(np.searchsorted(self._starts, self._pos, side='right')) - 1
-      with open(self._paths[i], 'rb') as f:
-        f.seek(self._pos - int(self._starts[i]))
-        piece = f.read(min(n, int(self._starts[i + 1]) - self._pos))
+      path, offset, length = self._segments[i]
+      within = self._pos - int(self._starts[i])
+      with open(path, 'rb') as f:
+        f.seek(offset + within)
+        piece = f.read(min(n, length - within))
       if not piece:
-        raise ValueError(f'{self._paths[i]} is shorter than when listed.')
+        raise ValueError(f'{path} is shorter than when listed.')
       out.append(piece)
       self._pos += len(piece)
       n -= len(piece)
     return b''.join(out)
 
 
-class _ConcatSource:
-  """Sorted files concatenated without separators, capped at ``size`` bytes."""
+class _SegmentsSource:
+  """File segments ``(path, offset, length)`` concatenated without separators."""
 
-  def __init__(self, paths: Sequence[str], sizes: Sequence[int], size: int):
-    self.paths, self.sizes, self.size = list(paths), list(sizes), size
+  def __init__(self, segments: Sequence[tuple[str, int, int]]):
+    self.segments = list(segments)
+    self.size = sum(n for _, _, n in self.segments)
 
   @contextlib.contextmanager
-  def open(self) -> Iterator[_ConcatReader]:
-    yield _ConcatReader(self.paths, self.sizes, self.size)
+  def open(self) -> Iterator[_SegmentsReader]:
+    yield _SegmentsReader(self.segments)
 
 
 # ---------------------------------------------------------------------------
@@ -189,17 +193,15 @@ class _ByteCorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
         disable_shuffling=True,  # Records must stay in offset order.
     )
 
-  def _split_ranges(self, size: int) -> dict[str, tuple[int, int]]:
-    raise NotImplementedError
-
-  def _open_source(self, dl_manager) -> Any:
+  def _split_sources(self, dl_manager) -> dict[str, tuple[Any, int, int]]:
+    """``{split: (source, start, stop)}``: each split is bytes [start, stop) of a
+    source (an object with ``size`` and ``open()`` giving ``seek``/``read``)."""
     raise NotImplementedError
 
   def _split_generators(self, dl_manager):
-    source = self._open_source(dl_manager)
     return {
         split: self._generate_examples(source, start, stop)
-        for split, (start, stop) in self._split_ranges(source.size).items()
+        for split, (source, start, stop) in self._split_sources(dl_manager).items()
     }
 
   def _generate_examples(self, source, start: int, stop: int):
@@ -324,7 +326,9 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
         os.fspath(self.data_dir_root), self.name, self.builder_config.name, str(self.version)
     )
 
-  def _split_ranges(self, size):
+  def _split_sources(self, dl_manager):
+    source = self._open_source(dl_manager)
+    size = source.size
     cfg = self.builder_config
     expected = cfg.train_bytes + cfg.validation_bytes + cfg.test_bytes
     if size != expected:
@@ -335,7 +339,7 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
       )
     a = cfg.train_bytes
     b = a + cfg.validation_bytes
-    return {'train': (0, a), 'validation': (a, b), 'test': (b, expected)}
+    return {'train': (source, 0, a), 'validation': (source, a, b), 'test': (source, b, expected)}
 
   def _find_manual_file(self, manual_dir) -> Any:
     if manual_dir is None or not os.path.isdir(manual_dir):
@@ -511,84 +515,120 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
 class LocalTextConfig(tfds.core.BuilderConfig):
   """Resolved input of LocalText; the name embeds a fingerprint of it.
 
-  ``inputs`` lists ``(path, bytes used, sha256 of those bytes)`` of the files
-  that contribute (sorted by path, up to the byte cap; the last one may be
-  used in part). The fingerprint (hence the config name and the
-  prepared-data directory) covers ``inputs`` and ``chunk_bytes``: any change
-  of a used byte, of the file set or of the cap's effect gives a new
-  directory, while touching a file or changing unused bytes keeps it.
+  ``inputs`` lists ``(path, offset, length, sha256 of those bytes)`` of every
+  piece the corpus keeps, in tree order, with ``path`` relative to ``root``
+  ('/'-separated); :attr:`splits` assigns them (:mod:`.text_splits`). The
+  fingerprint (hence the config name and the prepared-data directory) covers
+  ``inputs`` (relative paths: the same corpus elsewhere is the same data), the
+  split rule, ``split_seed``, the block length used and ``chunk_bytes``: a
+  changed used byte, file set, cap, seed or rule gives a new directory, while
+  touching a file or changing unused bytes keeps it.
   """
 
   patterns: tuple[str, ...] = ()
   max_bytes: int = DEFAULT_MAX_BYTES
   chunk_bytes: int = CHUNK_BYTES
-  inputs: tuple[tuple[str, int, str], ...] = dataclasses.field(default=(), repr=False)
+  split_block_bytes: int = text_splits.DEFAULT_BLOCK_BYTES
+  split_seed: int = 0
+  root: str = ''
+  inputs: tuple[tuple[str, int, int, str], ...] = dataclasses.field(default=(), repr=False)
   total_bytes: int = 0
+
+  @property
+  def splits(self) -> dict[str, list[text_splits.Piece]]:
+    """``{split: pieces in storage order}``."""
+    pieces = [text_splits.Piece(path, offset, length) for path, offset, length, _ in self.inputs]
+    return text_splits.assign(pieces, self.split_seed)
+
+  def segments(self, split: str) -> list[tuple[str, int, int]]:
+    """``(absolute path, offset, length)`` of each piece of ``split``, in storage order."""
+    return [(os.path.join(self.root, p.path), p.offset, p.length) for p in self.splits[split]]
 
 
 _SCAN_BLOCK = 2**20
 
 
 @functools.lru_cache(maxsize=8192)
-def _scan(path: str, used: int, version: tuple[int, ...]) -> tuple[str, int]:
-  """(sha256 of the first ``used`` bytes of ``path``, offset of its first NUL or -1).
+def _scan(path: str, ranges: tuple[tuple[int, int], ...], version: tuple[int, ...]):
+  """Per ``(offset, length)`` of ``path``: (sha256 of those bytes, file offset of
+  their first NUL or -1).
 
   Cached per file ``version`` (size, mtime, ctime, inode): any write changes
   ctime, which ``os.utime`` cannot set back, so a changed file is read again.
   """
   del version  # Only the cache key.
-  digest, nul, pos = hashlib.sha256(), -1, 0
+  out = []
   with open(path, 'rb') as f:
-    while pos < used:
-      block = f.read(min(_SCAN_BLOCK, used - pos))
-      if not block:
-        raise DataError(f'local_text: {path} got shorter while being read.')
-      if nul < 0 and b'\0' in block:
-        nul = pos + block.index(b'\0')
-      digest.update(block)
-      pos += len(block)
-  return digest.hexdigest(), nul
+    for offset, length in ranges:
+      f.seek(offset)
+      digest, nul, pos = hashlib.sha256(), -1, 0
+      while pos < length:
+        block = f.read(min(_SCAN_BLOCK, length - pos))
+        if not block:
+          raise DataError(f'local_text: {path} got shorter while being read.')
+        if nul < 0 and b'\0' in block:
+          nul = offset + pos + block.index(b'\0')
+        digest.update(block)
+        pos += len(block)
+      out.append((digest.hexdigest(), nul))
+  return tuple(out)
 
 
-def _local_inputs(paths: Sequence[str], max_bytes: int):
-  """What the corpus reads from ``paths``, in order, up to ``max_bytes`` (0 = all).
+def _by_file(pieces: Sequence[Any]) -> dict[str, list[Any]]:
+  """Pieces (or ``inputs`` tuples: path first) grouped by their relative path, in order."""
+  out = {}
+  for piece in pieces:
+    out.setdefault(piece[0] if isinstance(piece, tuple) else piece.path, []).append(piece)
+  return out
 
-  Returns:
-    ``(inputs, binary, empty)``: ``(path, bytes used, sha256 of them)`` per
-    contributing file; ``(path, offset of the first NUL)`` per contributing
-    file whose used bytes hold a NUL; the empty files skipped.
-  """
-  inputs, binary, empty, total = [], [], [], 0
-  for path in paths:
-    if max_bytes and total >= max_bytes:
-      break
-    st = os.stat(path)
-    if st.st_size == 0:
-      empty.append(path)
-      continue
-    used = min(st.st_size, max_bytes - total) if max_bytes else st.st_size
-    digest, nul = _scan(path, used, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-    inputs.append((path, used, digest))
-    if nul >= 0:
-      binary.append((path, nul))
-    total += used
-  return inputs, binary, empty
+
+def _scan_pieces(root: str, rel: str, pieces: Sequence[Any]):
+  """:func:`_scan` of the pieces (or ``inputs`` tuples) of the file ``root/rel``."""
+  path = os.path.join(root, rel)
+  st = os.stat(path)
+  ranges = tuple((p[1], p[2]) if isinstance(p, tuple) else (p.offset, p.length) for p in pieces)
+  return _scan(path, ranges, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+  """What a corpus reads: ``inputs`` as in :class:`LocalTextConfig`; ``binary``:
+  ``(path, offset of its first used NUL)`` per file with one; ``empty``: the empty
+  files skipped; ``block``: the block length used (0: files whole)."""
+
+  root: str
+  inputs: tuple[tuple[str, int, int, str], ...]
+  binary: tuple[tuple[str, int], ...]
+  empty: tuple[str, ...]
+  block: int
+
+
+def _local_inputs(paths: Sequence[str], max_bytes: int, block_bytes: int, seed: int) -> _Inputs:
+  """The pieces of ``paths`` the corpus keeps (:mod:`.text_splits`, steps 1-2),
+  hashed and checked for NUL bytes (only the bytes used are read)."""
+  stats = {path: os.stat(path) for path in paths}
+  empty = tuple(path for path in paths if stats[path].st_size == 0)
+  full = [path for path in paths if stats[path].st_size > 0]
+  if not full:
+    return _Inputs('', (), (), empty, 0)
+  root, relative = text_splits.relative_paths(full)
+  sizes = {rel: stats[path].st_size for rel, path in zip(relative, full)}
+  total = sum(sizes.values())
+  block = text_splits.block_size(block_bytes, min(total, max_bytes) if max_bytes else total)
+  pieces = text_splits.sample(text_splits.cut(sizes, block), max_bytes, seed)
+  inputs, binary = [], []
+  for rel, file_pieces in _by_file(pieces).items():
+    scanned = _scan_pieces(root, rel, file_pieces)
+    nuls = [nul for _, nul in scanned if nul >= 0]
+    if nuls:
+      binary.append((os.path.join(root, rel), min(nuls)))
+    inputs += [(p.path, p.offset, p.length, digest) for p, (digest, _) in zip(file_pieces, scanned)]
+  return _Inputs(root, tuple(inputs), tuple(binary), empty, block)
 
 
 def _some(items: Sequence[str], limit: int = 5) -> str:
   more = f' and {len(items) - limit} more' if len(items) > limit else ''
   return ', '.join(items[:limit]) + more
-
-
-def local_split_ranges(size: int) -> dict[str, tuple[int, int]]:
-  """LocalText's contiguous 90/5/5% byte ranges of a ``size``-byte corpus."""
-  bounds, start = {}, 0
-  for split in SPLITS[:-1]:
-    stop = start + size * LOCAL_SPLIT_PERCENT[split] // 100
-    bounds[split] = (start, stop)
-    start = stop
-  bounds[SPLITS[-1]] = (start, size)
-  return bounds
 
 
 def _binary_error(setting: str, binary) -> DataError:
@@ -603,37 +643,48 @@ def _binary_error(setting: str, binary) -> DataError:
   )
 
 
-def _check_local_corpus(files, max_bytes, inputs, binary, empty, allow_binary) -> None:
+# Every split must hold this many bytes: an evaluation needs one of context and one to predict.
+MIN_SPLIT_BYTES = 2
+
+
+def _check_local_corpus(files, max_bytes, block_bytes, found: _Inputs, allow_binary) -> None:
   """Raises for a corpus LocalText cannot store; warns about empty files.
 
   Choices: empty files add no bytes, so they are skipped (with a warning
   naming them when the files were named explicitly: the standard library has
   empty ``__init__.py`` files by design); no bytes at all is a missing
   dataset; a NUL byte means a binary file, an error unless ``allow_binary``;
-  every split must get at least one byte.
+  every split must get at least :data:`MIN_SPLIT_BYTES`.
   """
   setting = files_setting(files)
-  if not inputs:
+  if not found.inputs:
     raise DatasetNotFoundError(
-        f'local_text: {setting} names only empty files ({_some(empty)});'
+        f'local_text: {setting} names only empty files ({_some(found.empty)});'
         ' name files that hold text.'
     )
-  if empty and files:
+  if found.empty and files:
     warnings.warn(
-        f'local_text: {setting}: skipping {len(empty)} empty' f' file(s): {_some(empty)}.',
+        f'local_text: {setting}: skipping {len(found.empty)} empty'
+        f' file(s): {_some(found.empty)}.',
         stacklevel=3,
     )
-  if binary and not allow_binary:
-    raise _binary_error(setting, binary)
-  total = sum(used for _, used, _ in inputs)
-  for split, (start, stop) in local_split_ranges(total).items():
-    if stop <= start:
+  if found.binary and not allow_binary:
+    raise _binary_error(setting, found.binary)
+  pieces = [text_splits.Piece(*i[:3]) for i in found.inputs]
+  for split, held in text_splits.assign(pieces, 0).items():
+    if sum(p.length for p in held) < MIN_SPLIT_BYTES:
       raise DataError(
-          f'local_text: {setting} gives a corpus of {total} bytes'
-          f' (config.dataset.max_bytes={max_bytes}, 0 = no cap), too few for'
-          f' a non-empty {split} split ({LOCAL_SPLIT_PERCENT[split]}% of the'
-          ' corpus); name more text.'
+          f'local_text: {setting} gives {len(pieces)} piece(s) of'
+          f' {sum(p.length for p in pieces)} bytes (config.dataset.max_bytes={max_bytes},'
+          f' 0 = no cap; config.dataset.split_block_bytes={block_bytes}, 0 = files whole),'
+          f' too few for a {split} split of at least {MIN_SPLIT_BYTES} bytes: name more text'
+          + (' or set split_block_bytes > 0 to cut files into blocks.' if not found.block else '.')
       )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(f'{name} must be an int >= {minimum}, got {value!r}.')
 
 
 def make_local_text_config(
@@ -641,6 +692,8 @@ def make_local_text_config(
     max_bytes: int = DEFAULT_MAX_BYTES,
     chunk_bytes: int = CHUNK_BYTES,
     allow_binary: bool = False,
+    split_block_bytes: int = text_splits.DEFAULT_BLOCK_BYTES,
+    split_seed: int = 0,
 ) -> LocalTextConfig:
   """Resolves ``files``, checks and fingerprints them into a LocalTextConfig.
 
@@ -653,50 +706,67 @@ def make_local_text_config(
   elif isinstance(files, (str, os.PathLike)):
     files = (os.fspath(files),)
   files = tuple(os.fspath(f) for f in files)
-  if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or (max_bytes < 0):
-    raise ValueError(f'max_bytes must be an int >= 0 (0 = no cap), got' f' {max_bytes!r}.')
-  if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or (chunk_bytes < 1):
-    raise ValueError(f'chunk_bytes must be a positive int, got' f' {chunk_bytes!r}.')
-  inputs, binary, empty = _local_inputs(resolve_files(files), max_bytes)
-  _check_local_corpus(files, max_bytes, inputs, binary, empty, allow_binary)
-  total = sum(used for _, used, _ in inputs)
+  _check_int('max_bytes (0 = no cap)', max_bytes, 0)
+  _check_int('chunk_bytes', chunk_bytes, 1)
+  _check_int('split_block_bytes (0 = files whole)', split_block_bytes, 0)
+  _check_int('split_seed', split_seed, 0)
+  found = _local_inputs(resolve_files(files), max_bytes, split_block_bytes, split_seed)
+  _check_local_corpus(files, max_bytes, split_block_bytes, found, allow_binary)
+  total = sum(length for _, _, length, _ in found.inputs)
   fingerprint = hashlib.sha256(
-      json.dumps({'inputs': inputs, 'chunk_bytes': chunk_bytes}, sort_keys=True).encode()
+      json.dumps(
+          {
+              'rule': text_splits.RULE,
+              'seed': split_seed,
+              'block': found.block,
+              'inputs': found.inputs,
+              'chunk_bytes': chunk_bytes,
+          },
+          sort_keys=True,
+      ).encode()
   ).hexdigest()[:16]
   kind = 'files' if files else 'stdlib'
   return LocalTextConfig(
       name=f'{kind}_{fingerprint}',
       description=(
-          f'{len(inputs)} files ({total} bytes) from'
-          f' {list(files) if files else stdlib_source_dir() + " (*.py)"},'
-          ' concatenated in sorted path order; contiguous 90/5/5% split.'
+          f'{len(found.inputs)} pieces ({total} bytes) of'
+          f' {list(files) if files else stdlib_source_dir() + " (*.py)"}; blocks of'
+          f' {found.block or "whole files"} bytes; split rule {text_splits.RULE}, seed'
+          f' {split_seed} (90/5/5%).'
       ),
       patterns=files,
       max_bytes=max_bytes,
       chunk_bytes=chunk_bytes,
-      inputs=tuple(inputs),
+      split_block_bytes=split_block_bytes,
+      split_seed=split_seed,
+      root=found.root,
+      inputs=found.inputs,
       total_bytes=total,
   )
+
+
+SPLITS_SUMMARY = 'splits.json'
 
 
 class LocalText(_ByteCorpusBuilder):
   """Local text files as a byte corpus (default: stdlib ``*.py`` sources).
 
-  The files (sorted by absolute path, so independent of how they were listed
-  or enumerated; duplicates removed) are concatenated without separators and
-  truncated to ``max_bytes`` (0 = no cap). The result is split into contiguous
-  byte ranges: first 90% train, next 5% validation, last 5% test -- the same
-  scheme as enwik8, so no byte is in two splits (a file may straddle a split
-  boundary; its two parts are disjoint text).
+  The files (named by files, directories or glob patterns; duplicates removed)
+  are cut into pieces that go to train / validation / test by the seeded rule
+  of :mod:`.text_splits`, a function of their paths relative to the corpus root,
+  so the splits are the same on every machine and from any working directory,
+  and spread over the whole tree. Each split is its pieces concatenated without
+  separators; no byte is in two splits. Preparation writes what each split
+  holds to ``splits.json`` beside the data (:func:`prepare_text_dataset` prints it).
 
   Bad input fails when the builder is made, before anything is prepared:
   a pattern naming no file, or only empty files (DatasetNotFoundError); an
   empty pattern, a file with a NUL byte in its used part (unless
-  ``allow_binary``), a corpus too small for three non-empty splits
-  (ValueError). Empty files are skipped with a warning. The prepared data is
-  keyed by the content of the used bytes (see :class:`LocalTextConfig`), so
-  edited files are prepared again (into a new directory; the old one stays
-  until deleted) and never silently read stale.
+  ``allow_binary``), a corpus too small for three splits (ValueError). Empty
+  files are skipped with a warning. The prepared data is keyed by the content
+  of the used bytes and by the rule (see :class:`LocalTextConfig`), so edited
+  files are prepared again (into a new directory; the old one stays until
+  deleted) and never silently read stale.
   """
 
   name = 'local_text'
@@ -708,6 +778,8 @@ class LocalText(_ByteCorpusBuilder):
       max_bytes: int = DEFAULT_MAX_BYTES,
       chunk_bytes: int = CHUNK_BYTES,
       allow_binary: bool = False,
+      split_block_bytes: int = text_splits.DEFAULT_BLOCK_BYTES,
+      split_seed: int = 0,
       config: LocalTextConfig | None = None,
       **kwargs,
   ):
@@ -717,35 +789,47 @@ class LocalText(_ByteCorpusBuilder):
       files: what to read; None/empty = the running Python's standard-library
         ``*.py`` sources (``sysconfig.get_paths()['stdlib']``, without
         site-packages).
-      max_bytes: cap on the concatenated corpus (0 = no cap), default 16 MiB.
+      max_bytes: cap on the corpus (0 = no cap), default 16 MiB: a seeded
+        sample of the pieces across the tree.
       chunk_bytes: bytes per stored record, default 64 KiB.
       allow_binary: accept files with NUL bytes (default: ValueError).
+      split_block_bytes: files larger than this are cut into blocks of this
+        many bytes before the split (0: every file whole); default 4 KiB.
+      split_seed: seeds the cap's sample and the split (not the training order).
       config: a ready LocalTextConfig (then the arguments above are unused).
       **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).
     """
     if config is None:
-      config = make_local_text_config(files, max_bytes, chunk_bytes, allow_binary)
+      config = make_local_text_config(
+          files, max_bytes, chunk_bytes, allow_binary, split_block_bytes, split_seed
+      )
     elif not isinstance(config, LocalTextConfig):
       raise ValueError('LocalText needs a LocalTextConfig (or files=...).')
     super().__init__(config=config, **kwargs)
 
-  def _split_ranges(self, size):
-    return local_split_ranges(size)
-
-  def _open_source(self, dl_manager):
+  def _split_sources(self, dl_manager):
     del dl_manager
     cfg = self.builder_config
-    paths = [p for p, _, _ in cfg.inputs]
     try:
-      current, _, _ = _local_inputs(paths, cfg.max_bytes)
+      unchanged = all(
+          [digest for digest, _ in _scan_pieces(cfg.root, path, pieces)] == [i[3] for i in pieces]
+          for path, pieces in _by_file(cfg.inputs).items()
+      )
     except OSError as e:
       raise DatasetNotFoundError(f'local_text: {e}') from e
-    if current != [tuple(x) for x in cfg.inputs]:
+    except DataError:  # a file got shorter
+      unchanged = False
+    if not unchanged:
       raise DataError(
           'local_text: input files changed since the builder was made;'
           ' make a new builder (its config name will change).'
       )
-    return _ConcatSource(paths, [used for _, used, _ in cfg.inputs], cfg.total_bytes)
+    summary = text_splits.summary(cfg.splits)
+    os.makedirs(self.data_dir, exist_ok=True)
+    with open(os.path.join(self.data_dir, SPLITS_SUMMARY), 'w') as f:
+      json.dump(summary, f, indent=1)
+    sources = {split: _SegmentsSource(cfg.segments(split)) for split in SPLITS}
+    return {split: (source, 0, source.size) for split, source in sources.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -829,7 +913,8 @@ def prepare_text_dataset(
     download: enwik8/text8 only: may download when no manual file is found.
     **builder_kwargs: for the builder: ``train_bytes``, ``validation_bytes``,
       ``test_bytes``, ``chunk_bytes`` (enwik8/text8); ``files``, ``max_bytes``,
-      ``chunk_bytes``, ``allow_binary`` (local_text).
+      ``chunk_bytes``, ``allow_binary``, ``split_block_bytes``, ``split_seed``
+      (local_text).
 
   Returns:
     ``{'train': ..., 'validation': ..., 'test': ...}`` random-access data
@@ -850,4 +935,19 @@ def prepare_text_dataset(
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
     with console.library_output():
       builder.download_and_prepare(file_format='array_record', download_config=download_config)
+    summary = split_summary(builder)
+    if summary:
+      console.event('What each split holds (%s):' % os.path.join(builder.data_dir, SPLITS_SUMMARY))
+      for line in text_splits.summary_lines(summary):
+        console.event(line)
   return builder.as_data_source()
+
+
+def split_summary(builder: tfds.core.DatasetBuilder) -> dict | None:
+  """A prepared ``local_text`` corpus's ``splits.json`` (:func:`.text_splits.summary`);
+  None for the other corpora (contiguous ranges of one file)."""
+  path = os.path.join(builder.data_dir, SPLITS_SUMMARY)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)

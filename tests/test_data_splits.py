@@ -1,0 +1,261 @@
+"""How local_text splits a corpus (``data/text_splits.py``): representative, seeded, stable.
+
+The rule's properties on constructed trees (pieces tile every file, one piece in
+twenty to each evaluation split in every stretch of the tree, whole files with
+``split_block_bytes=0``, the cap's sample drawn across the tree), its independence
+of the working directory and of where the corpus lies, a one-file corpus's
+evaluation text taken from its beginning, middle and end, and, on the default
+corpus (this Python's standard library at the default config's cap), validation
+and test holding every large folder near its share of the corpus.
+"""
+
+import collections
+import json
+import os
+import sysconfig
+
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from contextpool_jax.data import text_builders as tb
+from contextpool_jax.data import text_splits as ts
+
+
+def _text(n, seed=0):
+  return np.random.default_rng(seed).integers(32, 127, n, np.uint8).tobytes()
+
+
+def _tree(root, layout, seed=0):
+  """Writes ``{relative path: size}`` under ``root``; returns ``{relative path: bytes}``."""
+  out = {}
+  for i, (rel, size) in enumerate(sorted(layout.items())):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_text(size, seed + i))
+    out[rel] = path.read_bytes()
+  return out
+
+
+def _layout(folders, files_per_folder, size_range, seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+      f'{folder}/sub{j % 3}/f{j:03d}.txt': int(rng.integers(*size_range))
+      for folder in folders
+      for j in range(files_per_folder)
+  }
+
+
+def _read(segments):
+  out = []
+  for path, offset, length in segments:
+    with open(path, 'rb') as f:
+      f.seek(offset)
+      out.append(f.read(length))
+  return b''.join(out)
+
+
+# ---------------------------------------------------------------------------
+# The rule on pieces.
+# ---------------------------------------------------------------------------
+
+
+def test_cut_tiles_every_file_and_keeps_small_files_whole():
+  sizes = {'b/x.txt': 10_000, 'a.txt': 300, 'b/y.txt': 4096}
+  pieces = ts.cut(sizes, 4096)
+  assert pieces == sorted(pieces)  # tree order
+  for path, size in sizes.items():
+    own = [p for p in pieces if p.path == path]
+    assert [p.offset for p in own] == list(np.cumsum([0] + [p.length for p in own[:-1]]))
+    assert sum(p.length for p in own) == size and all(p.length <= 4096 for p in own)
+  assert len([p for p in pieces if p.path == 'b/x.txt']) == 3
+  assert len([p for p in pieces if p.path == 'b/y.txt']) == 1  # exactly one block: whole
+  assert [p.length for p in ts.cut(sizes, 0)] == [300, 10_000, 4096]  # 0: files whole
+
+
+def test_block_size_shrinks_for_a_small_corpus_only():
+  assert ts.block_size(4096, 4 * 2**20) == 4096
+  assert ts.block_size(4096, 100_000) == 100_000 // ts.MIN_PIECES
+  assert ts.block_size(4096, 10) == 1
+  assert ts.block_size(0, 100_000) == 0
+
+
+def test_assign_sends_one_piece_in_every_group_to_each_evaluation_split():
+  pieces = ts.cut({f'd{i:02d}/f.txt': 100 for i in range(203)}, 0)
+  splits = ts.assign(pieces, seed=3)
+  assert sorted(p for s in splits.values() for p in s) == pieces  # a partition
+  position = {p: i for i, p in enumerate(pieces)}
+  groups = round(len(pieces) / ts.GROUP)
+  for split in ts.EVAL_SPLITS:
+    assert len(splits[split]) == groups
+    # One in every stretch of the tree: the k-th piece lies in the k-th group.
+    at = sorted(position[p] for p in splits[split])
+    for k, i in enumerate(at):
+      assert k * len(pieces) // groups <= i < (k + 1) * len(pieces) // groups
+  # Stored order: train in tree order; evaluation splits in a seeded order.
+  assert splits['train'] == sorted(splits['train'])
+  assert splits['validation'] != sorted(splits['validation'])
+  assert ts.assign(pieces, seed=3) == splits and ts.assign(pieces, seed=4) != splits
+
+
+def test_sample_keeps_max_bytes_drawn_across_the_tree():
+  pieces = ts.cut({f'{d}/f{i}.txt': 1000 for d in 'abcdefghij' for i in range(50)}, 0)
+  kept = ts.sample(pieces, 50_500, seed=0)
+  assert sum(p.length for p in kept) == 50_500 and kept == sorted(kept)
+  assert sorted(p.length for p in kept)[0] == 500  # the last one in part
+  per_folder = collections.Counter(ts.top_folder(p.path) for p in kept)
+  assert set(per_folder) == set('abcdefghij')  # not a prefix of the tree
+  assert max(per_folder.values()) <= 12  # 5 expected per folder
+  assert ts.sample(pieces, 0, seed=0) == pieces
+  assert ts.sample(pieces, 10**9, seed=0) == pieces
+
+
+def test_relative_paths_are_machine_independent(tmp_path):
+  paths = [str(tmp_path / 'a' / 'x.txt'), str(tmp_path / 'a' / 'b' / 'y.txt')]
+  assert ts.relative_paths(paths) == (str(tmp_path / 'a'), ['x.txt', 'b/y.txt'])
+  assert ts.relative_paths([paths[1]]) == (str(tmp_path / 'a' / 'b'), ['y.txt'])
+
+
+# ---------------------------------------------------------------------------
+# The builder: prepared splits, fingerprints, summaries.
+# ---------------------------------------------------------------------------
+
+
+def test_prepared_splits_are_the_assigned_pieces_disjoint_and_covering(tmp_path):
+  files = _tree(tmp_path / 'text', _layout('abc', 12, (500, 9000)))
+  data_dir = str(tmp_path / 'tfds')
+  sources = tb.prepare_text_dataset(
+      'local_text', data_dir, files=(str(tmp_path / 'text'),), max_bytes=0, chunk_bytes=1000
+  )
+  config = tb.make_local_text_config((str(tmp_path / 'text'),), max_bytes=0, chunk_bytes=1000)
+  covered = collections.defaultdict(list)
+  for split in tb.SPLITS:
+    split_bytes = tb.ByteSplit(sources[split])
+    assert split_bytes.read(0, len(split_bytes)).tobytes() == _read(config.segments(split))
+    for piece in config.splits[split]:
+      covered[piece.path].append((piece.offset, piece.length, split))
+  for rel, data in files.items():  # every byte of every file in exactly one split
+    spans = sorted(covered[rel])
+    assert spans[0][0] == 0 and sum(n for _, n, _ in spans) == len(data)
+    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:]))
+  shares = {s: len(tb.ByteSplit(sources[s])) / sum(map(len, files.values())) for s in tb.SPLITS}
+  assert 0.03 < shares['validation'] < 0.07 and 0.03 < shares['test'] < 0.07
+
+
+def test_whole_files_each_go_to_one_split(tmp_path):
+  files = _tree(tmp_path / 'text', _layout('abcd', 15, (200, 3000)))
+  config = tb.make_local_text_config((str(tmp_path / 'text'),), max_bytes=0, split_block_bytes=0)
+  owner = {}
+  for split, pieces in config.splits.items():
+    for piece in pieces:
+      assert piece.offset == 0 and piece.length == len(files[piece.path])  # whole
+      assert owner.setdefault(piece.path, split) == split  # in one split only
+  assert set(owner) == set(files)
+  assert collections.Counter(owner.values())['validation'] == round(len(files) / ts.GROUP)
+
+
+def test_the_same_split_from_another_working_directory_and_another_location(tmp_path, monkeypatch):
+  _tree(tmp_path / 'one' / 'text', _layout('ab', 10, (500, 6000)))
+  monkeypatch.chdir(tmp_path / 'one')
+  here = tb.make_local_text_config(('text/a', 'text/b/sub1/*.txt', 'text/b'), max_bytes=20_000)
+  monkeypatch.chdir(tmp_path / 'one' / 'text' / 'a')
+  there = tb.make_local_text_config(('../b', '../a'), max_bytes=20_000)
+  assert here.name == there.name and here.splits == there.splits
+  # The same files elsewhere: the same pieces, the same split, the same data directory.
+  os.rename(tmp_path / 'one', tmp_path / 'two')
+  moved = tb.make_local_text_config((str(tmp_path / 'two' / 'text'),), max_bytes=20_000)
+  assert moved.name == here.name and moved.splits == here.splits
+  assert moved.root == str(tmp_path / 'two' / 'text')
+
+
+def test_a_one_file_corpus_evaluates_on_its_beginning_middle_and_end(tmp_path):
+  (tmp_path / 'book.txt').write_bytes(_text(300_000))
+  config = tb.make_local_text_config((str(tmp_path / 'book.txt'),), max_bytes=0)
+  for split in tb.SPLITS[1:]:
+    pieces = config.splits[split]
+    thirds = {3 * p.offset // 300_000 for p in pieces}
+    assert thirds == {0, 1, 2}, (split, sorted(p.offset for p in pieces))
+    assert 0.04 < sum(p.length for p in pieces) / 300_000 < 0.06
+
+
+def test_split_settings_and_rule_change_the_fingerprint(tmp_path, monkeypatch):
+  _tree(tmp_path / 'text', _layout('ab', 8, (500, 6000)))
+  make = lambda **kw: tb.make_local_text_config((str(tmp_path / 'text'),), max_bytes=0, **kw)
+  names = {
+      make().name,
+      make(split_seed=1).name,
+      make(split_block_bytes=0).name,
+      make(split_block_bytes=100).name,  # below this corpus // MIN_PIECES
+  }
+  assert len(names) == 4
+  before = make().name
+  monkeypatch.setattr(ts, 'RULE', 'pieces-v0')  # an old rule's directories are not reused
+  assert make().name != before
+  with pytest.raises(ValueError, match=r'split_block_bytes \(0 = files whole\) must be an int'):
+    make(split_block_bytes=-1)
+
+
+def test_what_each_split_holds_is_kept_beside_the_data_and_printed(tmp_path, capsys):
+  _tree(tmp_path / 'text', _layout('ab', 10, (500, 6000)))
+  sources = tb.prepare_text_dataset(
+      'local_text', str(tmp_path / 'tfds'), files=(str(tmp_path / 'text'),), max_bytes=0
+  )
+  printed = capsys.readouterr().out
+  builder = tb.get_builder('local_text', str(tmp_path / 'tfds'), files=(str(tmp_path / 'text'),))
+  with open(os.path.join(builder.data_dir, tb.SPLITS_SUMMARY)) as f:
+    summary = json.load(f)
+  assert tb.split_summary(builder) == summary
+  for split in tb.SPLITS:
+    assert summary[split]['bytes'] == len(tb.ByteSplit(sources[split]))
+    assert sum(summary[split]['folders'].values()) == summary[split]['bytes']
+    assert f'  {split}: {summary[split]["bytes"]:,} bytes' in printed
+  assert summary['corpus']['folders'].keys() == {'a', 'b'}
+  # Printed at preparation only.
+  tb.prepare_text_dataset(
+      'local_text', str(tmp_path / 'tfds'), files=(str(tmp_path / 'text'),), max_bytes=0
+  )
+  assert 'What each split holds' not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# The default corpus.
+# ---------------------------------------------------------------------------
+
+
+def _default_corpus_config():
+  dataset = default_config.get_config().dataset
+  return tb.make_local_text_config(
+      dataset.files,
+      max_bytes=dataset.max_bytes,
+      split_block_bytes=dataset.split_block_bytes,
+      split_seed=dataset.split_seed,
+  )
+
+
+def test_the_default_corpus_evaluates_on_text_from_across_the_library():
+  """Every top folder holding at least 5% of the corpus holds at most twice its share
+  of validation and of test (and at least half of it); the corpus itself holds each
+  such folder of the library near its share. The old rule put all of validation in
+  14 codec tables of ``encodings/``."""
+  config = _default_corpus_config()
+  assert config.root == sysconfig.get_paths()['stdlib']
+  summary = ts.summary(config.splits)
+  corpus = summary['corpus']
+  library = collections.Counter()
+  for dirpath, dirnames, filenames in os.walk(config.root):
+    dirnames[:] = [d for d in dirnames if not d.startswith('.') and 'packages' not in d]
+    for name in filenames:
+      if name.endswith('.py') and not name.startswith('.'):
+        path = os.path.join(dirpath, name)
+        library[ts.top_folder(os.path.relpath(path, config.root))] += os.path.getsize(path)
+  large = [f for f, n in corpus['folders'].items() if n >= 0.05 * corpus['bytes']]
+  assert len(large) >= 2
+  for folder in large:
+    share = corpus['folders'][folder] / corpus['bytes']
+    assert 0.67 < share / (library[folder] / sum(library.values())) < 1.5, folder
+    for split in tb.SPLITS[1:]:
+      held = summary[split]['folders'].get(folder, 0) / summary[split]['bytes']
+      assert 0.5 < held / share < 2.0, (split, folder, held, share)
+  for split in tb.SPLITS[1:]:
+    assert 0.04 < summary[split]['bytes'] / corpus['bytes'] < 0.06
+    assert summary[split]['files'] > 40
