@@ -142,6 +142,11 @@ LATE_ARMS = {
     # The gate closed at the start (the baseline at step 0), opened as training finds
     # it useful: does the early shortcut of a pooled path cost the late loss?
     'cp_gate_closed': Arm('contextpool', dict(gate=True, gate_init=0.0)),
+    # The paper's LM placement (Sec. 3): the residual stream pooled after every block
+    # but the last, so the output head reads exact features.
+    'cp_output_below_top': Arm(
+        'contextpool', {}, dict(context_pool_position='output', context_pool_last_layer=BELOW_TOP)
+    ),
 }
 ARMS.update(LATE_ARMS)
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)
@@ -155,9 +160,12 @@ LONG_ARMS = ('baseline', 'cp', 'cp_residual')
 # for benchmarks/lm_diagnostics.py (pool sizes, per-position loss, gradients).
 DIAGNOSED_SEEDS = (0,)
 DIAGNOSTIC_PERIOD = 500
+# The learning-rate sweep at the long setup (code, ablation depth, long steps, seed 0).
+SWEEP_ARMS = ('baseline', 'cp')
+SWEEP_LRS = (2e-3, 4e-3, 8e-3)
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
-GROUPS = ('depth', 'ablation', 'long', 'images', 'costs')
+GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'lr')
 # What each corpus reports (lower is better): bits per character, or the
 # classification error in percent.
 METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
@@ -165,15 +173,34 @@ METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
 
 @dataclasses.dataclass(frozen=True)
 class Run:
+  """One training run. ``lr``, ``seq_len`` and ``dropout`` (None: the study's
+  default) override the peak learning rate, the context (at the same bytes per
+  step: the batch shrinks as the context grows) and the model's dropout."""
+
   corpus: str
   arm: str
   depth: int
   steps: int
   seed: int
+  lr: Optional[float] = None
+  seq_len: Optional[int] = None
+  dropout: Optional[float] = None
 
   @property
   def key(self) -> str:
-    return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}'
+    return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}' + self.options
+
+  @property
+  def options(self) -> str:
+    """The key's suffix for the overridden settings ('' when none is)."""
+    return ''.join(
+        f'-{tag}{value:g}'
+        for tag, value in zip(_OPTION_TAGS, (self.lr, self.seq_len, self.dropout))
+        if value is not None
+    )
+
+
+_OPTION_TAGS = ('lr', 'ctx', 'drop')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +217,7 @@ class Sizes:
   steps: int = 1000
   long_steps: int = 4000
   eval_every: int = 100
-  eval_max_bytes: int = 32 * 1024
+  eval_max_bytes: int = 0  # the whole validation and test splits
   max_bytes: int = 4 * 2**20
   image_steps: int = 2000  # configs/digits_resnet.py's schedule
 
@@ -226,6 +253,12 @@ def plan(
       ]
     if 'long' in groups:
       runs += [Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed) for a in long_arms]
+    if 'lr' in groups and seed == seeds[0]:
+      runs += [
+          Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed, lr=lr)
+          for lr in SWEEP_LRS
+          for a in SWEEP_ARMS
+      ]
     if 'images' in groups:
       runs += [
           Run(IMAGES, a, d, sizes.image_steps, seed)
@@ -288,7 +321,9 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
   arm = ARMS[run.arm]
   c = default.get_config('baseline' if arm.context_pool is None else '')
   resolved = lambda fields: {
-      k: {SEQ_LEN: sizes.seq_len, BELOW_TOP: run.depth - 2}.get(v, v) if isinstance(v, str) else v
+      k: {SEQ_LEN: run.seq_len or sizes.seq_len, BELOW_TOP: run.depth - 2}.get(v, v)
+      if isinstance(v, str)
+      else v
       for k, v in fields.items()
   }
   with c.unlocked():
@@ -304,8 +339,13 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
         )
     )
     c.seed = run.seed
-    c.batch_size = sizes.batch_size
+    seq_len = run.seq_len or sizes.seq_len
+    c.batch_size = sizes.batch_size * sizes.seq_len // seq_len  # the same bytes per step
     c.num_train_steps = run.steps
+    if run.lr is not None:
+      c.optimizer.learning_rate = run.lr
+    if run.dropout is not None:
+      c.model.dropout_rate = run.dropout
     c.eval_every_steps = sizes.eval_every
     c.checkpoint_every_steps = sizes.eval_every
     c.log_every_steps = sizes.eval_every
@@ -313,18 +353,18 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
     c.eval_splits = ('validation', 'test')
     c.progress_bar = False
     c.log_pool_sizes = False
-    c.dataset.seq_len = sizes.seq_len
+    c.dataset.seq_len = seq_len
     from contextpool_jax.models import transformer  # pylint: disable=g-import-not-at-top
 
     window = c.model.get('local_window', transformer.TransformerLM.local_window)
-    if c.model.get('attention') == 'local' and window >= sizes.seq_len:
+    if c.model.get('attention') == 'local' and window >= seq_len:
       raise ValueError(
           f'arm {run.arm!r}: model.local_window={window} >= seq_len='
-          f'{sizes.seq_len} reads the whole context, so the arm is the baseline again;'
+          f'{seq_len} reads the whole context, so the arm is the baseline again;'
           ' expected a window below seq_len'
       )
-    c.dataset.eval_context = sizes.seq_len
-    c.dataset.eval_step = sizes.seq_len // 2
+    c.dataset.eval_context = seq_len
+    c.dataset.eval_step = seq_len // 2
     c.dataset.eval_max_bytes = sizes.eval_max_bytes
     c.dataset.max_bytes = sizes.max_bytes
     # Prepared corpora are shared by every run of the study.
@@ -543,8 +583,14 @@ def run_all(
 
 def parse_key(key: str) -> Run:
   corpus, rest = key.split('-', 1)
+  options = {}
+  for field, tag in reversed(list(zip(('lr', 'seq_len', 'dropout'), _OPTION_TAGS))):
+    head, _, last = rest.rpartition(f'-{tag}')
+    if head and last and last[0].isdigit() and '-' not in last:
+      options[field] = int(last) if field == 'seq_len' else float(last)
+      rest = head
   arm, depth, steps, seed = rest.rsplit('-', 3)
-  return Run(corpus, arm, int(depth[1:]), int(steps[1:]), int(seed[1:]))
+  return Run(corpus, arm, int(depth[1:]), int(steps[1:]), int(seed[1:]), **options)
 
 
 # ----------------------------------------------------------------------------

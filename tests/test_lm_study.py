@@ -49,6 +49,31 @@ def test_plan_pairs_every_arm_by_seed_without_duplicates():
   assert all(lm_study.parse_key(r.key) == r for r in runs)
 
 
+def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_path):
+  runs = lm_study.plan(
+      ['lr'],
+      corpora=['code'],
+      depths=[2],
+      seeds=[0, 1],
+      sizes=TINY,
+      ablation_corpus='code',
+      ablation_depth=2,
+  )
+  assert {(r.arm, r.lr, r.seed) for r in runs} == {
+      (a, lr, 0) for a in lm_study.SWEEP_ARMS for lr in lm_study.SWEEP_LRS
+  }
+  run = lm_study.Run('text', 'cp_kv', 2, 4, 1, lr=4e-3, seq_len=64, dropout=0.1)
+  assert run.key == 'text-cp_kv-L2-n4-s1-lr0.004-ctx64-drop0.1'
+  assert lm_study.parse_key(run.key) == run
+  assert all(lm_study.parse_key(r.key) == r for r in runs)
+  assert lm_study.parse_key('code-cp-L2-n4-s0') == lm_study.Run('code', 'cp', 2, 4, 0)
+  c = lm_study.make_config(run, TINY, tmp_path)
+  base = lm_study.make_config(lm_study.Run('text', 'cp_kv', 2, 4, 1), TINY, tmp_path)
+  assert (c.optimizer.learning_rate, c.model.dropout_rate) == (4e-3, 0.1)
+  assert c.dataset.seq_len == c.dataset.eval_context == 64 and c.dataset.eval_step == 32
+  assert c.batch_size * 64 == base.batch_size * base.dataset.seq_len  # the same bytes per step
+
+
 def test_text_corpus_is_the_python_reference_topics(tmp_path):
   from pydoc_data import topics
 
