@@ -507,10 +507,19 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  rows = checks.per_process(config, 'dataset.eval_batch_size', process_count)
+  checks.per_process(config, 'dataset.eval_batch_size', process_count)
   spec = resolve_spec(config)
   corpus = _load_split(spec, split)
   num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
+  return corpus_eval_batches(spec, corpus, num_bytes, process_index, process_count)
+
+
+def corpus_eval_batches(
+    spec: LMDataSpec, corpus, num_bytes: int, process_index: int = 0, process_count: int = 1
+) -> EvalBatches:
+  """:func:`make_eval_batches` of the first ``num_bytes`` of ``corpus`` (anything with
+  ``read(start, stop)``, e.g. a :class:`~.text_builders.ByteSplit` or a slice of one)."""
+  rows = spec.eval_batch_size // process_count
   windows = eval_windows(num_bytes, spec.eval_context, spec.eval_step)
   num_batches = -(-len(windows[0]) // spec.eval_batch_size)
   fn = _EvalBatch(

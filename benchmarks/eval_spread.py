@@ -1,0 +1,111 @@
+r"""How much validation BPC moves with the text it is measured on: ``python -m benchmarks.eval_spread``.
+
+For a trained LM workdir (by default a run of ``configs/default.py``): the
+validation split is cut into disjoint slices of each ``--slice_bytes`` (as many
+as fit), each scored with the run's own evaluation protocol (overlapping windows
+of ``eval_context``, step ``eval_step``); reported per slice size: the number of
+slices, their mean BPC, standard deviation and range, next to the whole split's
+BPC. A slice of S bytes is what ``eval_max_bytes=S`` scores (the split's first S
+bytes; local_text stores its evaluation splits in a seeded order of their
+pieces, so any slice is a sample of the split). Writes ``<out>/eval_spread.md``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+import sys
+
+from absl import app
+from absl import flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained LM workdir.')
+_SLICES = flags.DEFINE_list(
+    'slice_bytes', ['16384', '32768', '65536'], 'Slice lengths in bytes (0 = the whole split).'
+)
+_OUT = flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
+
+
+class Slice:
+  """Bytes ``[start, start + size)`` of a split, read like the split itself."""
+
+  def __init__(self, corpus, start: int, size: int):
+    self.corpus, self.start, self.size = corpus, start, size
+
+  def __len__(self) -> int:
+    return self.size
+
+  def read(self, start: int, stop: int):
+    return self.corpus.read(self.start + start, self.start + stop)
+
+
+def slice_bpc(workdir: str, slice_bytes: list[int]) -> dict[int, list[float]]:
+  """``{S: [BPC of each disjoint S-byte slice of validation]}`` (S = 0: the whole split)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import load, tasks  # pylint: disable=g-import-not-at-top
+
+  model, variables, config = load(workdir)
+  objective = tasks.make_objective(config)
+  spec = lm_input.resolve_spec(config)
+  corpus = lm_input.load_split(config, 'validation')
+
+  @jax.jit
+  def sums(batch):
+    logits = model.apply(variables, *objective.model_args(batch))
+    return objective.eval_sums(logits, batch)
+
+  def bpc(view) -> float:
+    total = {}
+    for batch in lm_input.corpus_eval_batches(spec, view, len(view)):
+      for k, v in sums(batch).items():
+        total[k] = total.get(k, 0.0) + float(v)
+    return objective.finalize(total)['bpc']
+
+  out = {}
+  for size in slice_bytes:
+    size = size or len(corpus)
+    out[size] = [bpc(Slice(corpus, a, size)) for a in range(0, len(corpus) - size + 1, size)]
+  return out
+
+
+def report(workdir: str, bpcs: dict[int, list[float]]) -> str:
+  whole = max(bpcs)
+  lines = [
+      '# Validation BPC over disjoint slices of the validation split',
+      '',
+      f'`python -m benchmarks.eval_spread --workdir {workdir}`: one trained model, its'
+      f' validation split ({whole:,} bytes) cut into disjoint slices, each scored alone.',
+      '',
+      '| slice (bytes) | slices | mean BPC | std | min | max |',
+      '| ---: | ---: | ---: | ---: | ---: | ---: |',
+  ]
+  for size, values in sorted(bpcs.items()):
+    std = f'{statistics.stdev(values):.3f}' if len(values) > 1 else '-'
+    lines.append(
+        f'| {size:,} | {len(values)} | {statistics.mean(values):.3f} | {std} |'
+        f' {min(values):.3f} | {max(values):.3f} |'
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv):
+  del argv
+  if not _WORKDIR.value:
+    raise app.UsageError('--workdir is required (a trained LM workdir).')
+  if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+  sizes = sorted({int(s) for s in _SLICES.value} | {0})
+  bpcs = slice_bpc(_WORKDIR.value, sizes)
+  text = report(_WORKDIR.value, bpcs)
+  out = pathlib.Path(_OUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / 'eval_spread.md').write_text(text)
+  print(text)
+
+
+if __name__ == '__main__':
+  app.run(main)
