@@ -1,70 +1,56 @@
 r"""Measured ablation of ContextPool's open choices on the offline default LM.
 
 Trains ``configs/default.py`` (a 2-layer character LM on the Python standard
-library's sources) once per variant, side by side in one process, and reports
-validation bits per character. This is how the defaults of A1 (``size_norm``)
-and A3 (``residual``) were chosen; see the README's "Choices the paper leaves
-open".
+library's sources) once per variant, seed and learning rate, and reports
+validation bits per character with each variant's difference to the baseline
+and to the default, paired by seed. This is how the defaults of A1
+(``size_norm``), A3 (``residual``), ``context_pool_position`` and the default
+config's learning rate are chosen (docs: ContextPool, "Choices the paper leaves
+open").
 
-  python -m benchmarks.ablation_default --workdir /tmp/ablation [--steps 500] [--seeds 0,1]
+  python -m benchmarks.ablation_default --workdir /tmp/ablation --seeds 0,1,2
+  python -m benchmarks.ablation_default --workdir /tmp/ablation --seeds 0 \
+      --variants baseline,sigmoid_attention_input --learning_rates 2e-3,4e-3,8e-3
 
-Writes ``<workdir>/ablation.md`` and ``ablation.csv``.
+Resumable: each run keeps ``<workdir>/<run>/result.json`` and is skipped when it
+has one. Writes ``<out>/ablation_default.md``.
 """
 
 from __future__ import annotations
 
-import csv
+import json
 import pathlib
+import statistics
 import sys
+from typing import Optional
 
 from absl import app
 from absl import flags
 from absl import logging
 
-_WORKDIR = flags.DEFINE_string('workdir', '/tmp/contextpool_ablation', 'Output directory.')
-_STEPS = flags.DEFINE_integer('steps', 500, 'Training steps per run.')
-_SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds (one run per seed and variant).')
-_VARIANTS = flags.DEFINE_list(
-    'variants',
-    [
-        'baseline',
-        'softmax',
-        'sigmoid',
-        'softmax_residual',
-        'sigmoid_residual',
-        'softmax_attention_input',
-        'sigmoid_attention_input',
-        'sigmoid_residual_attention_input',
-    ],
-    'Variants to run.',
-)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT = 'sigmoid_attention_input'  # the configs/default.py model
 
 # variant: (ContextPool overrides or None for no ContextPool, model overrides).
 # Every field studied is set explicitly, so results do not depend on defaults.
 _OUTPUT = dict(context_pool_position='output')
+_INPUT = dict(context_pool_position='attention_input')
 VARIANTS = {
     'baseline': (None, {}),
     'softmax': (dict(size_norm='softmax', residual=False), _OUTPUT),
     'sigmoid': (dict(size_norm='sigmoid', residual=False), _OUTPUT),
     'softmax_residual': (dict(size_norm='softmax', residual=True), _OUTPUT),
     'sigmoid_residual': (dict(size_norm='sigmoid', residual=True), _OUTPUT),
-    'softmax_attention_input': (
-        dict(size_norm='softmax', residual=False),
-        dict(context_pool_position='attention_input'),
-    ),
-    'sigmoid_attention_input': (
-        dict(size_norm='sigmoid', residual=False),
-        dict(context_pool_position='attention_input'),
-    ),
-    'sigmoid_residual_attention_input': (
-        dict(size_norm='sigmoid', residual=True),
-        dict(context_pool_position='attention_input'),
-    ),
+    'softmax_attention_input': (dict(size_norm='softmax', residual=False), _INPUT),
+    DEFAULT: (dict(size_norm='sigmoid', residual=False), _INPUT),
+    'sigmoid_residual_attention_input': (dict(size_norm='sigmoid', residual=True), _INPUT),
 }
 
 
-def make_config(variant: str, seed: int, steps: int):
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+def make_config(variant: str, seed: int, steps: Optional[int], lr: Optional[float]):
+  """``configs/default.py`` with the variant's fields, one evaluation at the end."""
+  if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
   from configs import default  # pylint: disable=g-import-not-at-top
 
   pool, model = VARIANTS[variant]
@@ -74,53 +60,116 @@ def make_config(variant: str, seed: int, steps: int):
   with c.unlocked():
     c.model.update(model)
   c.seed = seed
-  c.num_train_steps = steps
-  c.eval_every_steps = steps
-  c.checkpoint_every_steps = steps
+  if steps:
+    c.num_train_steps = steps
+  if lr is not None:
+    c.optimizer.learning_rate = lr
+  c.eval_every_steps = c.checkpoint_every_steps = c.num_train_steps
   c.progress_bar = False
   return c
+
+
+def run_name(variant: str, seed: int, lr: Optional[float]) -> str:
+  return f'{variant}_seed{seed}' + ('' if lr is None else f'_lr{lr:g}')
+
+
+def train(workdir: pathlib.Path, variant: str, seed: int, steps, lr) -> dict:
+  """The run's result, trained now unless ``<run>/result.json`` holds it."""
+  from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+  run_dir = workdir / run_name(variant, seed, lr)
+  done = run_dir / 'result.json'
+  if done.exists():
+    return json.loads(done.read_text())
+  config = make_config(variant, seed, steps, lr)
+  out = trainer.train_and_evaluate(config, str(run_dir))
+  result = dict(
+      variant=variant,
+      seed=seed,
+      learning_rate=config.optimizer.learning_rate,
+      steps=config.num_train_steps,
+      val_bpc=out['eval_validation']['bpc'],
+      train_loss=out['train_history'][-1]['loss'],
+  )
+  done.write_text(json.dumps(result, indent=1))
+  return result
+
+
+def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
+  from benchmarks import lm_study  # pylint: disable=g-import-not-at-top
+
+  p = lm_study.paired(mine, other)
+  if p is None:
+    seeds = sorted(set(mine) & set(other))
+    return ', '.join(f'{mine[s] - other[s]:+.3f}' for s in seeds) or '-'
+  return f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({", ".join(f"{d:+.3f}" for d in p["diffs"])})'
+
+
+def report(results: list[dict], variants: list[str]) -> str:
+  """One table per learning rate: BPC per seed, mean, and the paired differences."""
+  lines = [
+      '# Ablation of the open choices on the offline default (`configs/default.py`)',
+      '',
+      '`python -m benchmarks.ablation_default`: validation BPC (lower is better) of each variant'
+      " after the config's schedule; differences are paired by seed (mean ± 95% t-interval, then"
+      ' per seed).',
+  ]
+  for lr in sorted({r['learning_rate'] for r in results}):
+    rs = [r for r in results if r['learning_rate'] == lr]
+    by = {v: {r['seed']: r['val_bpc'] for r in rs if r['variant'] == v} for v in variants}
+    lines += [
+        '',
+        f'## Peak learning rate {lr:g}',
+        '',
+        f'| variant | seeds | validation BPC (mean) | per seed | − baseline | − {DEFAULT} |',
+        '| --- | ---: | ---: | --- | --- | --- |',
+    ]
+    for v in variants:
+      if not by[v]:
+        continue
+      seeds = sorted(by[v])
+      lines.append(
+          f'| {v} | {len(seeds)} | {statistics.mean(by[v].values()):.3f} |'
+          f' {", ".join(f"{by[v][s]:.3f}" for s in seeds)} |'
+          f' {_paired(by[v], by.get("baseline", {})) if v != "baseline" else ""} |'
+          f' {_paired(by[v], by.get(DEFAULT, {})) if v != DEFAULT else ""} |'
+      )
+  return '\n'.join(lines) + '\n'
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
-
-  out = pathlib.Path(_WORKDIR.value)
+  workdir = pathlib.Path(FLAGS.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  lrs = [float(x) for x in FLAGS.learning_rates] or [None]
+  results = []
+  for seed in map(int, FLAGS.seeds):
+    for lr in lrs:
+      for variant in FLAGS.variants:
+        results.append(train(workdir, variant, seed, FLAGS.steps, lr))
+        print(f'{run_name(variant, seed, lr)}: validation BPC {results[-1]["val_bpc"]:.4f}')
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  rows = []
-  for seed in map(int, _SEEDS.value):
-    for variant in _VARIANTS.value:
-      config = make_config(variant, seed, _STEPS.value)
-      result = trainer.train_and_evaluate(config, str(out / f'{variant}_seed{seed}'))
-      ev = result['eval_validation']
-      train_loss = result['train_history'][-1]['loss']
-      rows.append(
-          dict(
-              variant=variant,
-              seed=seed,
-              val_bpc=ev['bpc'],
-              val_accuracy=ev['accuracy'],
-              train_loss=train_loss,
-          )
-      )
-      print(f'{variant:18s} seed {seed}: validation BPC {ev["bpc"]:.4f}', flush=True)
-  with open(out / 'ablation.csv', 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  lines = ['| variant | seeds | validation BPC (mean) | per seed |', '| --- | --- | --- | --- |']
-  for variant in _VARIANTS.value:
-    vals = [r['val_bpc'] for r in rows if r['variant'] == variant]
-    lines.append(
-        f'| {variant} | {len(vals)} | {sum(vals) / len(vals):.4f} | '
-        + ', '.join(f'{x:.4f}' for x in vals)
-        + ' |'
-    )
-  table = '\n'.join(lines)
-  (out / 'ablation.md').write_text(table + '\n')
-  print(table)
+  text = report(results, FLAGS.variants)
+  (out / 'ablation_default.md').write_text(text)
+  print(text)
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script, so that tests can
+  import this module beside others that define the same names)."""
+  flags.DEFINE_string('workdir', '/tmp/contextpool_ablation', 'Runs directory.')
+  flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Report directory.')
+  flags.DEFINE_integer('steps', None, "Training steps per run (None: the config's).")
+  flags.DEFINE_list('seeds', ['0'], 'Seeds (one run per seed and variant).')
+  flags.DEFINE_list('learning_rates', [], "Peak learning rates (none: the config's).")
+  flags.DEFINE_list('variants', list(VARIANTS), 'Variants to run.')
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

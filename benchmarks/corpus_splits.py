@@ -20,9 +20,6 @@ from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-_OUT = flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
-_SEEDS = flags.DEFINE_integer('seeds', 8, 'Split seeds 0..seeds-1 per block length.')
-_BLOCKS = flags.DEFINE_list('blocks', ['0', '4096', '16384', '65536'], 'split_block_bytes values.')
 LARGE_FOLDER = 0.05  # a folder holding this share of the corpus is checked
 
 
@@ -138,12 +135,24 @@ def report(blocks, seeds) -> str:
 
 def main(argv):
   del argv
-  out = pathlib.Path(_OUT.value)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  text = report([int(b) for b in _BLOCKS.value], _SEEDS.value)
+  text = report([int(b) for b in FLAGS.blocks], FLAGS.seeds)
   (out / 'corpus_splits.md').write_text(text)
   print(text)
 
 
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script, so that tests can
+  import this module beside others that define the same names)."""
+  flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
+  flags.DEFINE_integer('seeds', 8, 'Split seeds 0..seeds-1 per block length.')
+  flags.DEFINE_list('blocks', ['0', '4096', '16384', '65536'], 'split_block_bytes values.')
+
+
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -21,12 +21,6 @@ from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained LM workdir.')
-_SLICES = flags.DEFINE_list(
-    'slice_bytes', ['16384', '32768', '65536'], 'Slice lengths in bytes (0 = the whole split).'
-)
-_OUT = flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
-
 
 class Slice:
   """Bytes ``[start, start + size)`` of a split, read like the split itself."""
@@ -94,18 +88,32 @@ def report(workdir: str, bpcs: dict[int, list[float]]) -> str:
 
 def main(argv):
   del argv
-  if not _WORKDIR.value:
+  if not FLAGS.workdir:
     raise app.UsageError('--workdir is required (a trained LM workdir).')
   if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-  sizes = sorted({int(s) for s in _SLICES.value} | {0})
-  bpcs = slice_bpc(_WORKDIR.value, sizes)
-  text = report(_WORKDIR.value, bpcs)
-  out = pathlib.Path(_OUT.value)
+  sizes = sorted({int(s) for s in FLAGS.slice_bytes} | {0})
+  bpcs = slice_bpc(FLAGS.workdir, sizes)
+  text = report(FLAGS.workdir, bpcs)
+  out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'eval_spread.md').write_text(text)
   print(text)
 
 
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script, so that tests can
+  import this module beside others that define the same names)."""
+  flags.DEFINE_string('workdir', None, 'A trained LM workdir.')
+  flags.DEFINE_list(
+      'slice_bytes', ['16384', '32768', '65536'], 'Slice lengths in bytes (0 = the whole split).'
+  )
+  flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
+
+
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
