@@ -165,7 +165,7 @@ SWEEP_ARMS = ('baseline', 'cp')
 SWEEP_LRS = (2e-3, 4e-3, 8e-3)
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
-GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'lr')
+GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'sweep', 'comparisons')
 # What each corpus reports (lower is better): bits per character, or the
 # classification error in percent.
 METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
@@ -234,9 +234,13 @@ def plan(
     ablation_arms: Sequence[str] = ABLATION_ARMS,
     long_arms: Sequence[str] = LONG_ARMS,
     image_depths: Sequence[int] = (20,),
+    best_arm: str = 'cp_kv',
 ) -> list[Run]:
   """The training runs of ``groups``, in the order they run (seed-major, so a
-  stopped study has complete comparisons for its first seeds), without duplicates."""
+  stopped study has complete comparisons for its first seeds), without duplicates.
+  ``sweep`` and ``comparisons`` are :mod:`benchmarks.lm_comparisons`'s runs
+  (their own seeds and sizes; ``best_arm`` joins the default ContextPool in
+  the longer-context, fewer-layers and prose comparisons)."""
   runs: list[Run] = []
   for seed in seeds:
     if 'depth' in groups:
@@ -253,18 +257,19 @@ def plan(
       ]
     if 'long' in groups:
       runs += [Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed) for a in long_arms]
-    if 'lr' in groups and seed == seeds[0]:
-      runs += [
-          Run(ablation_corpus, a, ablation_depth, sizes.long_steps, seed, lr=lr)
-          for lr in SWEEP_LRS
-          for a in SWEEP_ARMS
-      ]
     if 'images' in groups:
       runs += [
           Run(IMAGES, a, d, sizes.image_steps, seed)
           for d in image_depths
           for a in ('baseline', 'cp')
       ]
+  if 'sweep' in groups or 'comparisons' in groups:
+    from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
+
+    if 'sweep' in groups:
+      runs += lm_comparisons.sweep_runs()
+    if 'comparisons' in groups:
+      runs += [r for c in lm_comparisons.study(best_arm) for r in c.runs()]
   return list(dict.fromkeys(runs))
 
 
@@ -926,7 +931,9 @@ RUN_FIELDS = (
 )
 
 
-def write_report(study_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path]:
+def write_report(
+    study_dir: pathlib.Path, out_dir: pathlib.Path, best_arm: str = 'cp_kv'
+) -> list[pathlib.Path]:
   """``lm_study_<corpus>.md``, ``lm_study_runs.csv`` and ``lm_study_cost.png``
   (BPC vs step time and vs GFLOPs per family over depths) in ``out_dir``."""
   results, costs = load_results(study_dir), load_costs(study_dir)
@@ -945,6 +952,12 @@ def write_report(study_dir: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib
   if costs and any(r['corpus'] in CORPORA for r in results):
     written.append(_plot(results, costs, out_dir / 'lm_study_cost.png'))
   written += _long_report(study_dir, results, out_dir)
+  if any(r.get('lr') is not None for r in results):
+    from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
+
+    path = out_dir / 'lm_study_comparisons.md'
+    path.write_text(lm_comparisons.report(results, best_arm) + '\n')
+    written.append(path)
   return written
 
 
@@ -1039,6 +1052,9 @@ _REPORT = flags.DEFINE_string('report', None, 'Write the report to this director
 _TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key.')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
 _LONG_ARMS = flags.DEFINE_list('long_arms', list(LONG_ARMS), 'Arms of the long group.')
+_BEST_ARM = flags.DEFINE_string(
+    'best_arm', 'cp_kv', 'The arm the later comparisons add to the default ContextPool.'
+)
 _DIAGNOSE_EXISTING = flags.DEFINE_bool(
     'diagnose_existing',
     False,
@@ -1070,7 +1086,7 @@ def main(argv):
     train_one(parse_key(_TRAIN_ONE.value), sizes, study_dir)
     return
   if _REPORT.value:
-    for path in write_report(study_dir, pathlib.Path(_REPORT.value)):
+    for path in write_report(study_dir, pathlib.Path(_REPORT.value), _BEST_ARM.value):
       print(f'wrote {path}')
     return
   _check_choices('groups', _GROUPS.value, GROUPS)
@@ -1087,6 +1103,7 @@ def main(argv):
       ablation_depth=_ABL_DEPTH.value,
       long_arms=_LONG_ARMS.value,
       image_depths=[int(d) for d in _IMAGE_DEPTHS.value],
+      best_arm=_BEST_ARM.value,
   )
   if _DRY_RUN.value:
     for run in runs:

@@ -51,7 +51,7 @@ def test_plan_pairs_every_arm_by_seed_without_duplicates():
 
 def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_path):
   runs = lm_study.plan(
-      ['lr'],
+      ['sweep'],
       corpora=['code'],
       depths=[2],
       seeds=[0, 1],
@@ -59,7 +59,7 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
       ablation_corpus='code',
       ablation_depth=2,
   )
-  assert {(r.arm, r.lr, r.seed) for r in runs} == {
+  assert {(r.arm, r.lr, r.seed) for r in runs if r.corpus == 'code'} == {
       (a, lr, 0) for a in lm_study.SWEEP_ARMS for lr in lm_study.SWEEP_LRS
   }
   run = lm_study.Run('text', 'cp_kv', 2, 4, 1, lr=4e-3, seq_len=64, dropout=0.1)
@@ -415,3 +415,45 @@ def test_long_curves_draw_every_long_group_whole_and_its_second_half(tmp_path):
 
   width, height = Image.open(path).size
   assert width > height  # two columns (code, text) of two rows
+
+
+def _result(run, val, early, lowest, train_bits, test):
+  steps = run.steps
+  return dict(
+      dataclasses.asdict(run),
+      key=run.key,
+      val_bpc=val,
+      test_bpc=test,
+      val_curve=[[1000, early], [2000, lowest], [steps, val]],
+      train_curve=[[steps, train_bits * math.log(2)]],
+  )
+
+
+def test_comparisons_pair_each_arm_with_its_baseline_by_seed():
+  from benchmarks import lm_comparisons as lc
+
+  study = lc.study('cp_kv')
+  runs = [r for c in study for r in c.runs()]
+  assert set(study[2].arms) <= set(study[0].arms)  # fewer layers reuses the depth-2 runs
+  first = study[0]
+  assert {r.seed for r in first.runs()} == set(lc.CONFIRM_SEEDS)
+  assert all(r.lr == lc.tuned(r.arm) for r in runs)
+  assert {r.seq_len for r in study[1].runs()} == {lc.LONG_CONTEXT}
+  assert {(r.arm, r.depth) for r in study[2].runs()} == {('baseline', 4), ('cp', 2), ('cp_kv', 2)}
+  assert {(r.corpus, r.dropout) for r in study[3].runs()} == {('text', lc.PROSE_DROPOUT)}
+  # Synthetic results: the default ContextPool 0.1 behind at the end in every seed,
+  # 0.2 ahead at step 1,000; cp_kv only in seed 0 (no pairs: '-').
+  results = []
+  for seed in (0, 1, 2):
+    base = dataclasses.replace(first.baseline, seed=seed)
+    cp = dataclasses.replace(first.arms[0], seed=seed)
+    results.append(_result(base, 1.0 + seed / 10, 2.0, 0.9, 1.2, 1.1))
+    results.append(_result(cp, 1.1 + seed / 10, 1.8, 0.95, 1.3, 1.15))
+  results.append(_result(dataclasses.replace(first.arms[1], seed=0), 1.0, 2.0, 0.9, 1.2, 1.1))
+  md = lc.report(results)
+  row = next(l for l in md.splitlines() if l.startswith('| `code-cp-L2'))
+  assert '| 3 | +0.100 ± 0.000 (+0.100, +0.100, +0.100, behind beyond noise)' in row
+  assert '-0.200 ± 0.000 (-0.200, -0.200, -0.200, ahead beyond noise)' in row
+  assert '+0.050 ± 0.000' in row and '+0.100 ± 0.000' in row  # lowest; training loss
+  kv = next(l for l in md.splitlines() if l.startswith('| `code-cp_kv-L2'))
+  assert kv.startswith('| `code-cp_kv-L2-n4000') and '| 1 | - |' in kv

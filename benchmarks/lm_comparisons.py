@@ -1,0 +1,215 @@
+"""The LM study's comparisons on representative splits, and their tables.
+
+A :class:`Comparison` names a baseline run and the arms run against it, each
+with its own learning rate, context and dropout; every arm is paired with the
+baseline by seed. :data:`STUDY` is the study of ContextPool against the tuned
+baseline (``python -m benchmarks.lm_study --groups comparisons``):
+
+* the learning-rate sweep (:data:`lm_study.SWEEP_LRS`) of the baseline and the
+  default ContextPool at the long setup, which sets :data:`TUNED_LR`;
+* the arms at the long setup, 3 seeds: the default ContextPool, pooled keys and
+  values only (``context_pool_reads='kv'``), and the paper's LM placement (the
+  residual stream pooled after every block but the last);
+* longer context (``seq_len`` 1,024, the same bytes per step), 2 seeds;
+* fewer layers: ContextPool at depth 2 against the baseline at depth 4;
+* prose with dropout against overfitting, chosen on the baseline.
+
+:func:`report` writes, per comparison, each arm's difference to the baseline
+at the end, early, at its lowest along training and in training loss, paired
+by seed with a 95% t-interval; and the sweep's table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Mapping, Optional, Sequence
+
+from benchmarks import lm_study
+from benchmarks.lm_study import Run
+
+# Peak learning rate per arm, from the sweep (benchmarks/results/lm_study_lr.md):
+# each arm's lowest validation BPC at the end of the long setup. ContextPool arms
+# not swept use the default ContextPool's.
+TUNED_LR: dict[str, float] = {'baseline': 2e-3, 'cp': 2e-3}
+LONG = dict(corpus='code', depth=2, steps=4000)
+CONFIRM_SEEDS = (0, 1, 2)
+CONTEXT_SEEDS = (0, 1)
+LONG_CONTEXT = 1024
+PROSE_DROPOUTS = (0.1, 0.2)
+PROSE_DROPOUT = 0.1  # chosen on the baseline (the prose comparison's first runs)
+EARLY_STEP = 1000
+
+
+def tuned(arm: str) -> float:
+  return TUNED_LR.get(arm, TUNED_LR['cp'])
+
+
+def run(arm: str, seed: int = 0, *, corpus='code', depth=2, steps=4000, **options) -> Run:
+  """An arm's run at its tuned learning rate (``options``: seq_len, dropout, lr)."""
+  options.setdefault('lr', tuned(arm))
+  return Run(corpus, arm, depth, steps, seed, **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """Arms against a baseline, paired by seed (the seeds of ``baseline`` and
+  ``arms`` are replaced by each of ``seeds``)."""
+
+  name: str
+  baseline: Run
+  arms: tuple[Run, ...]
+  seeds: tuple[int, ...]
+
+  def runs(self) -> list[Run]:
+    return [dataclasses.replace(r, seed=s) for s in self.seeds for r in (self.baseline, *self.arms)]
+
+
+def study(best_arm: str = 'cp_kv') -> list[Comparison]:
+  """The comparisons, ``best_arm`` the arm the longer context adds to the default."""
+  arms = ('cp', 'cp_kv', 'cp_output_below_top')
+  return [
+      Comparison(
+          'Code, depth 2, 4,000 steps (each arm at its tuned learning rate)',
+          run('baseline'),
+          tuple(run(a) for a in arms),
+          CONFIRM_SEEDS,
+      ),
+      Comparison(
+          f'Longer context: {LONG_CONTEXT} bytes, the same bytes per step',
+          run('baseline', seq_len=LONG_CONTEXT),
+          tuple(run(a, seq_len=LONG_CONTEXT) for a in dict.fromkeys(('cp', best_arm))),
+          CONTEXT_SEEDS,
+      ),
+      Comparison(
+          'Fewer layers: ContextPool at depth 2 against the baseline at depth 4',
+          run('baseline', depth=4),
+          tuple(run(a) for a in dict.fromkeys(('cp', best_arm))),
+          CONFIRM_SEEDS,
+      ),
+      Comparison(
+          f'Prose with dropout {PROSE_DROPOUT} (chosen on the baseline)',
+          run('baseline', corpus='text', dropout=PROSE_DROPOUT),
+          tuple(
+              run(a, corpus='text', dropout=PROSE_DROPOUT) for a in dict.fromkeys(('cp', best_arm))
+          ),
+          CONFIRM_SEEDS,
+      ),
+  ]
+
+
+def sweep_runs() -> list[Run]:
+  """The learning-rate sweep and the prose dropout choice (seed 0)."""
+  runs = [
+      Run(LONG['corpus'], a, LONG['depth'], LONG['steps'], 0, lr=lr)
+      for lr in lm_study.SWEEP_LRS
+      for a in lm_study.SWEEP_ARMS
+  ]
+  runs += [run('baseline', corpus='text', dropout=d) for d in (0.0, *PROSE_DROPOUTS)]
+  return runs
+
+
+# ----------------------------------------------------------------------------
+# Tables.
+# ----------------------------------------------------------------------------
+
+
+def _lowest(result: Mapping[str, Any]) -> float:
+  return min(v for _, v in result['val_curve'])
+
+
+def _at(result: Mapping[str, Any], field: str, step: int, unit: float = 1.0) -> Optional[float]:
+  value = dict(result.get(field, [])).get(step)
+  return None if value is None else value / unit
+
+
+MEASURES = (  # (column, value of one result)
+    ('validation at the end', lambda r: r['val_bpc']),
+    (f'validation at step {EARLY_STEP:,}', lambda r: _at(r, 'val_curve', EARLY_STEP)),
+    ('lowest validation along training', _lowest),
+    ('training loss at the end (BPC)', lambda r: _at(r, 'train_curve', r['steps'], math.log(2))),
+    ('test at the end', lambda r: r['test_bpc']),
+)
+
+
+def _cell(p: Optional[dict[str, Any]]) -> str:
+  if p is None:
+    return '-'
+  sign = 'behind' if p['mean'] > 0 else 'ahead'
+  verdict = f', {sign} beyond noise' if p['significant'] else ''
+  return (
+      f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({", ".join(f"{d:+.3f}" for d in p["diffs"])}{verdict})'
+  )
+
+
+def _name(template: Run) -> str:
+  """A run's key without its seed (``code-cp-L2-n4000-lr0.002``)."""
+  return template.key.replace(f'-s{template.seed}', '', 1)
+
+
+def comparison_table(comparison: Comparison, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """The arms − the baseline (BPC), paired by the seeds both have, one row per arm."""
+
+  def by_seed(template: Run) -> dict[int, Mapping[str, Any]]:
+    keys = {s: dataclasses.replace(template, seed=s).key for s in comparison.seeds}
+    return {s: results[k] for s, k in keys.items() if k in results}
+
+  base = by_seed(comparison.baseline)
+  values = ', '.join(f'{base[s]["val_bpc"]:.3f}' for s in sorted(base)) or '-'
+  seeds = ', '.join(map(str, sorted(base))) or 'none yet'
+  lines = [
+      f'### {comparison.name}',
+      '',
+      f'Baseline `{_name(comparison.baseline)}`: validation BPC at the end {values} (seeds'
+      f' {seeds}). Arm − baseline, mean ± 95% t-interval (per seed):',
+      '',
+      '| arm | seeds | ' + ' | '.join(name for name, _ in MEASURES) + ' |',
+      '| --- | ---: |' + ' --- |' * len(MEASURES),
+  ]
+  for arm in comparison.arms:
+    mine = by_seed(arm)
+    cells = []
+    for _, value in MEASURES:
+      a = {s: value(r) for s, r in mine.items() if value(r) is not None}
+      b = {s: value(r) for s, r in base.items() if value(r) is not None}
+      cells.append(_cell(lm_study.paired(a, b)))
+    lines.append(f'| `{_name(arm)}` | {len(mine)} | ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
+def sweep_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """Per swept arm and learning rate (seed 0): validation at the end and at its
+  lowest, training loss at the end; the lowest final validation per arm in bold."""
+  lines = [
+      '### Learning rates (code, depth 2, 4,000 steps, seed 0; cosine schedule, 50 warm-up steps)',
+      '',
+      '| arm | peak learning rate | validation at the end | lowest validation | training loss'
+      ' at the end (BPC) |',
+      '| --- | ---: | ---: | ---: | ---: |',
+  ]
+  for arm in lm_study.SWEEP_ARMS:
+    rows = [
+        (lr, results.get(Run(LONG['corpus'], arm, LONG['depth'], LONG['steps'], 0, lr=lr).key))
+        for lr in lm_study.SWEEP_LRS
+    ]
+    done = [(lr, r) for lr, r in rows if r]
+    best = min((r['val_bpc'] for _, r in done), default=None)
+    for lr, r in done:
+      val = f'{r["val_bpc"]:.3f}'
+      val = f'**{val}**' if r['val_bpc'] == best else val
+      train = _at(r, 'train_curve', r['steps'], math.log(2))
+      lines.append(
+          f'| {arm} | {lr:g} | {val} | {_lowest(r):.3f} |'
+          f' {"-" if train is None else f"{train:.3f}"} |'
+      )
+  return lines + ['']
+
+
+def report(results: Sequence[Mapping[str, Any]], best_arm: str = 'cp_kv') -> str:
+  by_key = {r['key']: r for r in results}
+  lines = ['## ContextPool against the tuned baseline (representative splits)', '']
+  lines += sweep_table(by_key)
+  for comparison in study(best_arm):
+    lines += comparison_table(comparison, by_key)
+  return '\n'.join(lines)
