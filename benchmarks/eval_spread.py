@@ -35,8 +35,9 @@ class Slice:
     return self.corpus.read(self.start + start, self.start + stop)
 
 
-def slice_bpc(workdir: str, slice_bytes: list[int]) -> dict[int, list[float]]:
-  """``{S: [BPC of each disjoint S-byte slice of validation]}`` (S = 0: the whole split)."""
+def _scorer(workdir: str, split: str):
+  """``(score, corpus)``: the split's bytes and a function giving the metrics
+  (``loss``, ``accuracy``, ``bpc``) of the run's latest checkpoint on a view of them."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
@@ -45,24 +46,37 @@ def slice_bpc(workdir: str, slice_bytes: list[int]) -> dict[int, list[float]]:
   model, variables, config = load(workdir)
   objective = tasks.make_objective(config)
   spec = lm_input.resolve_spec(config)
-  corpus = lm_input.load_split(config, 'validation')
+  corpus = lm_input.load_split(config, split)
 
   @jax.jit
   def sums(batch):
     logits = model.apply(variables, *objective.model_args(batch))
     return objective.eval_sums(logits, batch)
 
-  def bpc(view) -> float:
+  def score(view) -> dict[str, float]:
     total = {}
     for batch in lm_input.corpus_eval_batches(spec, view, len(view)):
       for k, v in sums(batch).items():
         total[k] = total.get(k, 0.0) + float(v)
-    return objective.finalize(total)['bpc']
+    return objective.finalize(total)
 
+  return score, corpus
+
+
+def split_metrics(workdir: str, split: str) -> dict[str, float]:
+  """The metrics of a trained LM workdir's latest checkpoint on the whole ``split``."""
+  score, corpus = _scorer(workdir, split)
+  return score(corpus)
+
+
+def slice_bpc(workdir: str, slice_bytes: list[int]) -> dict[int, list[float]]:
+  """``{S: [BPC of each disjoint S-byte slice of validation]}`` (S = 0: the whole split)."""
+  score, corpus = _scorer(workdir, 'validation')
   out = {}
   for size in slice_bytes:
     size = size or len(corpus)
-    out[size] = [bpc(Slice(corpus, a, size)) for a in range(0, len(corpus) - size + 1, size)]
+    starts = range(0, len(corpus) - size + 1, size)
+    out[size] = [score(Slice(corpus, a, size))['bpc'] for a in starts]
   return out
 
 

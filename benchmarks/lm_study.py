@@ -216,8 +216,9 @@ class Sizes:
   batch_size: int = 16
   steps: int = 1000
   long_steps: int = 4000
-  eval_every: int = 100
-  eval_max_bytes: int = 0  # the whole validation and test splits
+  eval_every: int = 200
+  eval_max_bytes: int = 0  # the whole validation split (test: once, at the end)
+  diagnose: int = 1  # 1: the long LM runs of DIAGNOSED_SEEDS record diagnostics; 0: none
   max_bytes: int = 4 * 2**20
   image_steps: int = 2000  # configs/digits_resnet.py's schedule
 
@@ -355,7 +356,7 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
     c.checkpoint_every_steps = sizes.eval_every
     c.log_every_steps = sizes.eval_every
     c.keep_checkpoints = 1
-    c.eval_splits = ('validation', 'test')
+    c.eval_splits = ('validation',)  # test: scored once, at the end (train_one)
     c.progress_bar = False
     c.log_pool_sizes = False
     c.dataset.seq_len = seq_len
@@ -449,7 +450,12 @@ def release(study_dir: pathlib.Path, run: Run) -> None:
 def diagnosed(run: Run, sizes: Sizes) -> bool:
   """Whether ``run`` keeps checkpoints along training for
   :mod:`benchmarks.lm_diagnostics`: the long LM runs of :data:`DIAGNOSED_SEEDS`."""
-  return run.corpus in CORPORA and run.steps == sizes.long_steps and run.seed in DIAGNOSED_SEEDS
+  return (
+      bool(sizes.diagnose)
+      and run.corpus in CORPORA
+      and run.steps == sizes.long_steps
+      and run.seed in DIAGNOSED_SEEDS
+  )
 
 
 def diagnostics_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
@@ -498,6 +504,10 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
     lines = [dict(l, error=100 * (1 - l['top1'])) if 'top1' in l else l for l in lines]
     for split in ('validation', 'test'):
       out[f'eval_{split}']['error'] = 100 * (1 - out[f'eval_{split}']['top1'])
+  else:  # the LM's test split, scored once from the last checkpoint
+    from benchmarks import eval_spread  # pylint: disable=g-import-not-at-top
+
+    out['eval_test'] = eval_spread.split_metrics(str(workdir), 'test')
   rates = [v for _, v in _curve(lines, 'train', 'steps_per_sec')]
   result = dict(
       dataclasses.asdict(run),
