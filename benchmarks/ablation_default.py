@@ -28,6 +28,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from benchmarks import lm_runs
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT = 'sigmoid_attention_input'  # the configs/default.py model
 
@@ -96,9 +98,7 @@ def train(workdir: pathlib.Path, variant: str, seed: int, steps, lr) -> dict:
 
 
 def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
-  from benchmarks import lm_study  # pylint: disable=g-import-not-at-top
-
-  p = lm_study.paired(mine, other)
+  p = lm_runs.paired(mine, other)
   if p is None:
     seeds = sorted(set(mine) & set(other))
     return ', '.join(f'{mine[s] - other[s]:+.3f}' for s in seeds) or '-'

@@ -5,7 +5,7 @@ with its own learning rate, context and dropout; every arm is paired with the
 baseline by seed. :data:`STUDY` is the study of ContextPool against the tuned
 baseline (``python -m benchmarks.lm_study --groups comparisons``):
 
-* the learning-rate sweep (:data:`lm_study.SWEEP_LRS`) of the baseline and the
+* the learning-rate sweep (:data:`SWEEP_LRS`) of the baseline and the
   default ContextPool at the long setup, which sets :data:`TUNED_LR`;
 * the arms at the long setup, 3 seeds: the default ContextPool, pooled keys and
   values only (``context_pool_reads='kv'``), and the paper's LM placement (the
@@ -26,9 +26,11 @@ import math
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
-from benchmarks import lm_study
-from benchmarks.lm_study import Run
+from benchmarks.lm_runs import Run, paired
 
+# The learning-rate sweep at the long setup (code, depth 2, 4,000 steps, seed 0).
+SWEEP_ARMS = ('baseline', 'cp')
+SWEEP_LRS = (2e-3, 4e-3, 8e-3)
 # Peak learning rate per arm, from the sweep (benchmarks/results/lm_study_lr.md):
 # each arm's lowest validation BPC at the end of the long setup. ContextPool arms
 # not swept use the default ContextPool's.
@@ -103,8 +105,8 @@ def sweep_runs() -> list[Run]:
   """The learning-rate sweep and the prose dropout choice (seed 0)."""
   runs = [
       Run(LONG['corpus'], a, LONG['depth'], LONG['steps'], 0, lr=lr)
-      for lr in lm_study.SWEEP_LRS
-      for a in lm_study.SWEEP_ARMS
+      for lr in SWEEP_LRS
+      for a in SWEEP_ARMS
   ]
   runs += [run('baseline', corpus='text', dropout=d) for d in (0.0, *PROSE_DROPOUTS)]
   return runs
@@ -173,7 +175,7 @@ def comparison_table(comparison: Comparison, results: Mapping[str, Mapping[str, 
     for _, value in MEASURES:
       a = {s: value(r) for s, r in mine.items() if value(r) is not None}
       b = {s: value(r) for s, r in base.items() if value(r) is not None}
-      cells.append(_cell(lm_study.paired(a, b)))
+      cells.append(_cell(paired(a, b)))
     lines.append(f'| `{_name(arm)}` | {len(mine)} | ' + ' | '.join(cells) + ' |')
   return lines + ['']
 
@@ -188,10 +190,10 @@ def sweep_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
       ' at the end (BPC) |',
       '| --- | ---: | ---: | ---: | ---: |',
   ]
-  for arm in lm_study.SWEEP_ARMS:
+  for arm in SWEEP_ARMS:
     rows = [
         (lr, results.get(Run(LONG['corpus'], arm, LONG['depth'], LONG['steps'], 0, lr=lr).key))
-        for lr in lm_study.SWEEP_LRS
+        for lr in SWEEP_LRS
     ]
     done = [(lr, r) for lr, r in rows if r]
     best = min((r['val_bpc'] for _, r in done), default=None)

@@ -70,6 +70,8 @@ from typing import Any, Iterable, Optional, Sequence
 from absl import app
 from absl import flags
 
+from benchmarks.lm_runs import Run, paired, parse_key
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------
@@ -160,47 +162,12 @@ LONG_ARMS = ('baseline', 'cp', 'cp_residual')
 # for benchmarks/lm_diagnostics.py (pool sizes, per-position loss, gradients).
 DIAGNOSED_SEEDS = (0,)
 DIAGNOSTIC_PERIOD = 500
-# The learning-rate sweep at the long setup (code, ablation depth, long steps, seed 0).
-SWEEP_ARMS = ('baseline', 'cp')
-SWEEP_LRS = (2e-3, 4e-3, 8e-3)
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
 GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'sweep', 'comparisons')
 # What each corpus reports (lower is better): bits per character, or the
 # classification error in percent.
 METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """One training run. ``lr``, ``seq_len`` and ``dropout`` (None: the study's
-  default) override the peak learning rate, the context (at the same bytes per
-  step: the batch shrinks as the context grows) and the model's dropout."""
-
-  corpus: str
-  arm: str
-  depth: int
-  steps: int
-  seed: int
-  lr: Optional[float] = None
-  seq_len: Optional[int] = None
-  dropout: Optional[float] = None
-
-  @property
-  def key(self) -> str:
-    return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}' + self.options
-
-  @property
-  def options(self) -> str:
-    """The key's suffix for the overridden settings ('' when none is)."""
-    return ''.join(
-        f'-{tag}{value:g}'
-        for tag, value in zip(_OPTION_TAGS, (self.lr, self.seq_len, self.dropout))
-        if value is not None
-    )
-
-
-_OPTION_TAGS = ('lr', 'ctx', 'drop')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -596,18 +563,6 @@ def run_all(
   return trained
 
 
-def parse_key(key: str) -> Run:
-  corpus, rest = key.split('-', 1)
-  options = {}
-  for field, tag in reversed(list(zip(('lr', 'seq_len', 'dropout'), _OPTION_TAGS))):
-    head, _, last = rest.rpartition(f'-{tag}')
-    if head and last and last[0].isdigit() and '-' not in last:
-      options[field] = int(last) if field == 'seq_len' else float(last)
-      rest = head
-  arm, depth, steps, seed = rest.rsplit('-', 3)
-  return Run(corpus, arm, int(depth[1:]), int(steps[1:]), int(seed[1:]), **options)
-
-
 # ----------------------------------------------------------------------------
 # Costs: the trainer's step, compiled and paired with the baseline's.
 # ----------------------------------------------------------------------------
@@ -680,20 +635,6 @@ def load_results(study_dir: pathlib.Path) -> list[dict[str, Any]]:
 def load_costs(study_dir: pathlib.Path) -> dict[tuple[str, int], dict[str, Any]]:
   rows = [json.loads(p.read_text()) for p in sorted((study_dir / 'costs').glob('*.json'))]
   return {(r['arm'], r['depth']): r for r in rows}
-
-
-def paired(a: dict[int, float], b: dict[int, float]) -> Optional[dict[str, Any]]:
-  """Per-seed differences ``a - b`` over the seeds both have: mean, std, the
-  95% t-interval half-width and whether it excludes 0 (None under 2 seeds)."""
-  seeds = sorted(set(a) & set(b))
-  if len(seeds) < 2:
-    return None
-  d = [a[s] - b[s] for s in seeds]
-  mean, std = statistics.mean(d), statistics.stdev(d)
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-
-  half = float(stats.t.ppf(0.975, len(d) - 1)) * std / math.sqrt(len(d))  # 95% Student-t
-  return dict(seeds=seeds, diffs=d, mean=mean, std=std, half=half, significant=abs(mean) > half)
 
 
 def _mean_std(values: Sequence[float]) -> str:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from benchmarks import lm_comparisons
 from benchmarks import lm_study
 
 TINY = lm_study.Sizes(
@@ -60,7 +61,7 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
       ablation_depth=2,
   )
   assert {(r.arm, r.lr, r.seed) for r in runs if r.corpus == 'code'} == {
-      (a, lr, 0) for a in lm_study.SWEEP_ARMS for lr in lm_study.SWEEP_LRS
+      (a, lr, 0) for a in lm_comparisons.SWEEP_ARMS for lr in lm_comparisons.SWEEP_LRS
   }
   run = lm_study.Run('text', 'cp_kv', 2, 4, 1, lr=4e-3, seq_len=64, dropout=0.1)
   assert run.key == 'text-cp_kv-L2-n4-s1-lr0.004-ctx64-drop0.1'
