@@ -3,8 +3,8 @@ r"""Measured ablation of ContextPool's open choices on the offline default LM.
 Trains ``configs/default.py`` (a 2-layer character LM on the Python standard
 library's sources) once per variant, side by side in one process, and reports
 validation bits per character. This is how the defaults of A1 (``size_norm``)
-and A3 (``residual``) were chosen; see the README's "Choices the paper leaves
-open".
+and A3 (``residual``) were chosen; see docs/context_pool.md, "Choices the paper
+leaves open".
 
   python -m benchmarks.ablation_default --workdir /tmp/ablation [--steps 500] [--seeds 0,1]
 

@@ -45,7 +45,10 @@ napoleon_use_ivar = True  # `Attributes:` as a field list: no second entry for a
 
 html_theme = 'alabaster'
 html_title = 'contextpool-jax'
-html_theme_options = {'description': 'Adaptive-context attention in JAX/Flax', 'fixed_sidebar': True}
+html_theme_options = {
+    'description': 'Adaptive-context attention in JAX/Flax',
+    'fixed_sidebar': True,
+}
 html_sidebars = {'**': ['about.html', 'navigation.html', 'relations.html', 'searchbox.html']}
 html_show_sourcelink = False
 
