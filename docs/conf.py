@@ -9,6 +9,7 @@ works as it does on GitHub. Build (CONTRIBUTING.md, "The documentation"):
 
 import os
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ html_title = 'contextpool-jax'
 html_theme_options = {
     'description': 'Adaptive-context attention in JAX/Flax',
     'fixed_sidebar': True,
+    'page_width': '1200px',
 }
 html_sidebars = {'**': ['about.html', 'navigation.html', 'relations.html', 'searchbox.html']}
 html_show_sourcelink = False
@@ -61,5 +63,18 @@ def _redirect_to_root_doc(app, exception):
     pathlib.Path(app.outdir, 'index.html').write_text(f'{page}<a href="{target}">{target}</a>\n')
 
 
+# A docstring names its page as a path (it reads well in the source and in help());
+# tests/test_docs.py checks that the page and anchor exist.
+_PAGE = re.compile(r'(?<![`/\w])docs/([\w/]+)\.md(#[\w-]+)?')
+
+
+def _link_pages(app, what, name, obj, options, lines):
+  """In the API reference (docs/api/), ``docs/<page>.md[#anchor]`` becomes a link to the page."""
+  del app, what, name, obj, options
+  for i, line in enumerate(lines):
+    lines[i] = _PAGE.sub(lambda m: f'`{m[0]} <../{m[1]}.html{m[2] or ""}>`__', line)
+
+
 def setup(app):
+  app.connect('autodoc-process-docstring', _link_pages)
   app.connect('build-finished', _redirect_to_root_doc)
