@@ -11,7 +11,7 @@ key: the config files fill them in with the modules' defaults
 (``configs/common.py``), e.g. ``--config.model.context_pool.ratio=0.025``.
 Re-running with the same ``--workdir`` resumes from its latest checkpoint.
 
-Several processes (README "Multi-host"): on a Cloud TPU pod, SLURM, Open MPI or
+Several processes (docs/distributed.md#multi-host): on a Cloud TPU pod, SLURM, Open MPI or
 Kubernetes pass ``--jax_distributed`` on every host (JAX finds the cluster);
 elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I`` (I = 0..N-1) on every process. Every process gets the same
@@ -104,7 +104,7 @@ def initialize_distributed() -> None:
 
 
 def quiet_console() -> None:
-  """One line per event unless ``--verbosity`` (``-v``) is given (README "Console").
+  """One line per event unless ``--verbosity`` (``-v``) is given (docs/training.md#console).
 
   Without it: absl at WARNING (orbax's and grain's INFO logs would drown the
   progress bar) and TFDS quiet (``console.set_quiet``: no progress bars while it

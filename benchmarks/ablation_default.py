@@ -5,8 +5,8 @@ library's sources) once per variant, seed and learning rate, and reports
 validation bits per character with each variant's difference to the baseline
 and to the default, paired by seed. This is how the defaults of A1
 (``size_norm``), A3 (``residual``), ``context_pool_position`` and the default
-config's learning rate are chosen (docs: ContextPool, "Choices the paper leaves
-open").
+config's learning rate are chosen (docs/context_pool.md, "Choices the paper
+leaves open").
 
   python -m benchmarks.ablation_default --workdir /tmp/ablation --seeds 0,1,2
   python -m benchmarks.ablation_default --workdir /tmp/ablation --seeds 0 \

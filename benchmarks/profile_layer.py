@@ -18,7 +18,7 @@ count, the compiled program's ``cost_analysis()`` (FLOPs, bytes accessed) and
 step time, and where the trace is: ``<out>/plugins/profile/<time>/`` with
 ``<host>.xplane.pb`` (TensorBoard's Profile tab / XProf:
 ``tensorboard --logdir <out>``) and ``perfetto_trace.json.gz``
-(https://ui.perfetto.dev). README "Profiling" says what to look at.
+(https://ui.perfetto.dev). docs/training.md#profiling says what to look at.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.lock_stale_seconds = 600
   c.eval_splits = ('validation',)
   c.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16' | 'float16' (params stay f32;
-  # float16 adds a dynamic loss scale: README, float16)
+  # float16 adds a dynamic loss scale: docs/training.md#float16)
   c.remat = False  # recompute activations in the backward pass
   c.param_sharding = 'replicated'  # 'replicated' | 'fsdp'
   c.init_from = ''  # a previous stage's workdir: start from its params

@@ -11,7 +11,7 @@ setup (``configs/enwik8.py``) that exercises every part of the training system.
   python train.py --config configs/default.py --workdir /tmp/cp
   python train.py --config configs/default.py:baseline --workdir /tmp/base   # no ContextPool
   python train.py --config configs/default.py --workdir /tmp/cp2 \
-      --config.model.context_pool.size_norm=softmax          # an ablation (README: A1)
+      --config.model.context_pool.size_norm=softmax          # an ablation (A1)
   python train.py --config configs/default.py --workdir /tmp/cp3 \
       --config.model.context_pool.ratio=0.025 --config.model.context_pool_heads=2
 
@@ -76,7 +76,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
           files=(),
           max_bytes=4 * 2**20,
           allow_binary=False,
-          # The seeded split of the files (docs: data preparation); 0 keeps every file whole.
+          # The seeded split of the files (docs/data.md); 0 keeps every file whole.
           split_block_bytes=4096,
           split_seed=0,
           # Evaluation context = training length: sinusoidal positions do not extrapolate.

@@ -14,8 +14,7 @@ batch 256, learning rate 0.1 divided by 10 at epochs 30, 60 and 80, 90 epochs,
 random-resized crop + flip). The lambda and AA slides give no training recipe:
 for them we use the common "ResNet-strikes-back-lite" variant of the same
 schedule (cosine decay, 5 warm-up epochs, label smoothing 0.1, Nesterov, batch
-1024, learning rate 0.4 = 0.1 x 1024/256, 90 epochs) -- our choice, documented
-in the README.
+1024, learning rate 0.4 = 0.1 x 1024/256, 90 epochs) -- our choice.
 """
 
 import ml_collections

@@ -3,7 +3,7 @@ r"""WMT'14 token-level translation: {EN-DE, EN-FR} x {tiny, small, base, big} x 
   python train.py --config configs/wmt14.py:en-de,base,cp --workdir /tmp/wmt_cp_base
 
 Targets (BLEU; the papers report tokenised BLEU, we report sacreBLEU on
-detokenised text, which is typically lower by ~1 point -- see README):
+detokenised text, which is typically lower by ~1 point -- see docs/training.md):
 
 | model | standard | local | area (Eq. 3-4 / Eq. 9) | CP |
 | --- | --- | --- | --- | --- |

@@ -1,6 +1,6 @@
 """contextpool-jax: adaptive-context attention layers and models in JAX/Flax (Linen).
 
-Layers (README.md cites the equations each implements):
+Layers (each page of docs/ cites the equations its layer implements):
 
 * :class:`ContextPool` -- adaptive context pooling (Huang et al., ICML 2022).
 * :class:`AreaAttention`, :func:`dot_product_area_attention`, :func:`area_features`

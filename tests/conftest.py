@@ -23,6 +23,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # `configs/` lives at the repository root (not in the installed package).
 sys.path.insert(0, str(REPO))
 
+# The pages users read: tests/test_readme.py runs their blocks and commands, tests/test_docs.py
+# checks their links. README.md first (its default run trains the workdir other pages load).
+PAGES = [
+    REPO / 'README.md',
+    *sorted(p for p in (REPO / 'docs').rglob('*.md') if '_build' not in p.parts),
+    REPO / 'CONTRIBUTING.md',
+]
+
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):

@@ -259,7 +259,7 @@ def test_grid_sigma_uses_half_perimeter():
   chex.assert_trees_all_close(np.asarray(inter['pool_sigma'][0]), want, atol=2e-8, rtol=0)
 
 
-# Expected centres, worked out by hand from the rule in the README and the
+# Expected centres, worked out by hand from the rule in docs/context_pool.md and the
 # docstring: ceil(size / stride) outputs; output o pools around the centre of
 # nn.avg_pool's 'SAME' window o (total padding (out - 1) * stride + window -
 # size, half of it, rounded down, before), rounded down to a grid position.

@@ -80,9 +80,10 @@ def test_extras_and_the_pinned_requirements_agree():
   """CI installs requirements.txt only: it pins everything the tests need (the ``[test]``
   extra, which takes in the others but ``[profile]``, a viewer no test runs)."""
   extras = PROJECT['optional-dependencies']
-  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'profile', 'test', 'all'}
+  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'profile', 'docs', 'test', 'all'}
   assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
+  assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
   pinned = {}
   for line in (REPO / 'requirements.txt').read_text().splitlines():
     line = line.split('#')[0].strip()

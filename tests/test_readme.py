@@ -1,17 +1,18 @@
-"""Every command and snippet users copy runs as written: README.md, the notebooks' prose and the
-package's docstrings.
+"""Every command and snippet users copy runs as written: the pages (README.md, CONTRIBUTING.md,
+docs/**/*.md), the notebooks' prose and the package's docstrings.
 
 What is collected
 -----------------
-* README.md: every fenced block. Its info string is ``python`` or ``bash`` (code: it runs unless
-  marked ``skip``) or ``text`` (a diagram or a listing: not code); any other, or none, fails.
+* The pages (``PAGES``): every fenced block. Its info string is ``python`` or ``bash`` (code: it
+  runs unless marked ``skip``) or ``text`` (a diagram or a listing: not code); any other, or none,
+  fails. (Their links are checked in tests/test_docs.py.)
 * Docstrings (``contextpool_jax/**/*.py`` and ``train.py``): ``>>>`` examples, run by doctest;
-  indented command lines (``python ...``, ``\\`` continuations), run like the README's. A
+  indented command lines (``python ...``, ``\\`` continuations), run like the pages'. A
   docstring cannot hold a marker, so the commands it cannot run are listed in
   ``DOCSTRING_SKIPS`` below, with their reasons. Decision: Python in a docstring is written as
   ``>>>`` examples (doctest form: a result shown is a result checked), so docstrings hold no
   other Python code to extract.
-* Inline commands: code spans of README prose, of the notebooks' markdown cells and of docstrings
+* Inline commands: code spans of the pages' prose, of the notebooks' markdown cells and of docstrings
   (````...````) that start with a program of ``PROGRAMS``. They are checked, not run (they are
   fragments of prose: placeholders such as ``W``, ``DIR``, ``<file>``, or hours of benchmarks),
   except the TensorBoard viewer, which is started on a free port and asked for the curves. (The
@@ -22,11 +23,11 @@ installed next to this Python (what ``requirements.txt`` installs); a ``python``
 exists and defines each ``--flag`` the command passes; ``--config FILE[:ARG]`` builds and each
 ``--config.<key>`` names a field of it; ``python -c`` code compiles and its imports resolve.
 
-Markers (README.md: an HTML comment right before a fenced block; several may precede one block)
+Markers (in a page: an HTML comment right before a fenced block; several may precede one block)
 ----------------------------------------------------------------------------------------------
 ``<!-- readme-test: skip REASON -->``
     The block is not run. ``SKIPPED`` below lists every skipped block with its reason, and the
-    README must agree with it exactly: a new block that cannot run fails until it is marked, and a
+    pages must agree with it exactly: a new block that cannot run fails until it is marked, and a
     skip cannot creep in silently. Each is a test that checks its commands statically (programs,
     modules, flags, configs; see ``check_command``) and does not run them.
 ``<!-- readme-test: shrink -->``
@@ -47,11 +48,12 @@ How it runs
   translation workdir of ``tests/test_load_sample.py``.
 * Shell commands run without a shell, from the repository root, ``python`` and the tools found
   next to this Python first on ``PATH``; one that needs a shell (``&&``, ``|``, ``$VAR``) fails,
-  asking for a skip marker. A docstring command the README runs too (same words) runs once.
-* Python blocks run in this process, each in a fresh namespace, compiled with the README's file
-  name and line numbers, so a traceback points at the README line.
+  asking for a skip marker. A docstring command a page runs too (same words) runs once.
+* Python blocks run in this process, each in a fresh namespace, compiled with the page's file
+  name and line numbers, so a traceback points at the page's line.
 * Everything that shares a ``/tmp/`` path with something else (the trained ``/tmp/cp``, its
-  export, ``/tmp/wmt``) runs in order in one test (``test_readme_session``): the README's blocks,
+  export, ``/tmp/wmt``) runs in order in one test (``test_readme_session``): the pages' blocks
+  (README.md first, so its default run trains the ``/tmp/cp`` the others read),
   then the docstrings' commands, the inline TensorBoard command and the doctests;
   a shrunk ``train.py`` command there runs 2 steps, then again to 4 steps, which must resume
   ("Re-running with the same --workdir resumes"). Everything else runs in its own test.
@@ -80,12 +82,12 @@ import urllib.request
 
 import pytest
 
+from conftest import PAGES
 from conftest import REPO
 from test_load_sample import translation_workdir  # pylint: disable=unused-import  # a fixture
 
-pytestmark = pytest.mark.slow  # runs the README's commands
+pytestmark = pytest.mark.slow  # runs the pages' commands
 
-README = REPO / 'README.md'
 NOTEBOOKS = sorted((REPO / 'notebooks').glob('*.ipynb'))
 DOCSTRING_FILES = sorted((REPO / 'contextpool_jax').rglob('*.py')) + [REPO / 'train.py']
 BIN = pathlib.Path(sys.executable).parent
@@ -100,6 +102,8 @@ SKIPPED = {
     "Colab only (IPython ! and a git clone of REPO_URL); the notebooks' first cell does this, "
     'and tests/test_notebooks.py runs it from the checkout': "REPO_URL = ''",
     'the test suite itself (CI runs it: .ci/run)': 'python -m pytest -q -n auto',
+    'the documentation build itself: tests/test_docs.py runs this command '
+    '(test_the_docs_build_strictly)': 'python -m sphinx -W',
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
     'minutes of benchmarks (the full tables are for a GPU/TPU); tests/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',
@@ -150,12 +154,12 @@ ABSL_FLAGS = {
 }
 # Paths a command names that stand for the user's own: /tmp/... and /path/to/... .
 USER_PATH = re.compile(r'(?<![\w.])/(?:tmp|path/to)/')
-# Paths made for the session, not by a command: README path -> fixture.
+# Paths made for the session, not by a command: the pages' path -> fixture.
 PREPARED = {'/tmp/wmt': 'translation_workdir'}
 
 
 class MarkupError(ValueError):
-  """A README marker or fence the test cannot read."""
+  """A page's marker or fence the test cannot read."""
 
 
 # ----------------------------------------------------------------------------
@@ -369,8 +373,13 @@ def skips_agree(found: list[tuple[str, str]]) -> bool:
   )
 
 
-def readme_blocks() -> list[Block]:
-  return markdown_blocks(README.read_text())
+def _rel(page: pathlib.Path) -> str:
+  return page.relative_to(REPO).as_posix()
+
+
+def page_blocks() -> list[Block]:
+  """Every page's fenced blocks, page by page in ``PAGES`` order."""
+  return [b for page in PAGES for b in markdown_blocks(page.read_text(), _rel(page))]
 
 
 def doc_blocks() -> list[Block]:
@@ -657,26 +666,26 @@ def tensorboard_serves(command: str, tmp: pathlib.Path, logdir_tag: str = 'train
 # ----------------------------------------------------------------------------
 
 
-def _readme_inline() -> list[str]:
-  return inline_commands(markdown_prose(README.read_text()))
+def _pages_inline() -> list[tuple[pathlib.Path, str]]:
+  """(page, command) of every inline command of the pages' prose."""
+  return [(page, c) for page in PAGES for c in inline_commands(markdown_prose(page.read_text()))]
 
 
 def plan():
   """(session, alone, skipped): the session's runnables in order, the others, the skipped."""
-  readme = readme_blocks()
-  runnable = [b for b in readme if b.lang != 'text' and b.marker('skip') is None]
-  skipped = [b for b in readme if b.marker('skip') is not None]
+  pages = page_blocks()
+  runnable = [b for b in pages if b.lang != 'text' and b.marker('skip') is None]
+  skipped = [b for b in pages if b.marker('skip') is not None]
   seen = {tuple(words(c)) for b in runnable if b.lang == 'bash' for c in shell_commands(b.code)}
   for b in doc_blocks():
     if docstring_skip(b) is not None:
       skipped.append(b)
-    elif tuple(words(b.code)) not in seen:  # the README runs it already
+    elif tuple(words(b.code)) not in seen:  # a page runs it already
       seen.add(tuple(words(b.code)))
       runnable.append(b)
-  text = README.read_text()
   viewer = [
-      Block('README.md', text[: text.find(c)].count('\n') + 1, 'tensorboard', c)
-      for c in _readme_inline()
+      Block(_rel(page), page.read_text().split(c)[0].count('\n') + 1, 'tensorboard', c)
+      for page, c in _pages_inline()
       if c.startswith('tensorboard ')
   ]
   docs = [Block(t.filename, t.lineno or 0, 'doctest', name) for name, t in doctests().items()]
@@ -711,8 +720,8 @@ SESSION, ALONE, SKIPPED_BLOCKS = plan()
 
 
 def test_skipped_by_design_are_exactly_the_listed_ones():
-  found = skipped_by_design(readme_blocks())
-  assert skips_agree(found), f'README skips {found}; SKIPPED lists {SKIPPED}'
+  found = skipped_by_design(page_blocks())
+  assert skips_agree(found), f'the pages skip {found}; SKIPPED lists {SKIPPED}'
   # Each docstring skip matches exactly one command.
   for (file, prefix), reason in DOCSTRING_SKIPS.items():
     matches = [b for b in doc_blocks() if b.file == file and b.code.startswith(prefix)]
@@ -749,8 +758,8 @@ def test_readme_session(tmp_path, translation_workdir):
 
 
 def test_every_inline_command_checks():
-  """README prose, the notebooks' markdown and docstrings: programs, modules, flags, configs."""
-  commands = _readme_inline()
+  """The pages' prose, the notebooks' markdown and docstrings: programs, modules, flags, configs."""
+  commands = [c for _, c in _pages_inline()]
   for notebook in NOTEBOOKS:
     found = notebook_inline_commands(notebook)
     assert found, f'{notebook.name}: no command in its markdown cells (the extractor is broken?)'
@@ -765,7 +774,8 @@ def test_every_inline_command_checks():
 
 def test_install_line_is_what_ci_runs():
   """The README's install block (skipped by design) is the install .ci/run performs."""
-  (install,) = [b for b in readme_blocks() if b.first_line.startswith('python3 -m venv')]
+  (install,) = [b for b in page_blocks() if b.first_line.startswith('python3 -m venv')]
+  assert install.file == 'README.md'
   ci = (REPO / '.ci' / 'run').read_text()
   for step in install.code.split('&&'):
     step = step.strip()
@@ -825,14 +835,15 @@ def test_shell_commands_split_like_a_shell():
 
 
 def test_a_broken_snippet_fails(tmp_path):
-  """The README's ContextPool block with a misspelt field, and a moved /tmp/ path, fail."""
-  (block,) = [b for b in readme_blocks() if 'ContextPool(causal=True)' in b.code]
+  """The ContextPool page's block with a misspelt field, and a moved /tmp/ path, fail."""
+  (block,) = [b for b in page_blocks() if 'pool = ContextPool(causal=True)' in b.code]
   assert block in ALONE  # as written, it runs there
   broken = dataclasses.replace(block, code=block.code.replace('causal=True', 'casual=True'))
   with pytest.raises(TypeError, match='casual') as info:
     run_python_block(broken, tmp_path)
-  # The traceback names the README line.
-  assert any(f.filename == 'README.md' for f in __import__('traceback').extract_tb(info.tb))
+  # The traceback names the page's line.
+  assert block.file == 'docs/context_pool.md'
+  assert any(f.filename == block.file for f in __import__('traceback').extract_tb(info.tb))
   assert user_paths("load('/tmp/cp')", tmp_path) == f"load('{tmp_path}/tmp/cp')"
 
 
@@ -867,15 +878,30 @@ def test_a_broken_command_fails():
 
 
 def test_a_new_unmarked_skip_or_a_dropped_marker_fails():
-  text = README.read_text()
-  assert skips_agree(skipped_by_design(markdown_blocks(text)))
+  readme = REPO / 'README.md'
+  others = [b for b in page_blocks() if b.file != 'README.md']
+
+  def skips(readme_text):  # every page's skips, README.md's read from readme_text
+    return skipped_by_design(markdown_blocks(readme_text) + others)
+
+  text = readme.read_text()
+  assert skips_agree(skips(text))
   # A new skip that the list does not hold.
   extra = text + '\n<!-- readme-test: skip because -->\n```bash\npython x.py\n```\n'
-  assert not skips_agree(skipped_by_design(markdown_blocks(extra)))
+  assert not skips_agree(skips(extra))
   # A listed reason on another block.
   reason = 'the test suite itself (CI runs it: .ci/run)'
   moved = extra.replace('skip because', f'skip {reason}')
-  assert not skips_agree(skipped_by_design(markdown_blocks(moved)))
+  assert not skips_agree(skips(moved))
   # A marker removed: that block is no longer skipped (and would run: the suite, recursively).
   dropped = text.replace(f'<!-- readme-test: skip {reason} -->\n', '')
-  assert dropped != text and not skips_agree(skipped_by_design(markdown_blocks(dropped)))
+  assert dropped != text and not skips_agree(skips(dropped))
+
+
+def test_every_page_is_read():
+  """README.md first (its default run trains what the other pages load), then docs/, then
+  CONTRIBUTING.md; and blocks come from all of them."""
+  names = [_rel(p) for p in PAGES]
+  assert names[0] == 'README.md' and names[-1] == 'CONTRIBUTING.md', names
+  assert {'docs/context_pool.md', 'docs/training.md', 'docs/inference.md'} <= set(names)
+  assert {b.file for b in page_blocks()} >= {'README.md', 'CONTRIBUTING.md', 'docs/install.md'}

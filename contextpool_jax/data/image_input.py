@@ -1,9 +1,7 @@
 """Image classification input: CIFAR-10, ImageNet (ILSVRC-2012) and digits through TFDS + grain.
 
 Implements the contract of :mod:`contextpool_jax.data` for ``config.task ==
-'classification'``. Examples are read with ``tfds.data_source`` (array_record
-files, random access, no TensorFlow), processed on the host with numpy and PIL
-inside grain, and batched per process:
+'classification'``:
 
 * ``make_train_dataset(config, *, process_index, process_count)`` -> an infinite
   ``grain.IterDataset`` of ``{'image': float32 [b, s, s, 3], 'label': int32 [b]}``
@@ -11,91 +9,16 @@ inside grain, and batched per process:
 * ``make_eval_batches(config, split=None, *, process_index, process_count)`` ->
   a finite, re-iterable ``grain.IterDataset`` of the same batches plus
   ``'mask'`` (bool [b]; False for padding rows), every batch of size
-  ``config.dataset.eval_batch_size // process_count``;
-* RandAugment lives in :mod:`contextpool_jax.data.randaugment`, the on-device
-  mixup/CutMix of the train step in :mod:`contextpool_jax.data.mixup`.
+  ``config.dataset.eval_batch_size // process_count``.
 
-Pipeline (train): this process's shard (examples ``process_index::process_count``)
--> global index shuffle, different every epoch -> repeat forever -> decode,
-augment and normalise (``grain`` ``random_map``: the RNG of an example is a
-function of the seed and its position in the stream) -> batch (remainder
-dropped; epochs run into each other). Shuffle and augmentation seeds are derived
-from ``(config.seed, process_index)``, so a run is a deterministic function of
-its config, and ``iter(ds).get_state()`` / ``set_state`` resume exactly.
-
-Augmentation:
-
-* CIFAR-10 (He et al. 2016, Sec. 4.2): pad 4 pixels of zeros on each side, take
-  a random 32x32 window of the 40x40 image, flip horizontally with probability
-  1/2. Evaluation uses the image as is.
-* ``sklearn_digits`` (scikit-learn's 8x8 handwritten digits, offline:
-  :mod:`contextpool_jax.data.image_builders`, prepared on first use): the CIFAR
-  scheme with 1 pixel of padding and no flip (a mirrored digit is another
-  glyph); then, like any image whose size is not ``image_size``, resized
-  (default 16: ResNets' last stage then has a 4x4 map to pool, where an 8x8
-  input leaves 2x2).
-* ImageNet (Szegedy et al. 2015, "Inception"; as in ViT/DeiT): random resized
-  crop covering ``crop_area_min``..1 of the image area with aspect ratio in
-  [3/4, 4/3] (10 tries, then the largest central crop of an allowed ratio),
-  resized to ``image_size``; horizontal flip. Evaluation resizes the shorter
-  side to ``image_size / eval_crop_fraction`` (224 -> 256) and takes the
-  central ``image_size`` square (done as one resize of the matching box).
-* Optional RandAugment (Cubuk et al. 2020) on the uint8 crop, after the flip:
-  ``randaugment_num_ops`` ops drawn uniformly from :data:`randaugment.RANDAUGMENT_OPS`,
-  each at ``randaugment_magnitude`` on the paper's 0..10 scale. DeiT's
-  ``rand-m9-mstd0.5-inc1`` is ``num_ops=2, magnitude=9, magnitude_std=0.5,
-  prob=0.5``.
-* Mixup (Zhang et al. 2018) / CutMix (Yun et al. 2019) run on device in the
-  train step (:func:`mixup_cutmix`); label smoothing is the trainer's.
-
-Normalisation: ``(pixel - mean) / std`` per channel, on 0..255 values:
-
-* CIFAR-10: the training set's statistics, mean (0.4914, 0.4822, 0.4465),
-  std (0.2470, 0.2435, 0.2616) (times 255);
-* ImageNet: the usual torchvision/DeiT values, mean (0.485, 0.456, 0.406),
-  std (0.229, 0.224, 0.225) (times 255);
-* digits: the training split's pixel mean 77.93 and std 95.99 (0..255 scale,
-  the same for the three replicated grey channels).
-
-``config.dataset.mean``/``std`` (three numbers on the 0..255 scale) override them
-(e.g. 127.5/127.5 for the original ViT's [-1, 1] inputs).
-
-Config fields (``config.dataset``; ``None`` or absent = the default):
-
-================================  ==================================================
-``name``                          ``'cifar10'``, ``'imagenet2012'`` or
-                                  ``'sklearn_digits'`` (required)
-``data_dir``                      TFDS data dir (default: TFDS's, ``$TFDS_DATA_DIR``
-                                  or ``~/tensorflow_datasets``)
-``image_size``                    32 (CIFAR-10) / 224 (ImageNet); CIFAR images are
-                                  resized after augmentation if it is not 32
-``train_split``, ``eval_split``   ``'train'``; ``'test'`` (CIFAR) / ``'validation'``
-                                  (ImageNet); TFDS slicing (``'train[:1%]'``) works
-``eval_batch_size``               global; 1000 (CIFAR) / 256 (ImageNet)
-``crop_padding``                  4 (CIFAR zero padding per side; digits: 1)
-``flip``                          random horizontal flips (default: True;
-                                  digits: False)
-``crop_area_min``                 0.08 (ImageNet; in (0, 1])
-``eval_crop_fraction``            0.875 (ImageNet)
-``interpolation``                 ``'bilinear'`` or ``'bicubic'`` (DeiT uses bicubic)
-``randaugment_num_ops``           0 (= off)
-``randaugment_magnitude``         9 (0..10)
-``randaugment_magnitude_std``     0 (DeiT: 0.5; per-op Gaussian noise, clipped)
-``randaugment_prob``              1.0 (probability each drawn op is applied)
-``mean``, ``std``                 see above
-``num_threads``                   8 (grain reader threads per process)
-``prefetch_buffer_size``          256 (examples)
-``num_workers``                   0 (grain worker processes; 0 = none)
-================================  ==================================================
-
-With ``num_workers > 0`` each grain worker batches its own stride of the
-example stream, so the grouping into batches (not the per-example
-augmentation) depends on ``num_workers``: keep it fixed across a resume.
-
-Also read: ``config.batch_size`` (global), ``config.seed``. The Mixup/CutMix fields
-(``dataset.mixup_alpha``, ``cutmix_alpha``, ``mixup_switch_prob``) are read here
-too (:class:`ImageInputSpec`); the classification objective applies them on the
-devices.
+Examples are read with ``tfds.data_source`` (no TensorFlow) and augmented on the
+host with numpy and PIL inside grain (RandAugment:
+:mod:`contextpool_jax.data.randaugment`; Mixup and CutMix run on the devices in
+the train step: :mod:`contextpool_jax.data.mixup`). The seeds derive from
+``(config.seed, process_index)``, so a run is a deterministic function of its
+config and ``iter(ds).get_state()`` / ``set_state`` resume it exactly. The
+pipeline, each dataset's augmentation and normalisation, and every
+``config.dataset`` field with its default: docs/data.md#image-classification-input.
 """
 
 from __future__ import annotations
@@ -149,7 +72,7 @@ CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 
 @dataclasses.dataclass(frozen=True)
 class ImageInputSpec:
-  """The validated ``config.dataset`` fields (see the module docstring)."""
+  """The validated ``config.dataset`` fields (docs/data.md#image-classification-input)."""
 
   name: str
   data_dir: Optional[str]

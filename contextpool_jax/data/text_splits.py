@@ -18,7 +18,7 @@ sizes and ``seed`` (no absolute path, no working directory, no file system order
 4. **Order.** Train is stored in tree order; validation and test in hash order,
    so any prefix of them (``eval_max_bytes``) is a sample of the whole split.
 
-Why blocks by default (docs: data preparation): with a 4 MiB cap, whole files put
+Why blocks by default (docs/data.md#local_text-splits): with a 4 MiB cap, whole files put
 only a dozen files in a 5% validation split and one folder could hold several
 times its share of it; 4 KiB blocks keep every folder near its share. The cost is
 that a large file's blocks can sit in different splits.

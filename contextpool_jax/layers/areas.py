@@ -34,7 +34,7 @@ Choices the paper leaves open (each documented where it is made):
   E[x]^2`` would cancel catastrophically for values with an offset; merging
   the areas' moments pairwise (:func:`_area_variances`) keeps it within a few
   float32 epsilons, relatively, against float64 on the same float32 inputs
-  (measured, 1D and 2D: README "Area attention", Precision; asserted in
+  (measured, 1D and 2D: docs/area_attention.md, Precision; asserted in
   ``tests/test_area_attention.py``).
 """
 

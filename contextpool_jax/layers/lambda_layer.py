@@ -4,7 +4,7 @@ A lambda layer summarises its context into one small linear map per query
 position (a "lambda") instead of an attention map, and applies that map to the
 query. With self-context (C = X, so m ranges over the same positions as n) and
 the multi-query formulation (paper Sec. 3.1-3.2; equation labels L1-L5 are
-this module's), per position n and query head h:
+this module's), per position n and query head h::
 
   (L1) Q = BN(X W_Q) [n, h, k];  K = X W_K [m, k, u];  V = BN(X W_V) [m, v, u],
        |v| = d_out / |h|
@@ -26,7 +26,7 @@ Table indexing (sign convention). The learned table R has shape
 index ``j`` is the embedding of the offset ``pos(m) - pos(n) = j - c`` with
 centre ``c = (s - 1) // 2``: context position *minus* query position, so
 ``R[c + 1]`` is the embedding of the context position one step after (below /
-to the right of) the query. Thus
+to the right of) the query. Thus::
 
   'global': kernel = (2H - 1, 2W - 1) (1D: 2L - 1), c = (H - 1, W - 1);
             every query sees every context position.
@@ -35,15 +35,17 @@ to the right of) the query. Thus
             (it contributes nothing). The content lambda stays global.
   'none':   no position lambda (content-only ablation).
 
-Only the offsets an input of the given size can reach, |offset| <= size - 1,
+Only the offsets an input of the given size can reach, ``|offset| <= size - 1``,
 are used; a 'conv' scope larger than 2 * size - 1 is cropped to it (same
 result, less work on small inputs).
 
-Two exact algorithms for the position lambdas (``position_algorithm``):
+Two exact algorithms for the position lambdas (``position_algorithm``;
+:func:`position_lambdas`, :func:`position_lambdas_rows`,
+:func:`choose_position_algorithm`)::
 
-  'correlation': the cross-correlation above (:func:`position_lambdas`);
+  'correlation': the cross-correlation above (position_lambdas);
             memory O(batch n k v), ~4x the direct FLOPs for 'global'.
-  'rows':   'global' on a grid only (:func:`position_lambdas_rows`): the direct
+  'rows':   'global' on a grid only (position_lambdas_rows): the direct
             sum over m, one query row at a time. The table is unrolled along
             the width into the Toeplitz blocks T[di][J, j] = R[di, J - j]
             ([2H - 1, W, u, W, k], ~2 n W k u elements, built once), and each
@@ -53,7 +55,7 @@ Two exact algorithms for the position lambdas (``position_algorithm``):
             the backward pass at the same cost and memory.
   'auto':   'rows' for 'global' on a grid whenever its table is smaller than
             an n x m map (|T| < n^2, i.e. roughly H > 2 k u), else
-            'correlation' (:func:`choose_position_algorithm`). The scanned
+            'correlation' (choose_position_algorithm). The scanned
             axis is the longer one (the table is then the smaller).
 """
 
@@ -99,7 +101,7 @@ def normalize_keys(keys: Array) -> Array:
 def content_lambda(
     keys_normalized: Array, values: Array, *, precision: PrecisionLike = None
 ) -> Array:
-  """λ^c = Σ_m Σ_u K̄_mku V_mvu (L3, content lambda; sums over |u|).
+  """λ^c = Σ_m Σ_u K̄_mku V_mvu (L3, content lambda; sums over ``|u|``).
 
   Args:
     keys_normalized: ``[batch, m, k, u]``.
@@ -136,8 +138,8 @@ def position_lambdas(values: Array, table: Array, *, precision: PrecisionLike = 
 
   The sum over m with a translation-invariant E_nm is the cross-correlation
   ``λ^p[n] = Σ_o R[c + o] V[n + o]`` with zero padding, i.e.
-  ``lax.conv_general_dilated`` with |u| input features, |k| output features
-  and |v| folded into the batch (one correlation per value channel; the paper's
+  ``lax.conv_general_dilated`` with ``|u|`` input features, ``|k|`` output features
+  and ``|v|`` folded into the batch (one correlation per value channel; the paper's
   "lambda convolution"). Memory: the output, O(batch n k v); E is never built.
 
   Args:
@@ -147,7 +149,7 @@ def position_lambdas(values: Array, table: Array, *, precision: PrecisionLike = 
     precision: ``jax.lax.Precision`` for the convolution.
 
   Returns:
-    ``[batch, v, *spatial, k]`` position lambdas (|v| before the positions).
+    ``[batch, v, *spatial, k]`` position lambdas (``|v|`` before the positions).
   """
   batch, *spatial, depth_v, depth_u = values.shape
   spatial_rank = len(spatial)
@@ -324,10 +326,10 @@ class LambdaLayer(nn.Module):
 
   Attributes:
     out_features: d_out; None keeps the input depth d. Must divide by ``heads``.
-    key_depth: |k|, query/key depth (paper default 16).
-    heads: |h|, number of queries per position (multi-query; default 4);
-      |v| = d_out / |h|.
-    intra_depth: |u|, intra-depth; keys/values/embeddings carry a |u| axis
+    key_depth: ``|k|``, query/key depth (paper default 16).
+    heads: ``|h|``, number of queries per position (multi-query; default 4);
+      ``|v| = d_out / |h|``.
+    intra_depth: ``|u|``, intra-depth; keys/values/embeddings carry a ``|u|`` axis
       that is summed over (default 1).
     position: 'global' (relative embeddings over the whole input), 'conv'
       (lambda convolution with ``scope_size``) or 'none' (content only).

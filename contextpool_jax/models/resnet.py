@@ -196,7 +196,7 @@ class ResNetConfig:
       comma-separated string or a sequence of ``'stem_pool'``,
       ``'downsample'``, ``'global_pool'``.
     lambda_key_depth, lambda_heads, lambda_intra_depth, lambda_position,
-      lambda_scope_size: :class:`LambdaLayer` |k|, |h|, |u|, position and scope.
+      lambda_scope_size: :class:`LambdaLayer` ``|k|``, ``|h|``, ``|u|``, position and scope.
     lambda_pool_size: average-pool window after a strided lambda layer.
     aa_key_ratio, aa_value_ratio, aa_heads, aa_position, aa_downsample:
       :class:`AugmentedConv2D` kappa, nu, N_h, position, attention_downsample.
@@ -542,7 +542,7 @@ class ResNet(module_fields(ResNetConfig)):
     with ``deterministic=not train``: a ``dropout_rate`` needs
     ``rngs={'dropout': ...}`` in training.
   * Lambda layers (``stage_pattern`` with ``'L'``): they replace every 3x3
-    convolution of the stage; |k| = 16, |h| = 4, |u| = 1, lambda convolution
+    convolution of the stage; ``|k| = 16``, ``|h| = 4``, ``|u| = 1``, lambda convolution
     with scope 23 (the paper's LambdaResNets); the layer's own BatchNorms use
     the network's momentum. A strided lambda block: lambda layer at full
     resolution, then a ``lambda_pool_size`` x ``lambda_pool_size`` (3) average

@@ -321,7 +321,7 @@ class MultiHeadAttention(nn.Module):
   contractions then have their batch axes (batch, heads) leading, so XLA
   reads the cache in place; the ``[batch, max_len, heads, head_dim]`` layout
   of the full forward made XLA:CPU transpose the whole cache at every step
-  (measured: README "Performance", Decoding). Area attention delegates to
+  (measured: docs/performance.md#decoding). Area attention delegates to
   :class:`AreaAttention`'s own cache.
 
   Non-causal attention with ``decode=True`` (the decoder's cross-attention)
@@ -329,7 +329,7 @@ class MultiHeadAttention(nn.Module):
   stores the memory's projected keys and values (``cached_memory_key`` /
   ``cached_memory_value`` ``[batch, heads, memory_len, head_dim]``) and every
   step reads them instead of projecting the whole memory again (most of a
-  small decoder step's FLOPs; measured: README "Performance", Decoding).
+  small decoder step's FLOPs; measured: docs/performance.md#decoding).
   The step's ``inputs_kv`` is then unused; ``mask`` (the source padding) is
   applied as usual. Area cross-attention caches the memory's projected item
   keys and values the same way (:class:`AreaAttention`).
@@ -553,9 +553,8 @@ class TransformerLayer(nn.Module):
   stream the next layer reads); ``'mlp_input'`` pools the normalised input of
   the feed-forward, ``x + FFN(CP(LN(x)))``, and every attention reads exact
   features (an extension: the pooled features as a local n-gram input of the
-  feed-forward, not of the queries). Default measured (README "Results"): pooling
-  the residual stream raised the offline LM's validation BPC above the
-  baseline's, pooling the attention input lowered it.
+  feed-forward, not of the queries). The default is the ablation's choice
+  (docs/results.md).
 
   ``__call__(x, x_valid, memory, memory_valid) -> x`` where ``x_valid`` is
   ``[batch, length]`` (True = real token) and ``memory`` the encoder output

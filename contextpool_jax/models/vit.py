@@ -399,7 +399,7 @@ class ViT(module_fields(ViTConfig)):
   (float; height and width multiples of ``patch_size``) -> float32 logits
   ``[batch, num_classes]``. ``train=True`` enables dropout (rng ``'dropout'``).
 
-  Choices the papers leave open (each a field, README table):
+  Choices the papers leave open (each a field; docs/models.md):
 
   * Where ContextPool sits (``context_pool_position``): ``'block'`` (default):
     after the whole encoder block (attention + MLP), so that the pooled tokens

@@ -9,8 +9,8 @@ real JAX process (``jax.distributed.initialize`` with a coordinator on
 so the run exercises exactly the code paths of a TPU pod or a GPU cluster: one
 global mesh over N x D devices, every process reading its own shard of the data,
 metrics and checkpoints shared through the workdir. For tests and for trying
-multi-host code; on real clusters start ``train.py`` once per host (README
-"Multi-host").
+multi-host code; on real clusters start ``train.py`` once per host
+(docs/distributed.md#multi-host).
 
 Output: process 0's lines as they are, the others' prefixed with ``[i]``.
 If a process fails, the others are stopped and the launcher exits with its

@@ -29,7 +29,7 @@ IMPLEMENTATIONS = ('auto', 'dense', 'blockwise')
 # is larger than this: about where blockwise starts to need less compiled
 # forward + backward memory than dense and stops being slower on CPU, so 32 x 32
 # grids and shorter stay dense and the enwik8/text8 stages (2048-8192) are
-# blockwise. Measured: README "ContextPool" (Memory), `python -m
+# blockwise. Measured: docs/performance.md#contextpool-at-long-sequences, `python -m
 # benchmarks.contextpool_memory`.
 AUTO_BLOCKWISE_THRESHOLD = 1024
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {

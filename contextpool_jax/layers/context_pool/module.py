@@ -75,136 +75,71 @@ class MappingOutputs(NamedTuple):
 class ContextPool(StreamingMixin, nn.Module):
   """Adaptive context pooling (Huang et al., ICML 2022), Eq. 4 and Eq. 6.
 
-  ``__call__(x, mask=None, deterministic=True)``:
+  Pools each token's neighbourhood with learned per-token weights and a learned
+  Gaussian size, so that attention reads features of an adaptive context. The
+  equations, the memory of both implementations and every choice the paper
+  leaves open (A1-A7): docs/context_pool.md.
 
-  * ``x``: ``[batch, length, features]`` (a sequence) or
-    ``[batch, height, width, features]`` (a grid); ``batch`` may be 0 (an
-    empty output, as at the end of a sharded evaluation).
-  * ``mask``: optional bool, ``x.shape[:-1]``; True marks a real token. Padded
-    positions get zero pooling weight, are zeroed before the mapping reads them,
-    and are passed through unchanged in the output, so their values can never
-    change a real position's output (A5). For sequences the sizes also use the
-    number of real tokens, so the amount of padding does not matter either.
-  * ``deterministic``: False enables dropout on the pooling weights (rng
-    ``'dropout'``).
-
-  Returns ``x``'s shape, or for ``strides > 1`` the grid sampled at the pooling
-  centres (see :func:`pool_centres`).
-
-  Sows into ``'intermediates'`` (``apply(..., mutable=['intermediates'])``):
-  ``'pool_weights'``: the normalised weights w, ``[batch, *spatial]`` (for
-  ``weights='nonlocal'`` the pairwise weights ``[batch, *out_spatial, *spatial]``);
-  ``'pool_size'``: the normalised size s in [0, 1] (:func:`normalised_size`)
-  and ``'pool_sigma'``: sigma in token units, both ``[batch, *spatial]`` (for
-  ``'adaptive_window'`` the window radius; not sown for localities without a
-  learned size). Output position o uses the sigma of its centre.
+  ``__call__(x, mask=None, deterministic=True)``: ``x`` is ``[batch, length,
+  features]`` (a sequence) or ``[batch, height, width, features]`` (a grid;
+  ``batch`` may be 0); ``mask`` (bool, ``x.shape[:-1]``, True = real token)
+  keeps padding from changing any real output (A5); ``deterministic=False``
+  enables dropout on the pooling weights (rng ``'dropout'``). Returns ``x``'s
+  shape, or for ``strides > 1`` the grid sampled at the pooling centres.
+  Sows into ``'intermediates'``: ``'pool_weights'`` (w, ``[batch, *spatial]``;
+  ``'nonlocal'``: the pairwise weights ``[batch, *out_spatial, *spatial]``),
+  and for a learned size ``'pool_size'`` (s in [0, 1]) and ``'pool_sigma'``
+  (sigma in tokens, or the adaptive window's radius), ``[batch, *spatial]``.
 
   Attributes:
-    weights: ``'learned' | 'unnormalized' | 'uniform' | 'nonlocal'``.
+    weights: ``'learned' | 'unnormalized' | 'uniform' | 'nonlocal'`` (Tables 1-2).
     locality: ``'gaussian' | 'none' | 'fixed_window' | 'adaptive_window' |
-      'random_sparse'``.
-    mapping: ``'cnn' | 'mlp' | 'attention'`` -- m(X) predicting the raw weight
-      and raw size channels (only the channels the variant uses are predicted).
-    size_norm: A1. ``'sigmoid'`` (default: per token, sigma in (0, r n)) or
-      ``'softmax'`` (the literal reading: over positions, so sizes sum to 1
-      and the average sigma is r tokens). See :func:`normalised_size`. Default
-      chosen by ``benchmarks/ablation_default.py`` (README "Results"): on the
-      offline LM, sigmoid gave lower validation BPC than softmax in every
-      placement (the ablation table there); on a grid the softmax reading
-      makes every sigma a small fraction of a cell (r (h + w) / 2 / (h w)),
-      i.e. an identity layer.
-    ratio: r; None means 0.1 for sequences, 0.05 for grids.
-    sigma_length: sequences only: a static n in ``sigma_i = r n s_i`` (e.g. the
-      model's context length), so that a token's pooling size does not depend
-      on its position in the window (an extension: the paper's n is "the
-      sequence length"). None (default): n counts the real tokens (causal: the
-      real tokens ``<= i``). Causality and padding invariance hold either way.
-    size_bias_init: initial bias of the raw size channel (the mapping's last
-      layer), i.e. where ``s = sigmoid(raw)`` starts (``'sigmoid'``: about
-      ``sigmoid(size_bias_init)``); 0.0 (default) is flax's zero bias. A
-      negative value starts narrow: ``-3.2`` gives ``s ~ 0.04``, sigma ~ 1
-      token at ``r n = 25.6`` (an extension; the paper gives no init).
-    residual: A3. False: the pooled features replace the input (the paper's
-      "pool them ... for use in the next attention block"); True: ``x + pool(x)``.
-    gate: an extension of A3 (not in the paper): a learned per-feature gate
-      ``g [features]``, ``y = x + g * (pool(x) - x)``, so every channel can
-      learn how much of its pooled value replaces its own (g = 1: the paper's
-      replacement, g = 0: the identity). Not combined with ``residual``.
-    gate_init: the gate's initial value (every feature), 1.0: the paper's
-      replacement at initialisation.
-    causal: A4. Sequences only. No output depends on a later input: the
-      support is ``j <= i``; the cnn mapping is left-padded; the mlp mapping is
-      per token; the attention mapping and non-local weights are causally
-      masked; the softmax size normalisation is a prefix softmax; n in
-      ``sigma = r n s`` counts tokens ``<= i``.
-    strides: output stride per spatial axis (the ConvNet pooling replacement);
-      not allowed with ``causal``.
-    window_shape: window of the pooling op being replaced, used only to place
-      the centres ('SAME' semantics as ``nn.avg_pool``); None means ``strides``.
-    kernel_size: A2. kernel size of both mapping convolutions (per axis).
-    hidden_features: A2. width of the mapping's hidden layer.
-    activation: A2. ``'relu' | 'gelu' | 'silu' | 'tanh'``.
-    window: radius (Euclidean, in tokens) of the ``'fixed_window'`` support,
-      and the window whose size a ``'random_sparse'`` support matches in
-      expectation.
-    window_softness: adaptive window only: width (tokens) of the sigmoid edge
-      whose gradient trains the hard window's radius (straight-through).
+      'random_sparse'`` (Tables 1-2).
+    mapping: ``'cnn' | 'mlp' | 'attention'``: m(X), predicting the raw weight
+      and size channels the variant uses (Table 3).
+    size_norm: A1, ``'sigmoid'`` (per token, sigma in (0, r n)) or
+      ``'softmax'`` (over positions, the literal reading).
+    ratio: r of ``sigma = r n s``; None: 0.1 for sequences, 0.05 for grids.
+    sigma_length: sequences: a static n in ``sigma = r n s``; None: n counts
+      the real tokens (causal: up to i). A7.
+    size_bias_init: initial bias of the raw size channel (0: flax's zero bias;
+      -3.2 starts narrow, s ~ 0.04). A7.
+    residual: A3. False: the pooled features replace the input; True:
+      ``x + pool(x)``.
+    gate: a learned per-feature gate g, ``y = x + g * (pool(x) - x)`` (not in
+      the paper; not combined with ``residual``). A7.
+    gate_init: the gate's initial value (1.0: the paper's replacement).
+    causal: A4, sequences only: no output depends on a later input.
+    strides: output stride per spatial axis (a pooling layer's replacement);
+      not with ``causal``.
+    window_shape: the replaced pooling op's window, which places the centres
+      (as ``nn.avg_pool``'s 'SAME'); None: ``strides``.
+    kernel_size: A2, kernel size of both mapping convolutions.
+    hidden_features: A2, width of the mapping's hidden layer.
+    activation: A2, ``'relu' | 'gelu' | 'silu' | 'tanh'``.
+    window: radius in tokens of ``'fixed_window'``, and the window whose size
+      ``'random_sparse'`` matches in expectation.
+    window_softness: ``'adaptive_window'``: width in tokens of the sigmoid edge
+      whose gradient trains the radius (straight-through).
     random_seed: seed of the ``'random_sparse'`` support (fixed, not an rng).
-    random_span: ``'random_sparse'`` only (the paper gives no details): the
-      support of a centre is itself plus each other position within Euclidean
-      radius ``random_span`` kept with probability ``K / M``, where K (M) is
-      the number of non-zero integer offsets within radius ``window``
-      (``random_span``) on the unbounded grid. So wherever the span fits in
-      the input, a token pools over as many positions as the fixed window in
-      expectation (causal: half of both, as the fixed window), scattered over
-      a region 4x wider by default; near the edges both supports shrink.
-      K / M involves neither the input's length nor its padding, and the keep
-      bits hash the positions' coordinates, so padding never changes a real
-      token's support and a causal prefix gives the whole sequence's outputs.
-      None means ``4 * window``; must be ``>= window``.
-    nonlocal_features: width of theta/phi for ``weights='nonlocal'``; None
-      means the input width (the paper's d x d projections, no bias).
-    dropout_rate: dropout on the normalised pooling weights. The keep mask is
-      a counter-based hash of (a per-example seed drawn from the ``'dropout'``
-      rng, centre index, input index), the same in both implementations (and
-      for any ``block_size``), so they give identical outputs for one rng.
-    implementation: ``'auto' | 'dense' | 'blockwise'`` (see the module
-      docstring). ``'dense'`` materialises the ``[batch, m, n]`` pooling
-      matrix; ``'blockwise'`` never does (flash-attention style online softmax
-      and a recomputing ``custom_vjp``), for every variant, with the same
-      result up to float32 rounding. ``'auto'``: ``'blockwise'`` when the
-      number of input positions n > :data:`AUTO_BLOCKWISE_THRESHOLD` (1024),
-      else ``'dense'`` (where blockwise starts to need less compiled forward +
-      backward memory and is no slower on CPU; measured: README "ContextPool",
-      Memory). Blockwise
-      limitations: reverse-mode autodiff only (``jax.grad``/``vjp``/``jacrev``;
-      ``jax.jvp``/``jacfwd`` raise a TypeError, the price of the custom VJP:
-      use ``'dense'`` for forward mode); ``mapping='attention'`` is itself a
-      flax self-attention over all positions and stays O(n^2) whatever the
-      implementation; with ``weights='nonlocal'`` and a mutable
-      ``'intermediates'`` collection the sown pairwise weights are
-      ``[batch, m, n]`` (only built when sown, in both implementations).
-    block_size: query and key block length of ``'blockwise'`` (clipped to the
-      number of outputs / inputs; other lengths are padded internally and the
-      padding masked). Temporaries are O(batch * block_size^2).
-    gaussian_skip_nats: ``'blockwise'`` with ``locality='gaussian'`` and
-      query-independent weights only: a key block whose largest possible
-      logit (``max_j a_j - min_i d^2 / (2 sigma_i^2)`` over the query block's
-      centres) lies more than this many nats below every centre's running
-      maximum is skipped at run time, in the forward and backward passes (key
-      blocks are visited nearest first). Each skipped term is below
-      ``exp(-gaussian_skip_nats)`` times its row's largest, so a row loses at
-      most ``n exp(-gaussian_skip_nats)`` of its softmax mass (the default 18:
-      1.5e-8 per term, below float32 rounding). None: never skip.
-    decode: streaming (incremental decoding; needs ``causal``): the first call,
-      on the full ``[batch, max_len, features]``, creates the ``'cache'``
-      collection and returns the ordinary output; every later call takes one
-      position ``[batch, 1, features]`` (mask ``[batch, 1]``) and returns its
-      pooled feature from the cached x_{<=t}, a_{<=t} (phi_{<=t} for non-local
-      weights), the running size statistics and the last k - 1 inputs of each
-      mapping convolution (:meth:`_decode_step`): nothing is recomputed.
-    dtype: compute dtype (None: the input's); the pooling softmax is always
-      computed in float32.
+    random_span: radius the ``'random_sparse'`` support is drawn from; None:
+      ``4 * window``; must be ``>= window``.
+    nonlocal_features: width of theta and phi for ``'nonlocal'`` weights; None:
+      the input width.
+    dropout_rate: dropout on the normalised pooling weights (a counter-based
+      mask, the same in both implementations).
+    implementation: ``'auto' | 'dense' | 'blockwise'``. ``'dense'`` builds the
+      ``[batch, m, n]`` pooling matrix; ``'blockwise'`` never does (an online
+      softmax and a custom VJP: reverse-mode autodiff only); ``'auto'`` is
+      blockwise when n > :data:`AUTO_BLOCKWISE_THRESHOLD` (1024).
+    block_size: query and key block length of ``'blockwise'``.
+    gaussian_skip_nats: ``'blockwise'`` with Gaussian locality and
+      query-independent weights: skip a key block whose every logit is this
+      many nats below each centre's running maximum (a row loses at most
+      ``n exp(-nats)`` of its mass); None: never skip.
+    decode: streaming (needs ``causal``): the first call, on the full
+      sequence, creates the ``'cache'``; each later call pools one position.
+    dtype: compute dtype (None: the input's); the pooling softmax is float32.
     param_dtype: parameter dtype.
   """
 
