@@ -39,11 +39,10 @@ import numpy as np
 from contextpool_jax.byte_text import encode_bytes
 from contextpool_jax.checks import check_argument as _check
 from contextpool_jax.errors import ContextPoolJaxError
+from contextpool_jax.numerics import MIN_TWO_VARIANCE
 
 WEIGHTS = 'pool_weights'
 SIGMA = 'pool_sigma'
-# As in the layer: 2 sigma^2 + this, so a zero sigma is a delta, not a NaN.
-_MIN_TWO_VARIANCE = 1e-12
 
 
 def _figure(**kwargs):
@@ -155,7 +154,7 @@ def gaussian_support(
   idx = _flat_centres(centres, spatial)
   coords = _coordinates(spatial)
   d2 = np.sum(np.square(coords[idx][:, None] - coords[None]), -1)  # [k, n]
-  two_var = 2.0 * np.square(sigma.reshape(-1)[idx])[:, None] + _MIN_TWO_VARIANCE
+  two_var = 2.0 * np.square(sigma.reshape(-1)[idx])[:, None] + MIN_TWO_VARIANCE
   g = np.exp(-d2 / two_var)
   if causal:
     g = np.where(np.arange(coords.shape[0])[None] <= idx[:, None], g, 0.0)

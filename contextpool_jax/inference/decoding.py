@@ -75,9 +75,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contextpool_jax.numerics import NEG_INF
+
 Array = jax.Array
 
-NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic NaN-free
 # The first segment's width (module docstring): short outputs compile one small
 # loop; longer ones double the width, so a step reads under twice its position.
 MIN_SEGMENT = 16

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers._softmax import masked_softmax
+from contextpool_jax.numerics import masked_softmax
 from contextpool_jax.layers.area_attention.attend import dropout
 from contextpool_jax.layers.area_attention.attend import dropout_keep
 from contextpool_jax.layers.area_attention.attend import logit_scale
