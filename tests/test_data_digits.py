@@ -10,7 +10,7 @@ import pytest
 from sklearn import datasets as sk_datasets
 import tensorflow_datasets as tfds
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 from contextpool_jax.data import image_builders as ib
 from contextpool_jax.data import image_input as ii
 from contextpool_jax.errors import ConfigError
@@ -112,10 +112,10 @@ def test_prepared_on_first_use_in_an_empty_data_dir(tmp_path):
 @pytest.mark.parametrize('value', [None, ''])
 def test_empty_data_dir_means_the_default_not_the_current_directory(value):
   config = ml_collections.ConfigDict({'dataset': {'data_dir': value}})
-  assert checks.read_dir(config, 'dataset.data_dir') is None
+  assert config_readers.read_dir(config, 'dataset.data_dir') is None
 
 
 def test_bad_data_dir_names_the_field():
   config = ml_collections.ConfigDict({'dataset': {'data_dir': 3}})
   with pytest.raises(ConfigError, match='config.dataset.data_dir=3'):
-    checks.read_dir(config, 'dataset.data_dir')
+    config_readers.read_dir(config, 'dataset.data_dir')

@@ -31,7 +31,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from contextpool_jax import checks
+from contextpool_jax import checks, config_readers
 from contextpool_jax.data import image_builders, randaugment, tfds_splits
 from contextpool_jax.errors import ConfigError
 
@@ -105,7 +105,7 @@ def _bad(field: str, value: Any, expected: str) -> ConfigError:
 
 
 def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -> tuple:
-  v = checks.lookup(config, f'dataset.{field}', default)
+  v = config_readers.lookup(config, f'dataset.{field}', default)
   try:
     t = tuple(float(x) for x in v)
   except (TypeError, ValueError):
@@ -119,28 +119,28 @@ def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -
 
 def resolve_spec(config: Any) -> ImageInputSpec:
   """Reads and validates ``config.dataset``; ConfigError names a bad entry."""
-  checks.lookup(config, 'dataset')
-  name = checks.read_choice(config, 'dataset.name', DATASETS)
+  config_readers.lookup(config, 'dataset')
+  name = config_readers.read_choice(config, 'dataset.name', DATASETS)
   dd = _DATASET_DEFAULTS[name]
-  integer = lambda field, default, minimum: checks.read_int(
+  integer = lambda field, default, minimum: config_readers.read_int(
       config, f'dataset.{field}', minimum=minimum, default=default
   )
-  number = lambda field, default, lo, hi, lo_open=False: checks.read_float(
+  number = lambda field, default, lo, hi, lo_open=False: config_readers.read_float(
       config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default
   )
   mean, std = NORMALIZATION[name]
   return ImageInputSpec(
       name=name,
-      data_dir=checks.read_dir(config, 'dataset.data_dir'),
+      data_dir=config_readers.read_dir(config, 'dataset.data_dir'),
       image_size=integer('image_size', dd['image_size'], 1),
-      train_split=checks.read_str(config, 'dataset.train_split', default='train'),
-      eval_split=checks.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
+      train_split=config_readers.read_str(config, 'dataset.train_split', default='train'),
+      eval_split=config_readers.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
       eval_batch_size=integer('eval_batch_size', dd['eval_batch_size'], 1),
       crop_padding=integer('crop_padding', dd.get('crop_padding', 4), 0),
-      flip=checks.read_bool(config, 'dataset.flip', default=dd.get('flip', True)),
+      flip=config_readers.read_bool(config, 'dataset.flip', default=dd.get('flip', True)),
       crop_area_min=number('crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
       eval_crop_fraction=number('eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
-      interpolation=checks.read_choice(
+      interpolation=config_readers.read_choice(
           config, 'dataset.interpolation', _INTERPOLATION, default='bilinear'
       ),
       randaugment_num_ops=integer('randaugment_num_ops', 0, 0),
@@ -159,7 +159,7 @@ def resolve_spec(config: Any) -> ImageInputSpec:
 
 
 def _seed(config: Any, process_index: int, salt: int) -> int:
-  seed = checks.read_int(config, 'seed', minimum=-(2**63), default=0)
+  seed = config_readers.read_int(config, 'seed', minimum=-(2**63), default=0)
   state = np.random.SeedSequence([seed % 2**63, process_index, salt]).generate_state(1)
   return int(state[0])
 
@@ -414,7 +414,7 @@ def make_train_dataset(
   """
   spec = resolve_spec(config)
   process_index, process_count = checks.check_process(process_index, process_count)
-  batch = checks.per_process(config, 'batch_size', process_count)
+  batch = config_readers.per_process(config, 'batch_size', process_count)
   if source is None:
     source = open_source(spec, spec.train_split, f'config.dataset.train_split={spec.train_split!r}')
   shard = grain.MapDataset.source(source)[process_index::process_count]
@@ -462,7 +462,7 @@ def make_eval_batches(
   """
   spec = resolve_spec(config)
   process_index, process_count = checks.check_process(process_index, process_count)
-  batch = checks.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
+  batch = config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
   split, setting = _eval_setting(spec, split)
   if source is None:
     source = open_source(spec, split, setting)

@@ -95,7 +95,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from contextpool_jax import checks
+from contextpool_jax import checks, config_readers
 from contextpool_jax.data import text_builders
 from contextpool_jax.data import text_splits
 from contextpool_jax.errors import ConfigError, DataError
@@ -199,7 +199,7 @@ class LMDataSpec:
 
 
 def _files(config) -> tuple[str, ...]:
-  files = checks.lookup(config, 'dataset.files', _opt('files'))
+  files = config_readers.lookup(config, 'dataset.files', _opt('files'))
   if isinstance(files, str):
     files = (files,)  # '' stays an (invalid) empty pattern, not the default.
   if not isinstance(files, (tuple, list)) or not all(isinstance(f, str) for f in files):
@@ -212,7 +212,7 @@ def _files(config) -> tuple[str, ...]:
 
 def _split_bytes(config) -> tuple[int, ...]:
   """enwik8/text8 with non-standard split sizes (tests on small files); () = standard."""
-  split_bytes = checks.lookup(config, 'dataset.split_bytes', _opt('split_bytes'))
+  split_bytes = config_readers.lookup(config, 'dataset.split_bytes', _opt('split_bytes'))
   if not split_bytes:
     return ()
   split_bytes = tuple(split_bytes)
@@ -230,39 +230,45 @@ def _opt(entry: str) -> Any:
 
 def resolve_spec(config) -> LMDataSpec:
   """Reads and checks every LM data setting; ConfigError names a bad one."""
-  context = checks.read_int(config, 'dataset.eval_context', minimum=1)
-  step = checks.read_int(config, 'dataset.eval_step', minimum=1)
+  context = config_readers.read_int(config, 'dataset.eval_context', minimum=1)
+  step = config_readers.read_int(config, 'dataset.eval_step', minimum=1)
   if step > context:
     raise ConfigError(
         f'config.dataset.eval_step={step} must be <=' f' config.dataset.eval_context={context}.'
     )
-  eval_max_bytes = checks.read_int(config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes'))
+  eval_max_bytes = config_readers.read_int(
+      config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes')
+  )
   if eval_max_bytes == 1:
     raise ConfigError(
         'config.dataset.eval_max_bytes=1 must be 0 (the whole'
         ' split) or >= 2 (a single byte is only context).'
     )
   return LMDataSpec(
-      name=checks.read_choice(config, 'dataset.name', DATASET_NAMES),
-      data_dir=checks.read_dir(config, 'dataset.data_dir'),
-      manual_dir=checks.read_dir(config, 'dataset.manual_dir'),
+      name=config_readers.read_choice(config, 'dataset.name', DATASET_NAMES),
+      data_dir=config_readers.read_dir(config, 'dataset.data_dir'),
+      manual_dir=config_readers.read_dir(config, 'dataset.manual_dir'),
       files=_files(config),
-      allow_binary=checks.read_bool(config, 'dataset.allow_binary', default=_opt('allow_binary')),
-      max_bytes=checks.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
-      split_block_bytes=checks.read_int(
+      allow_binary=config_readers.read_bool(
+          config, 'dataset.allow_binary', default=_opt('allow_binary')
+      ),
+      max_bytes=config_readers.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
+      split_block_bytes=config_readers.read_int(
           config, 'dataset.split_block_bytes', default=_opt('split_block_bytes')
       ),
-      split_seed=checks.read_int(config, 'dataset.split_seed', default=_opt('split_seed')),
+      split_seed=config_readers.read_int(config, 'dataset.split_seed', default=_opt('split_seed')),
       split_bytes=_split_bytes(config),
-      download=checks.read_bool(config, 'dataset.download', default=_opt('download')),
-      seq_len=checks.read_int(config, 'dataset.seq_len', minimum=1),
+      download=config_readers.read_bool(config, 'dataset.download', default=_opt('download')),
+      seq_len=config_readers.read_int(config, 'dataset.seq_len', minimum=1),
       eval_context=context,
       eval_step=step,
-      eval_batch_size=checks.read_int(config, 'dataset.eval_batch_size', minimum=1),
+      eval_batch_size=config_readers.read_int(config, 'dataset.eval_batch_size', minimum=1),
       eval_max_bytes=eval_max_bytes,
-      read_threads=checks.read_int(config, 'dataset.read_threads', default=_opt('read_threads')),
-      prefetch=checks.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
-      seed=checks.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
+      read_threads=config_readers.read_int(
+          config, 'dataset.read_threads', default=_opt('read_threads')
+      ),
+      prefetch=config_readers.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
   )
 
 
@@ -270,7 +276,7 @@ def trained_context(config) -> int:
   """The window a model of ``config`` was trained on (``config.dataset.seq_len``), or
   0 when the config has none (an export of a config without a dataset section).
   Read alone, not through :func:`resolve_spec`: sampling needs no other data setting."""
-  return checks.read_int(config, 'dataset.seq_len', minimum=0, default=0)
+  return config_readers.read_int(config, 'dataset.seq_len', minimum=0, default=0)
 
 
 def _prepare(spec: LMDataSpec) -> Mapping[str, Any]:
@@ -399,7 +405,7 @@ def make_train_dataset(config, *, process_index: int, process_count: int) -> gra
     ``get_state()``/``set_state()`` restore the exact position.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  rows = checks.per_process(config, 'batch_size', process_count)
+  rows = config_readers.per_process(config, 'batch_size', process_count)
   spec = resolve_spec(config)
   corpus = _load_split(spec, 'train')
   ds, window = _train_index_dataset(spec, len(corpus), corpus, process_index, process_count)
@@ -507,7 +513,7 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  checks.per_process(config, 'dataset.eval_batch_size', process_count)
+  config_readers.per_process(config, 'dataset.eval_batch_size', process_count)
   spec = resolve_spec(config)
   corpus = _load_split(spec, split)
   num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)

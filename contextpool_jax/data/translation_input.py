@@ -71,7 +71,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 from contextpool_jax.data import tfds_splits
 from contextpool_jax.errors import ConfigError, DataError
 
@@ -133,45 +133,51 @@ def resolve_spec(config) -> TranslationDataSpec:
   d = lambda entry: f'dataset.{entry}'
   opt_int = lambda entry: (
       None
-      if checks.lookup(config, d(entry), None) is None
-      else checks.read_int(config, d(entry), minimum=1)
+      if config_readers.lookup(config, d(entry), None) is None
+      else config_readers.read_int(config, d(entry), minimum=1)
   )
-  boundaries = checks.lookup(config, d('bucket_boundaries'), None)
+  boundaries = config_readers.lookup(config, d('bucket_boundaries'), None)
   return TranslationDataSpec(
-      name=checks.read_str(config, d('name'), default=_DEFAULTS['name']),
-      data_dir=checks.read_dir(config, d('data_dir')),
-      source_lang=checks.read_str(config, d('source_lang'), default=_DEFAULTS['source_lang']),
-      target_lang=checks.read_str(config, d('target_lang'), default=_DEFAULTS['target_lang']),
-      train_split=checks.read_str(config, d('train_split'), default=_DEFAULTS['train_split']),
-      vocab_size=checks.read_int(
+      name=config_readers.read_str(config, d('name'), default=_DEFAULTS['name']),
+      data_dir=config_readers.read_dir(config, d('data_dir')),
+      source_lang=config_readers.read_str(
+          config, d('source_lang'), default=_DEFAULTS['source_lang']
+      ),
+      target_lang=config_readers.read_str(
+          config, d('target_lang'), default=_DEFAULTS['target_lang']
+      ),
+      train_split=config_readers.read_str(
+          config, d('train_split'), default=_DEFAULTS['train_split']
+      ),
+      vocab_size=config_readers.read_int(
           config, d('vocab_size'), minimum=4, default=_DEFAULTS['vocab_size']
       ),
-      vocab_type=checks.read_choice(
+      vocab_type=config_readers.read_choice(
           config, d('vocab_type'), ('unigram', 'bpe'), default=_DEFAULTS['vocab_type']
       ),
-      vocab_max_chars=checks.read_int(
+      vocab_max_chars=config_readers.read_int(
           config, d('vocab_max_chars'), minimum=1, default=_DEFAULTS['vocab_max_chars']
       ),
-      vocab_path=checks.lookup(config, d('vocab_path'), None) or None,
-      vocab_wait_seconds=checks.read_float(
+      vocab_path=config_readers.lookup(config, d('vocab_path'), None) or None,
+      vocab_wait_seconds=config_readers.read_float(
           config, d('vocab_wait_seconds'), lo=0, default=_DEFAULTS['vocab_wait_seconds']
       ),
-      max_source_len=checks.read_int(
+      max_source_len=config_readers.read_int(
           config, d('max_source_len'), minimum=2, default=_DEFAULTS['max_source_len']
       ),
-      max_target_len=checks.read_int(
+      max_target_len=config_readers.read_int(
           config, d('max_target_len'), minimum=2, default=_DEFAULTS['max_target_len']
       ),
-      truncate=checks.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
+      truncate=config_readers.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
       bucket_boundaries=None if boundaries is None else tuple(boundaries),
       max_eval_source_len=opt_int('max_eval_source_len'),
       max_eval_target_len=opt_int('max_eval_target_len'),
-      eval_sort_by_length=checks.read_bool(
+      eval_sort_by_length=config_readers.read_bool(
           config, d('eval_sort_by_length'), default=_DEFAULTS['eval_sort_by_length']
       ),
       eval_batch_size=opt_int('eval_batch_size'),
-      seed=checks.read_int(config, 'seed', minimum=-(2**63), default=0),
-      workdir=checks.lookup(config, 'workdir', None),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63), default=0),
+      workdir=config_readers.lookup(config, 'workdir', None),
   )
 
 
@@ -623,7 +629,7 @@ def make_train_dataset(
   from ``config.seed``; ``iter(ds).get_state()/set_state()`` round-trip.
   """
   spec = resolve_spec(config)
-  batch = checks.per_process(config, 'batch_size', process_count)
+  batch = config_readers.per_process(config, 'batch_size', process_count)
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
   max_src, max_tgt = int(spec.max_source_len), int(spec.max_target_len)
   shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
@@ -761,9 +767,9 @@ def make_eval_batches(
   """
   spec = resolve_spec(config)
   batch = (
-      checks.per_process(config, 'dataset.eval_batch_size', process_count)
+      config_readers.per_process(config, 'dataset.eval_batch_size', process_count)
       if spec.eval_batch_size
-      else checks.per_process(config, 'batch_size', process_count)
+      else config_readers.per_process(config, 'batch_size', process_count)
   )
   vocab = vocab or get_vocab(config, workdir, process_index=process_index)
   max_src = int(spec.max_eval_source_len or spec.max_source_len)

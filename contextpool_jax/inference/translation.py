@@ -15,7 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.checks import check_argument as _check
+from contextpool_jax.checks import check_argument
 from contextpool_jax.inference import decoding
 
 Array = jax.Array
@@ -72,19 +72,19 @@ def translate(
   # The data modules need the train extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
-  _check(
+  check_argument(
       'sentences',
       sentences,
       len(sentences) > 0 and all(sentences),
       'at least one non-empty sentence',
   )
-  _check(
+  check_argument(
       'beam_size',
       beam_size,
       isinstance(beam_size, int) and beam_size >= 1,
       'a positive int (1: greedy)',
   )
-  _check(
+  check_argument(
       'max_len',
       max_len,
       isinstance(max_len, int) and max_len >= 0,

@@ -29,7 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from contextpool_jax import checks, models
+from contextpool_jax import config_readers, models
 from contextpool_jax.data import image_input, lm_input, translation_input
 from contextpool_jax.inference import decoding
 from contextpool_jax.training import evaluators, objectives, spec as spec_lib
@@ -195,15 +195,15 @@ class BleuSpec:
   @classmethod
   def resolve(cls, config: ml_collections.ConfigDict) -> BleuSpec:
     return cls(
-        enabled=checks.read_bool(config, 'eval_bleu', default=cls.enabled),
-        beam_size=checks.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
-        alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
-        max_batches=checks.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
+        enabled=config_readers.read_bool(config, 'eval_bleu', default=cls.enabled),
+        beam_size=config_readers.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
+        alpha=config_readers.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
+        max_batches=config_readers.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
     )
 
 
 def _label_smoothing(config: ml_collections.ConfigDict) -> float:
-  return checks.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
+  return config_readers.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
 
 
 class TaskKind:
@@ -287,7 +287,7 @@ assert tuple(KINDS) == spec_lib.TASKS, (tuple(KINDS), spec_lib.TASKS)
 
 def kind_of(config: ml_collections.ConfigDict) -> TaskKind:
   """The :class:`TaskKind` of ``config.task`` (ConfigError for an unknown one)."""
-  return KINDS[checks.read_choice(config, 'task', KINDS)]
+  return KINDS[config_readers.read_choice(config, 'task', KINDS)]
 
 
 @dataclasses.dataclass
