@@ -14,7 +14,7 @@ import contextpool_jax
 import ref_area_attention as ref
 from contextpool_jax import layers
 from contextpool_jax.layers import area_attention as aa
-from contextpool_jax.layers import areas
+from contextpool_jax.layers.area_attention import areas
 
 # (q_len, kv_len, max_area_width, max_area_height, memory_height)
 CONFIGS = {
@@ -112,8 +112,8 @@ def _area_kwargs(cfg):
 
 
 def test_public_names_importable_where_they_were():
-  """The layout and features live in layers/areas.py; every public name is still
-  importable from area_attention and the packages, and is the same object."""
+  """The layout and features live in area_attention/areas.py; every public name is
+  also importable from area_attention and the packages, and is the same object."""
   for name in (
       'FEATURE_NAMES',
       'AreaFeatures',

@@ -16,11 +16,11 @@ items, and ordinary dot-product attention runs over the areas.
   Key modes named as in tensor2tensor's ``area_attention.py`` compute what
   they compute there (some without sigma); see :class:`AreaAttention`.
 
-Which areas exist, in which order, and their features (sums and means from
-summed area tables, Eq. 10-11; stds by pairwise merges instead of Eq. 12;
-maxima) are :mod:`contextpool_jax.layers.areas`, whose public names
-are importable from here too. In this package (a change belongs in one file):
+In this package (a change belongs in one file):
 
+* :mod:`.areas`: which areas exist, in which order, and their features (sums
+  and means from summed area tables, Eq. 10-11; stds by pairwise merges instead
+  of Eq. 12; maxima); its public names are importable from here too.
 * :mod:`.keys`: the key and value modes, a key mode's base feature.
 * :mod:`.validate`: every check of the function's and the modules' settings
   and inputs.
@@ -55,6 +55,12 @@ order, the std and the tables' precision in :mod:`.areas`):
   compute dtype.
 """
 
+from contextpool_jax.layers.area_attention.areas import FEATURE_NAMES
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_features
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import num_areas
 from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.attend import attend_to_areas
 from contextpool_jax.layers.area_attention.core import dot_product_area_attention
@@ -68,12 +74,6 @@ from contextpool_jax.layers.area_attention.masks import area_mask
 from contextpool_jax.layers.area_attention.module import AreaAttention
 from contextpool_jax.layers.area_attention.through_items import QUERY_BLOCK
 from contextpool_jax.layers.area_attention.through_items import attend_through_items
-from contextpool_jax.layers.areas import FEATURE_NAMES
-from contextpool_jax.layers.areas import AreaFeatures
-from contextpool_jax.layers.areas import AreaLayout
-from contextpool_jax.layers.areas import area_features
-from contextpool_jax.layers.areas import area_layout
-from contextpool_jax.layers.areas import num_areas
 
 # Private names this package had as one module (tests call them).
 _QUERY_BLOCK = QUERY_BLOCK
@@ -91,7 +91,7 @@ __all__ = [
     'area_attention_mask',
     'attend_to_areas',
     'dot_product_area_attention',
-    # From areas, importable here as before the split.
+    # The areas and their features (areas.py).
     'FEATURE_NAMES',
     'AreaFeatures',
     'AreaLayout',

@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import compute_area_features
 from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.keys import base_area_key
 from contextpool_jax.layers.area_attention.keys import is_linear_in_items
 from contextpool_jax.layers.area_attention.keys import key_features
 from contextpool_jax.layers.area_attention.through_items import attend_through_items
-from contextpool_jax.layers.areas import AreaFeatures
-from contextpool_jax.layers.areas import area_layout
-from contextpool_jax.layers.areas import compute_area_features
 
 Array = jax.Array
 

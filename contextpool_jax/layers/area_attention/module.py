@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
 from contextpool_jax.layers.area_attention.core import area_attention
 from contextpool_jax.layers.area_attention.decoding import DecodingMixin
 from contextpool_jax.layers.area_attention.key_encoder import AreaKeyEncoder
@@ -20,7 +21,6 @@ from contextpool_jax.layers.area_attention.validate import check_decode
 from contextpool_jax.layers.area_attention.validate import check_head_dim
 from contextpool_jax.layers.area_attention.validate import check_module_fields
 from contextpool_jax.layers.area_attention.validate import check_module_inputs
-from contextpool_jax.layers.areas import AreaFeatures
 
 Array = jax.Array
 Dtype = Any

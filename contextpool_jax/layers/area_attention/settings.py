@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from contextpool_jax.layers.areas import AreaLayout
-from contextpool_jax.layers.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_layout
 
 
 class AreaSettings(NamedTuple):

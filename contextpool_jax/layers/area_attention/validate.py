@@ -17,14 +17,14 @@ import numpy as np
 
 from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
+from contextpool_jax.layers.area_attention.areas import check_area_options
+from contextpool_jax.layers.area_attention.areas import check_memory_length
 from contextpool_jax.layers.area_attention.keys import KEY_MODES
-from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import LEARNED_KEYS
+from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import PARAMETER_FREE_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import VALUE_MODES
 from contextpool_jax.layers.area_attention.settings import AreaSettings
-from contextpool_jax.layers.areas import check_area_options
-from contextpool_jax.layers.areas import check_memory_length
 
 Array = jax.Array
 
