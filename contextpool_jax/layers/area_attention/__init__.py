@@ -22,8 +22,8 @@ In this package (a change belongs in one file):
   and means from summed area tables, Eq. 10-11; stds by pairwise merges instead
   of Eq. 12; maxima); its public names are importable from here too.
 * :mod:`.keys`: the key and value modes, a key mode's base feature.
-* :mod:`.validate`: every check of the function's and the modules' settings
-  and inputs.
+* :mod:`.validate`: the settings both entry points share (:class:`~.validate.AreaSettings`)
+  and every check of the function's and the modules' settings and inputs.
 * :mod:`.masks`: :func:`area_attention_mask`, item-level mask and causality ->
   area-level mask.
 * :mod:`.attend`: :func:`attend_to_areas`, softmax attention of queries over
@@ -35,7 +35,7 @@ In this package (a change belongs in one file):
 * :mod:`.key_encoder`: :class:`AreaKeyEncoder`, the learned area key of Eq. 9
   (Linen).
 * :mod:`.module`: :class:`AreaAttention`, multi-head area attention (Linen);
-  :mod:`.decoding`: its ``decode=True`` cache and step.
+  :mod:`.streaming`: its ``decode=True`` cache and step.
 
 The function and the module check their settings and memory with the same two
 functions (:func:`~.validate.check_config`, :func:`~.validate.check_memory`)

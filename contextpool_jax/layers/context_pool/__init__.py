@@ -20,13 +20,6 @@ from contextpool_jax.layers.context_pool.blocks import key_block_ranges
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import blockwise_visits
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
-from contextpool_jax.layers.context_pool.config import ACTIVATIONS
-from contextpool_jax.layers.context_pool.config import AUTO_BLOCKWISE_THRESHOLD
-from contextpool_jax.layers.context_pool.config import IMPLEMENTATIONS
-from contextpool_jax.layers.context_pool.config import LOCALITIES
-from contextpool_jax.layers.context_pool.config import MAPPINGS
-from contextpool_jax.layers.context_pool.config import SIZE_NORMS
-from contextpool_jax.layers.context_pool.config import WEIGHTS
 from contextpool_jax.layers.context_pool.geometry import pool_centres
 from contextpool_jax.layers.context_pool.geometry import squared_distances
 from contextpool_jax.layers.context_pool.module import ContextPool
@@ -43,6 +36,13 @@ from contextpool_jax.layers.context_pool.randomness import dropout_keep
 from contextpool_jax.layers.context_pool.sizes import DEFAULT_RATIO
 from contextpool_jax.layers.context_pool.sizes import normalised_size
 from contextpool_jax.layers.context_pool.sizes import pooling_sigma
+from contextpool_jax.layers.context_pool.validate import ACTIVATIONS
+from contextpool_jax.layers.context_pool.validate import AUTO_BLOCKWISE_THRESHOLD
+from contextpool_jax.layers.context_pool.validate import IMPLEMENTATIONS
+from contextpool_jax.layers.context_pool.validate import LOCALITIES
+from contextpool_jax.layers.context_pool.validate import MAPPINGS
+from contextpool_jax.layers.context_pool.validate import SIZE_NORMS
+from contextpool_jax.layers.context_pool.validate import WEIGHTS
 
 # The names this package had as one module, private ones included (tests and
 # benchmarks call them).

@@ -1,6 +1,6 @@
 """The ContextPool module: its fields, the mapping m(X), and the whole-sequence call.
 
-``__call__`` checks the fields and inputs (:mod:`.config`), runs the mapping
+``__call__`` checks the fields and inputs (:mod:`.validate`), runs the mapping
 (:meth:`ContextPool._mapping`), turns its outputs into Eq. 4's terms
 (:meth:`ContextPool._mapping_outputs`, shared with the decoding step), pools
 (:func:`~.pool.pool_dense` or :func:`~.blockwise.pool_blockwise`) and combines
@@ -21,11 +21,6 @@ import numpy as np
 from contextpool_jax import checks
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
-from contextpool_jax.layers.context_pool.config import ACTIVATIONS
-from contextpool_jax.layers.context_pool.config import AUTO_BLOCKWISE_THRESHOLD
-from contextpool_jax.layers.context_pool.config import OWNER
-from contextpool_jax.layers.context_pool.config import check_fields
-from contextpool_jax.layers.context_pool.config import check_inputs
 from contextpool_jax.layers.context_pool.geometry import pool_centres
 from contextpool_jax.layers.context_pool.geometry import query_indices
 from contextpool_jax.layers.context_pool.pool import Centres
@@ -46,6 +41,11 @@ from contextpool_jax.layers.context_pool.sizes import pooling_sigma
 from contextpool_jax.layers.context_pool.sizes import step_sizes
 from contextpool_jax.layers.context_pool.sizes import uses_size
 from contextpool_jax.layers.context_pool.streaming import StreamingMixin
+from contextpool_jax.layers.context_pool.validate import ACTIVATIONS
+from contextpool_jax.layers.context_pool.validate import AUTO_BLOCKWISE_THRESHOLD
+from contextpool_jax.layers.context_pool.validate import OWNER
+from contextpool_jax.layers.context_pool.validate import check_fields
+from contextpool_jax.layers.context_pool.validate import check_inputs
 
 Array = jax.Array
 Dtype = Any

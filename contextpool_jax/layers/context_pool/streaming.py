@@ -15,7 +15,6 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers.context_pool.config import check_step
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolInputs
@@ -25,6 +24,7 @@ from contextpool_jax.layers.context_pool.pool import valid_positions
 from contextpool_jax.layers.context_pool.sizes import SizePrefix
 from contextpool_jax.layers.context_pool.sizes import uses_size
 from contextpool_jax.layers.context_pool.sizes import uses_weight
+from contextpool_jax.layers.context_pool.validate import check_step
 from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array

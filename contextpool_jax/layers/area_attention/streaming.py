@@ -1,5 +1,4 @@
-"""Incremental decoding of :class:`~.module.AreaAttention` (``decode=True``):
-the cache of causal self-attention and its one-query step, and the cached
+"""Streaming AreaAttention (``decode=True``, incremental decoding): the cache of causal self-attention and its one-query step, and the cached
 memory of cross-attention."""
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from contextpool_jax.layers.area_attention.through_items import attend_through_i
 Array = jax.Array
 
 
-class DecodingMixin:
+class StreamingMixin:
   """The ``decode=True`` half of :class:`~.module.AreaAttention` (a mixin: it
   reads the module's fields)."""
 
