@@ -114,7 +114,7 @@ def programs(rule, block_size, inputs, skip_nats, backward: bool):
   def forward(sigma, log_w, x):
     c = inputs.centres._replace(sigma=sigma)
     k = inputs.context._replace(log_w=log_w, x=x)
-    return cp._pool_blockwise(rule, block_size, cp.PoolInputs(c, k), skip_nats)
+    return cp.pool_blockwise(rule, block_size, cp.PoolInputs(c, k), skip_nats)
 
   def loss(sigma, log_w, x):
     return jnp.sum(forward(sigma, log_w, x) * probe)

@@ -61,7 +61,6 @@ from contextpool_jax.layers.area_attention.areas import AreaLayout
 from contextpool_jax.layers.area_attention.areas import area_features
 from contextpool_jax.layers.area_attention.areas import area_layout
 from contextpool_jax.layers.area_attention.areas import num_areas
-from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.attend import attend_to_areas
 from contextpool_jax.layers.area_attention.core import dot_product_area_attention
 from contextpool_jax.layers.area_attention.key_encoder import AreaKeyEncoder
@@ -70,16 +69,7 @@ from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import PARAMETER_FREE_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import VALUE_MODES
 from contextpool_jax.layers.area_attention.masks import area_attention_mask
-from contextpool_jax.layers.area_attention.masks import area_mask
 from contextpool_jax.layers.area_attention.module import AreaAttention
-from contextpool_jax.layers.area_attention.through_items import QUERY_BLOCK
-from contextpool_jax.layers.area_attention.through_items import attend_through_items
-
-# Private names this package had as one module (tests call them).
-_QUERY_BLOCK = QUERY_BLOCK
-_area_mask = area_mask
-_attend = attend
-_attend_through_items = attend_through_items
 
 __all__ = [
     'KEY_MODES',

@@ -16,7 +16,6 @@ the paper leaves open: docs/context_pool.md; which module of this package holds
 what: docs/architecture.md#where-a-change-belongs.
 """
 
-from contextpool_jax.layers.context_pool.blocks import key_block_ranges
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import blockwise_visits
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
@@ -32,7 +31,6 @@ from contextpool_jax.layers.context_pool.pool import masked_pool
 from contextpool_jax.layers.context_pool.pool import pool_block
 from contextpool_jax.layers.context_pool.pool import pool_dense
 from contextpool_jax.layers.context_pool.pool import pool_weights
-from contextpool_jax.layers.context_pool.randomness import dropout_keep
 from contextpool_jax.layers.context_pool.sizes import DEFAULT_RATIO
 from contextpool_jax.layers.context_pool.sizes import normalised_size
 from contextpool_jax.layers.context_pool.sizes import pooling_sigma
@@ -43,13 +41,6 @@ from contextpool_jax.layers.context_pool.validate import LOCALITIES
 from contextpool_jax.layers.context_pool.validate import MAPPINGS
 from contextpool_jax.layers.context_pool.validate import SIZE_NORMS
 from contextpool_jax.layers.context_pool.validate import WEIGHTS
-
-# The names this package had as one module, private ones included (tests and
-# benchmarks call them).
-_dropout_keep = dropout_keep
-_key_block_ranges = key_block_ranges
-_pool_blockwise = pool_blockwise
-_pool_dense = pool_dense
 
 __all__ = [
     'ACTIVATIONS',
