@@ -27,9 +27,9 @@ from contextpool_jax import models
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
+from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
-from contextpool_jax.models.common import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.training import checkpoints, config_fields, optim, steps, tasks, trainer
 from conftest import REPO, config_cases
 

@@ -62,7 +62,7 @@ from contextpool_jax import checks
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
-from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models.common import module_fields
 from contextpool_jax.numerics import NEG_INF
 

@@ -15,7 +15,7 @@ What is filled in:
   value of its preset (``models.create(name)``), except :data:`NOT_OFFERED`.
 * ``config.model.context_pool`` when it is a mapping (ContextPool on): every
   ContextPool field with its default, except those the model sets
-  (:data:`~contextpool_jax.models.common.CONTEXT_POOL_MODEL_FIELDS`: ``causal``,
+  (:data:`~contextpool_jax.layers.context_pool.CONTEXT_POOL_MODEL_FIELDS`: ``causal``,
   ``decode``, ``strides``, ``window_shape``, ``dtype``, ``param_dtype``). None
   (ContextPool off, e.g. a baseline) stays None: its fields do not appear.
 * Only fields whose default is a plain value (None, bool, int, float, str, a
@@ -48,9 +48,9 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from contextpool_jax.errors import ConfigError
+from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.models import registry
-from contextpool_jax.models.common import CONTEXT_POOL_MODEL_FIELDS
 
 # Model fields a config does not offer, and why.
 NOT_OFFERED = {

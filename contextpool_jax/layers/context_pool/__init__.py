@@ -21,7 +21,9 @@ from contextpool_jax.layers.context_pool.blockwise import blockwise_visits
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
 from contextpool_jax.layers.context_pool.geometry import pool_centres
 from contextpool_jax.layers.context_pool.geometry import squared_distances
+from contextpool_jax.layers.context_pool.module import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool.module import ContextPool
+from contextpool_jax.layers.context_pool.module import make_context_pool
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolBlock
@@ -45,6 +47,7 @@ from contextpool_jax.layers.context_pool.validate import WEIGHTS
 __all__ = [
     'ACTIVATIONS',
     'AUTO_BLOCKWISE_THRESHOLD',
+    'CONTEXT_POOL_MODEL_FIELDS',
     'DEFAULT_RATIO',
     'GAUSSIAN_SKIP_NATS',
     'IMPLEMENTATIONS',
@@ -59,6 +62,7 @@ __all__ = [
     'PoolInputs',
     'PoolRule',
     'blockwise_visits',
+    'make_context_pool',
     'masked_pool',
     'normalised_size',
     'pool_block',
