@@ -37,8 +37,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from contextpool_jax import storage
 from contextpool_jax.errors import WorkdirLockedError
-from contextpool_jax.training import runlock, sharding, storage, trainer
+from contextpool_jax.training import runlock, sharding, trainer
 from contextpool_jax.training.load import load_variables
 from conftest import REPO
 from test_faults import _committed_steps, _tiny

@@ -33,8 +33,9 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from contextpool_jax import storage
 from contextpool_jax.errors import WorkdirError
-from contextpool_jax.training import checkpoints, storage
+from contextpool_jax.training import checkpoints
 
 PathLike = Union[str, pathlib.Path]
 
