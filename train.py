@@ -64,16 +64,16 @@ def parse_flags(argv: list[str]) -> list[str]:
   """
   # The package is imported only after the flags are parsed and JAX's distributed
   # runtime is up (main): nothing in it may touch a JAX backend before that.
-  from contextpool_jax.training import config_fields  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
 
   try:
     rest = app.parse_flags_with_usage(argv)
   except Exception:  # pylint: disable=broad-except  # explained below, or re-raised
-    message = config_fields.override_error(argv)
+    message = command_line.override_error(argv)
     if message is None:
       raise
     _fail(message)
-  message = config_fields.model_name_error(
+  message = command_line.model_name_error(
       argv, config_flags.get_override_values(flags.FLAGS['config'])
   )
   if message:

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import ml_collections
 
-from contextpool_jax.training import config_fields, writers
+from contextpool_jax import config_fields
+from contextpool_jax.training import writers
 
 
 def base_config() -> ml_collections.ConfigDict:

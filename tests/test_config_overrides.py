@@ -3,7 +3,7 @@
 Overrides go through the real path: ``config_flags.DEFINE_config_file`` on a
 command line like ``train.py``'s (flags of their own, so nothing is global),
 then the checks look at what the built model and its module tree received
-(``tasks.build_model``, and ``jax.eval_shape`` of the trainer's init with every
+(``config_fields.build_model``, and ``jax.eval_shape`` of the trainer's init with every
 module call intercepted: no compile, no data).
 """
 
@@ -30,7 +30,8 @@ from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
-from contextpool_jax.training import checkpoints, config_fields, optim, steps, tasks, trainer
+from contextpool_jax import config_fields
+from contextpool_jax.training import checkpoints, command_line, optim, steps, tasks, trainer
 from conftest import REPO, config_cases
 
 # Every config file and its variants (test_every_config_file_is_listed keeps it whole).
@@ -121,7 +122,7 @@ def test_every_config_takes_an_override_of_each_model_field_family(name, arg):
   for path, value in wanted.items():
     assert _lookup(config, path) == value, path
   assert trainer.validate_config(config).keep_checkpoint_period == 7
-  model = tasks.build_model(config)  # what the model received
+  model = config_fields.build_model(config)  # what the model received
   for path, value in wanted.items():
     if path.startswith('model.context_pool.'):
       assert model.context_pool[path.split('.')[-1]] == value, path
@@ -330,7 +331,7 @@ def test_an_override_the_config_lacks_is_one_line_naming_file_key_and_close_keys
     config_file, override, message
 ):
   argv = ['train.py', '--workdir', '/tmp/w', '--config', config_file, f'--config.{override}=1']
-  error = config_fields.override_error(argv)
+  error = command_line.override_error(argv)
   assert error.startswith(f'config file {config_file}: {message}')
   assert '\n' not in error
   # ... and config_flags itself does fail on it (so train.py reaches the message).
@@ -340,15 +341,15 @@ def test_an_override_the_config_lacks_is_one_line_naming_file_key_and_close_keys
 
 def test_valid_overrides_are_not_reported():
   argv = ['train.py', '--config=configs/default.py', '--config.model.context_pool.ratio=0.1']
-  assert config_fields.override_error(argv) is None
+  assert command_line.override_error(argv) is None
   argv = ['train.py', '--config=configs/default.py', '--config.model.num_layers=3']
-  assert config_fields.model_name_error(argv, {'model.num_layers': 3}) is None
+  assert command_line.model_name_error(argv, {'model.num_layers': 3}) is None
 
 
 def test_changing_the_model_name_is_refused():
   argv = ['train.py', '--config=configs/wmt14.py:en-de,base,cp', '--config.model.name=x']
-  assert config_fields.model_name_error(argv, {'model.name': 'cp_transformer_base'}) is None
-  error = config_fields.model_name_error(argv, {'model.name': 'cp_transformer_big'})
+  assert command_line.model_name_error(argv, {'model.name': 'cp_transformer_base'}) is None
+  error = command_line.model_name_error(argv, {'model.name': 'cp_transformer_big'})
   assert error.startswith(
       'config file configs/wmt14.py:en-de,base,cp: override '
       '--config.model.name=cp_transformer_big is not allowed'

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contextpool_jax import models
+from contextpool_jax import config_fields, models
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import evaluators, tasks, trainer
 from conftest import config_cases
@@ -38,7 +38,7 @@ def test_every_config_is_valid(name, arg):
   config = _load(name, arg)
   trainer.validate_config(config)
   assert config.model.name in models.available()
-  model = tasks.build_model(config)  # every override is a field of the model
+  model = config_fields.build_model(config)  # every override is a field of the model
   assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
 
 

@@ -14,10 +14,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from contextpool_jax import config_fields
 from contextpool_jax import sample
 from contextpool_jax import viz
 from contextpool_jax.errors import ArgumentError
-from contextpool_jax.training import WorkdirError, export_params, load, tasks, trainer
+from contextpool_jax.training import WorkdirError, export_params, load, trainer
 from test_training import tiny_config  # the small offline LM config
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
@@ -54,7 +55,7 @@ def test_load_restores_the_saved_params_and_gives_their_logits(workdir):
   saved = _saved_params(workdir, 4)
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, variables['params']), saved)
   assert set(variables) == {'params'}  # the LM has no other model state
-  reference = tasks.build_model(config).apply({'params': saved}, TOKENS)
+  reference = config_fields.build_model(config).apply({'params': saved}, TOKENS)
   chex.assert_trees_all_close(model.apply(variables, TOKENS), reference, atol=0, rtol=0)
   # An earlier step is another set of parameters.
   _, earlier, _ = load(workdir, step=2)
@@ -257,7 +258,7 @@ def translation_workdir(tmp_path_factory):
   rng = np.random.default_rng(0)
   sentences = [' '.join(rng.choice(w, 6)) for _ in range(200) for w in (EN, DE)]
   (root / ti.vocab_filename(config)).write_bytes(ti.train_sentencepiece(sentences, vocab_size=48))
-  model = tasks.build_model(config)
+  model = config_fields.build_model(config)
   ids = jnp.ones((1, 8), jnp.int32)
   params = model.init(jax.random.key(0), ids, ids)['params']
   state = dict(

@@ -34,9 +34,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import storage
+from contextpool_jax import config_fields, storage
 from contextpool_jax.errors import CheckpointError, ConfigError
-from contextpool_jax.training import config_fields, steps
+from contextpool_jax.training import steps
 
 # A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
 CONFIG_FILE = 'config.json'

@@ -14,16 +14,13 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from contextpool_jax import config_readers
+from contextpool_jax import config_fields, config_readers
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.training import runlock, sharding
 
 TASKS = ('lm', 'translation', 'classification')
-# float16: with a dynamic loss scale in the train state (steps.uses_loss_scaling).
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +49,6 @@ class RunSpec:
   lock_stale_seconds: int  # run.lock of another machine: stale after this long without heartbeat
 
 
-def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
-  """``(compute dtype, remat)``: the run-level fields the model is built with."""
-  return DTYPES[config_readers.read_choice(config, 'dtype', DTYPES)], config_readers.read_bool(
-      config, 'remat'
-  )
-
-
 def resolve_spec(
     config: ml_collections.ConfigDict,
     *,
@@ -76,7 +66,7 @@ def resolve_spec(
   config_readers.read_str(config, 'model.name')  # the registry name; the model checks the rest
   for section in ('optimizer', 'dataset'):
     config_readers.lookup(config, section)
-  dtype, remat = model_settings(config)
+  dtype, remat = config_fields.model_settings(config)
   splits = config_readers.lookup(config, 'eval_splits')
   splits = (splits,) if isinstance(splits, str) else tuple(splits)
   if not splits or not all(isinstance(s, str) and s for s in splits):

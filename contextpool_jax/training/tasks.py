@@ -1,7 +1,7 @@
 """The task registry: each kind of experiment (``config.task``) and everything it decides.
 
 ``make_task(config, workdir)`` returns a :class:`Task`: the model from the
-registry (:func:`build_model`), the :class:`TaskKind` of ``config.task`` and
+registry (:func:`contextpool_jax.config_fields.build_model`), the :class:`TaskKind` of ``config.task`` and
 what that kind builds from its resolved settings:
 
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
@@ -29,19 +29,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from contextpool_jax import config_readers, models
+from contextpool_jax import config_fields, config_readers
 from contextpool_jax.data import image_input, lm_input, translation_input
 from contextpool_jax.inference import decoding
 from contextpool_jax.training import evaluators, objectives, spec as spec_lib
-
-
-def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  """``models.create(config.model.name, **config.model minus name, dtype, remat)``."""
-  dtype, remat = spec_lib.model_settings(config)
-  overrides = config.model.to_dict()
-  name = overrides.pop('name')
-  return models.create(name, **overrides, dtype=dtype, remat=remat)
-
 
 # ----------------------------------------------------------------------------
 # Data pipelines: one per kind, over the kind's data module and resolved spec.
@@ -311,7 +302,7 @@ class Task:
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   """The task of ``config``: its kind's pipeline and objective around the model."""
   kind = kind_of(config)
-  model = build_model(config)
+  model = config_fields.build_model(config)
   data = kind.pipeline(config, workdir)
   objective = kind.objective(config, data, model)
   return Task(model=model, objective=objective, data=data, kind=kind, config=config)

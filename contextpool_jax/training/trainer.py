@@ -67,9 +67,9 @@ import tqdm
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import storage
+from contextpool_jax import config_fields, storage
 from contextpool_jax.errors import NonFiniteLossError, WriteError
-from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
+from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
 from contextpool_jax.training import profiling, steps, tasks, writers

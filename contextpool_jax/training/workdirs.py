@@ -4,7 +4,7 @@ A workdir written by ``train.py`` / :func:`contextpool_jax.training.trainer.trai
 holds ``config.json`` and orbax checkpoints ``checkpoints/<step>/`` with the items
 ``'state'`` (step, params, opt_state, model_state, bad_step) and ``'data'`` (the grain
 iterator). :func:`load` reads the config, builds the model with
-:func:`contextpool_jax.training.tasks.build_model` and restores only ``params`` and
+:func:`contextpool_jax.config_fields.build_model` and restores only ``params`` and
 ``model_state`` (e.g. BatchNorm statistics) of one step: no optimizer state, no data
 iterator, no dataset.
 
@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from contextpool_jax import storage
+from contextpool_jax import config_fields, storage
 from contextpool_jax.errors import WorkdirError
 from contextpool_jax.training import checkpoints
 
@@ -212,7 +212,7 @@ def load(
   """Loads a trained model: ``(model, variables, config)``.
 
   Works for any config (every task and model): the model is
-  ``tasks.build_model(config)`` from ``<workdir>/config.json``; ``variables`` is
+  ``config_fields.build_model(config)`` from ``<workdir>/config.json``; ``variables`` is
   the Flax variables dict ``{'params': ..., **model_state}`` (e.g. ``'batch_stats'``)
   of checkpoint ``step`` (None: the latest), so ``model.apply(variables, ...,
   train=False)`` runs it. Only parameters and model state are restored (not the
@@ -224,13 +224,9 @@ def load(
       ``config.json``, no checkpoints, or no checkpoint ``step``; the message names
       the directory and what it holds.
   """
-  # Imported on use: the task registry pulls in every data module (TFDS), which
-  # reading a checkpoint does not need.
-  from contextpool_jax.training import tasks  # pylint: disable=g-import-not-at-top
-
   config = read_config(workdir)
   variables, _ = load_variables(workdir, step)
-  return tasks.build_model(config), variables, config
+  return config_fields.build_model(config), variables, config
 
 
 def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = None) -> pathlib.Path:

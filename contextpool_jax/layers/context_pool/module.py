@@ -58,7 +58,7 @@ _ZEROS = nn.initializers.zeros_init()
 # ``defaults``: a decoder's ``causal`` and ``decode``, a ResNet's ``strides``; the
 # model's ``dtype`` and ``param_dtype``), and ``window_shape``, which only places
 # the centres of a strided pool. A config does not offer them
-# (contextpool_jax.training.config_fields); every other field is a config entry.
+# (contextpool_jax.config_fields); every other field is a config entry.
 CONTEXT_POOL_MODEL_FIELDS = ('causal', 'decode', 'strides', 'window_shape', 'dtype', 'param_dtype')
 
 

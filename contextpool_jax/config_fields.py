@@ -1,13 +1,15 @@
-"""Every field of the model a config builds, in ``config.model``, with its default.
+"""``config.model``: every field of the model a config names, with its default
+(:func:`complete`), and the model those fields build (:func:`build_model`).
 
 Config files list only what differs from the modules' defaults; :func:`complete`
-fills in the rest from the modules' own fields (the one source of truth). It is
-called by every ``get_config`` (``configs/common.py``), so that the command line
-reaches each field (``--config.model.<field>=...``,
-``--config.model.context_pool.<field>=...``); by the trainer, so that the saved
-``config.json`` records the values used even for a config built in code; and on
-the saved config when a run resumes (a ``config.json`` written before a field
-existed compares equal on the completed values).
+fills in the rest from the modules' own fields (the one source of truth). The
+trainer completes the run's config once, as it starts, so that the saved
+``config.json`` records the values used even for a config built in code; the
+command line (``train.py``) completes the config file's config before it applies
+the overrides, so that they reach each field (``--config.model.<field>=...``,
+``--config.model.context_pool.<field>=...``). A ``config.json`` written before a
+field existed is compared on resume with that field at its default
+(:func:`complete_model`).
 
 What is filled in:
 
@@ -29,24 +31,24 @@ command line parses ``--config.model.num_layers=4`` as an int); any other field
 string (``--config.model.stage_pattern=C,A,A,A``). The module's own check rejects
 a bad value with a message naming the field.
 
-:func:`check_overrides` explains an override of a key the config does not have in
-one line (the key, the config file, the closest keys).
+:func:`build_model` is how the trainer builds its model and how a workdir is
+loaded back (:mod:`contextpool_jax.workdirs`):
+``models.create(config.model.name, **the other fields, dtype, remat)``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import functools
-import re
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional
 
-from absl import flags
+import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
-from ml_collections import config_flags
 
+from contextpool_jax import config_readers
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
@@ -61,6 +63,9 @@ NOT_OFFERED = {
 }
 
 _PLAIN_TYPES = {'bool': bool, 'int': int, 'float': float, 'str': str}
+# config.dtype -> the models' compute dtype (float16: with a dynamic loss scale in the
+# train state, training.steps.uses_loss_scaling).
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 def _is_plain(value: Any) -> bool:
@@ -173,129 +178,19 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 # ----------------------------------------------------------------------------
-# Command-line overrides.
+# The model.
 # ----------------------------------------------------------------------------
 
 
-def _not_offered(where: str, key: str) -> Optional[str]:
-  """Why a model (or ContextPool) field is not a config entry, or None."""
-  if where == 'config.model' and key in NOT_OFFERED:
-    return NOT_OFFERED[key]
-  if where == 'config.model.context_pool' and key in CONTEXT_POOL_MODEL_FIELDS:
-    return (
-        'the model that inserts ContextPool sets it (a decoder causal=True and decode, a '
-        "ResNet strides, the model's dtypes; window_shape goes with strides)"
-    )
-  return None
+def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
+  """``(compute dtype, remat)``: the run-level fields the model is built with."""
+  dtype = DTYPES[config_readers.read_choice(config, 'dtype', DTYPES)]
+  return dtype, config_readers.read_bool(config, 'remat')
 
 
-def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> None:
-  """Raises ConfigError for the first override path that is not an entry of ``config``.
-
-  ``overrides``: dotted paths below the config (``'model.context_pool.ratio'``
-  for ``--config.model.context_pool.ratio=...``). The one-line message names the
-  override, the config file and the closest keys at the level where the path
-  leaves the config (all of its keys when none is close), or why a model field
-  is not an entry (:data:`NOT_OFFERED`, ``CONTEXT_POOL_MODEL_FIELDS``).
-  """
-  for path in overrides:
-    node, where = config, 'config'
-    for key in path.split('.'):
-      if node is None:
-        raise ConfigError(
-            f'config file {config_file}: override --config.{path}: {where} is None in this '
-            f'config (off), so it has no fields to override; a whole mapping switches it on: '
-            f'--{where}="{{...}}".'
-        )
-      if not isinstance(node, (ml_collections.ConfigDict, Mapping)):
-        raise ConfigError(
-            f'config file {config_file}: unknown override --config.{path}: {where} is '
-            f'{node!r}, not a section with fields.'
-        )
-      if key not in node:
-        reason = _not_offered(where, key)
-        if reason:
-          raise ConfigError(
-              f'config file {config_file}: override --config.{path} is not offered: {reason}.'
-          )
-        keys = [str(k) for k in node.keys()]
-        close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
-        hint = (
-            f'did you mean: {", ".join(close)}?'
-            if close
-            else f'{where} has: {", ".join(sorted(keys))}.'
-        )
-        raise ConfigError(f'config file {config_file}: unknown override --config.{path}; {hint}')
-      node, where = node[key], f'{where}.{key}'
-
-
-def command_line_config(
-    argv: Sequence[str], flag: str = 'config'
-) -> tuple[Optional[str], list[str]]:
-  """``(config file, override paths)`` of a command line, as ``config_flags`` reads
-  them: ``--config=FILE`` or ``--config FILE``, and ``--config.a.b=value`` ->
-  ``'a.b'`` (flag files expanded)."""
-  argv = list(flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False))
-  config_file, overrides = None, []
-  for i, arg in enumerate(argv):
-    match = re.match(rf'^--?{flag}(=(.*))?$', arg)
-    if match:
-      config_file = (
-          match.group(2) if match.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
-      )
-    match = re.match(rf'^--?(no)?{flag}\.([^=]+)', arg)
-    if match and match.group(2) not in overrides:
-      overrides.append(match.group(2))
-  return config_file, overrides
-
-
-def load_config_file(config_file: str) -> Any:
-  """The config ``FILE[:ARG]`` gives (``get_config(ARG)``), loaded by ``config_flags``
-  (on flags of its own, without overrides)."""
-  argv = ['load_config_file', f'--config={config_file}']
-  flag_values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file(
-      'config', flag_values=flag_values, lock_config=False, sys_argv=argv
-  )
-  flag_values(argv)
-  return holder.value
-
-
-def override_error(argv: Sequence[str], flag: str = 'config') -> Optional[str]:
-  """Why the command line's ``--config.<path>`` overrides do not fit its config file,
-  in one line (:func:`check_overrides`), or None if they all name entries of it
-  (or the file cannot be loaded: its own error says why)."""
-  config_file, overrides = command_line_config(argv, flag)
-  if config_file is None or not overrides:
-    return None
-  try:
-    config = load_config_file(config_file)
-  except Exception:  # pylint: disable=broad-except  # the flag's own error tells
-    return None
-  try:
-    check_overrides(config, overrides, config_file)
-  except ConfigError as e:
-    return str(e)
-  return None
-
-
-def model_name_error(argv: Sequence[str], override_values: Mapping[str, Any]) -> Optional[str]:
-  """One line if the command line changes ``model.name``, else None.
-
-  ``get_config`` filled ``config.model`` with the fields of its own model (its
-  preset's values where the file sets none), before the overrides: a new name
-  would silently keep the old preset's sizes. The config file's argument
-  chooses the model instead (e.g. ``configs/wmt14.py:en-de,big,cp``).
-  """
-  if 'model.name' not in override_values:
-    return None
-  config_file, _ = command_line_config(argv)
-  filled = load_config_file(config_file).model.name
-  name = override_values['model.name']
-  if name == filled:
-    return None
-  return (
-      f'config file {config_file}: override --config.model.name={name} is not allowed: '
-      f'config.model holds the fields of {filled!r} (its preset where the file sets none); '
-      "choose the model with the config file's argument (FILE:ARG) or another config file."
-  )
+def build_model(config: ml_collections.ConfigDict) -> nn.Module:
+  """``models.create(config.model.name, **config.model minus name, dtype, remat)``."""
+  dtype, remat = model_settings(config)
+  overrides = config.model.to_dict()
+  name = overrides.pop('name')
+  return registry.create(name, **overrides, dtype=dtype, remat=remat)
