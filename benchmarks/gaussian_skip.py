@@ -43,7 +43,7 @@ import numpy as np
 from benchmarks import harness
 from contextpool_jax import viz
 from contextpool_jax.layers import context_pool as cp
-from contextpool_jax.training.workdirs import load as load_workdir
+from contextpool_jax.workdirs import load as load_workdir
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'A trained default LM (train.py --config configs/default.py).'

@@ -492,7 +492,8 @@ def workdir_figures(
   # Loading a workdir needs the train extra; this module imports without it.
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import lm_input
-  from contextpool_jax.training import load, tasks
+  from contextpool_jax.training import tasks
+  from contextpool_jax.workdirs import load
 
   model, variables, config = load(workdir, step)
   if not isinstance(tasks.kind_of(config), tasks.LanguageModelKind):

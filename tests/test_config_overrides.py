@@ -23,14 +23,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import default as default_config
-from contextpool_jax import models
+from contextpool_jax import config_fields, models, workdirs
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
-from contextpool_jax import config_fields
 from contextpool_jax.training import checkpoints, command_line, optim, steps, tasks, trainer
 from conftest import REPO, config_cases
 
@@ -407,7 +406,7 @@ def test_the_saved_config_records_every_field_of_a_config_built_in_code(tmp_path
   config.dataset.data_dir = str(tmp_path / 'tfds')
   with pytest.raises(ConfigError, match='softmx'):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
-  saved = json.loads((tmp_path / 'run' / checkpoints.CONFIG_FILE).read_text())['model']
+  saved = json.loads((tmp_path / 'run' / workdirs.CONFIG_FILE).read_text())['model']
   assert set(saved) == set(config_fields.model_fields('cp_transformer_lm')) | {'name'}
   assert set(saved['context_pool']) == set(config_fields.context_pool_fields())
   assert saved['num_layers'] == 1 and saved['num_heads'] == 8  # given; the preset's
@@ -435,7 +434,7 @@ def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
   config = default_config.get_config()
   saved = json.loads(config.to_json_best_effort())
   saved['model'] = _OLD_DEFAULT_MODEL
-  (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps(saved))
+  (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
   checkpoints.check_resume_config(tmp_path, config)  # the same run: no error
   checkpoints.check_resume_config(tmp_path, _parse('configs/default.py'))  # from the CLI
   # A field the old config did not list still counts at its default value.

@@ -18,7 +18,8 @@ from contextpool_jax import config_fields
 from contextpool_jax import sample
 from contextpool_jax import viz
 from contextpool_jax.errors import ArgumentError
-from contextpool_jax.training import WorkdirError, export_params, load, trainer
+from contextpool_jax.training import trainer
+from contextpool_jax.workdirs import WorkdirError, export_params, load
 from test_training import tiny_config  # the small offline LM config
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines

@@ -786,7 +786,7 @@ def test_install_line_is_what_ci_runs():
 
 def test_doctests_are_found():
   names = set(doctests())
-  assert 'contextpool_jax.training.load' in names, names
+  assert 'contextpool_jax.workdirs' in names, names
   assert all(any(b.lang == 'doctest' and b.code == n for b in SESSION + ALONE) for n in names)
 
 

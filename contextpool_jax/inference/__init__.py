@@ -7,5 +7,5 @@
 * :mod:`.cli` -- the command line, ``python -m contextpool_jax.sample``.
 
 Imports need only the core dependencies (jax, flax, numpy); loading a workdir
-(:func:`contextpool_jax.training.load`) needs the train extra.
+(:func:`contextpool_jax.workdirs.load`) needs the train extra.
 """

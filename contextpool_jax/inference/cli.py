@@ -75,7 +75,7 @@ RUNNERS = {'lm': _sample_lm, 'translation': _translate}
 
 def run(flag_values) -> list[str]:
   """What the command line prints, one string per sample/translation."""
-  from contextpool_jax.training import load  # pylint: disable=g-import-not-at-top  # train extra
+  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # train extra
 
   model, variables, config = load(flag_values.workdir, flag_values.step)
   task = config.get('task', 'lm')

@@ -67,7 +67,7 @@ import tqdm
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import config_fields, storage
+from contextpool_jax import config_fields, storage, workdirs
 from contextpool_jax.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
@@ -428,7 +428,7 @@ def _train(
 ) -> dict[str, Any]:
   """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
-  directory = workdir / checkpoints.CHECKPOINTS_DIR
+  directory = workdir / workdirs.CHECKPOINTS_DIR
   with storage.writing(directory):
     manager = checkpoints.manager(
         directory,
@@ -442,7 +442,7 @@ def _train(
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
     if is_main:
-      checkpoints.write_config(workdir, config)
+      workdirs.write_config(workdir, config)
     setup = _set_up(config, run, workdir)
     start, state = _initial_state(setup, run, manager, saver, directory)
     profiler = profiling.StepProfiler(profile, workdir, start, run.num_train_steps)
