@@ -98,7 +98,7 @@ def test_context_pool_decode_needs_causal():
 # ----------------------------------------------------------------------------
 
 from contextpool_jax.models import transformer as T  # pylint: disable=g-import-not-at-top
-from contextpool_jax.training import decoding  # pylint: disable=g-import-not-at-top
+from contextpool_jax.inference import decoding  # pylint: disable=g-import-not-at-top
 
 TINY = dict(vocab_size=13, num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
 MODEL_CASES = {

@@ -272,7 +272,7 @@ def translation_workdir(tmp_path_factory):
 
 
 def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
-  from contextpool_jax.training import decoding
+  from contextpool_jax.inference import decoding
 
   model, variables, config = load(translation_workdir)
   vocab = sample.load_vocab(translation_workdir, config)

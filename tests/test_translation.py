@@ -25,9 +25,9 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.data import translation_input as ti
+from contextpool_jax.inference import decoding
 from contextpool_jax.models import transformer as T
 from contextpool_jax.training import bleu
-from contextpool_jax.training import decoding
 
 EN = 'the a house cat dog is small big green red sees runs and old new'.split()
 DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
