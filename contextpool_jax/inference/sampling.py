@@ -1,7 +1,7 @@
 """Sampling text from a trained byte-level language model.
 
 The command line (``python -m contextpool_jax.sample``) is
-:mod:`contextpool_jax.inference.cli`; translation is
+:mod:`contextpool_jax.sample`; translation is
 :mod:`contextpool_jax.inference.translation`.
 
 Language models (byte-level: the prompt is UTF-8 encoded,
