@@ -46,6 +46,7 @@ def _parse(config_file, overrides=()):
   argv = ['train.py', f'--config={config_file}', *(f'--config.{k}={v}' for k, v in overrides)]
   flag_values = flags.FlagValues()
   holder = config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  flag_values['config'].parser = command_line.ConfigFileParser()
   flag_values(argv)
   return holder.value
 

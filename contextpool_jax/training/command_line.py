@@ -1,5 +1,6 @@
-"""``train.py``'s config: a config file loaded and completed, and one line for an
-override that does not fit it.
+"""``train.py``'s config: a config file loaded and completed before the overrides
+(:class:`ConfigFileParser`, :func:`load_config_file`), and one line for an override
+that does not fit it.
 
 :func:`check_overrides` explains an override of a key the config does not have in
 one line (the key, the config file, the closest keys); :func:`model_name_error`
@@ -9,6 +10,8 @@ refuses a new ``model.name`` (the config's model fields are those of its own mod
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import pathlib
 import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -16,6 +19,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from contextpool_jax import config_fields
 from contextpool_jax.config_fields import NOT_OFFERED
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
@@ -93,16 +97,45 @@ def command_line_config(
   return config_file, overrides
 
 
-def load_config_file(config_file: str) -> Any:
-  """The config ``FILE[:ARG]`` gives (``get_config(ARG)``), loaded by ``config_flags``
-  (on flags of its own, without overrides)."""
-  argv = ['load_config_file', f'--config={config_file}']
-  flag_values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file(
-      'config', flag_values=flag_values, lock_config=False, sys_argv=argv
-  )
-  flag_values(argv)
-  return holder.value
+def load_config_file(config_file: str) -> ml_collections.ConfigDict:
+  """The config ``FILE[:ARG]`` gives (its ``get_config(ARG)``), completed
+  (:func:`~contextpool_jax.config_fields.complete`): what the command line's
+  ``--config.<path>`` overrides apply to, so that they reach every field of the model.
+
+  Raises:
+    ConfigError: the file does not exist, has no ``get_config``, or its
+      ``get_config`` raised a ValueError (a bad argument: its message says which).
+  """
+  path, has_argument, argument = config_file.partition(':')
+  spec = importlib.util.spec_from_file_location('config_file', path)
+  if spec is None or not pathlib.Path(path).is_file():
+    raise ConfigError(f'config file {config_file}: {path} is not a Python file.')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, 'get_config', None)):
+    raise ConfigError(f'config file {config_file}: {path} defines no get_config().')
+  try:
+    config = module.get_config(argument) if has_argument else module.get_config()
+  except ConfigError:
+    raise
+  except ValueError as e:  # the file's own check of its argument
+    raise ConfigError(str(e)) from e
+  return config_fields.complete(config)
+
+
+class ConfigFileParser(flags.ArgumentParser):
+  """The parser of ``train.py``'s ``--config=FILE[:ARG]``: the file's config completed
+  (:func:`load_config_file`) and locked, before ``config_flags`` applies the
+  ``--config.<path>`` overrides. Set it on a ``config_flags.DEFINE_config_file`` flag:
+  ``flag_values['config'].parser = ConfigFileParser()``."""
+
+  def parse(self, argument: str) -> ml_collections.ConfigDict:
+    config = load_config_file(argument)
+    config.lock()
+    return config
+
+  def flag_type(self) -> str:
+    return 'config file'
 
 
 def override_error(argv: Sequence[str], flag: str = 'config') -> Optional[str]:
@@ -126,8 +159,8 @@ def override_error(argv: Sequence[str], flag: str = 'config') -> Optional[str]:
 def model_name_error(argv: Sequence[str], override_values: Mapping[str, Any]) -> Optional[str]:
   """One line if the command line changes ``model.name``, else None.
 
-  ``get_config`` filled ``config.model`` with the fields of its own model (its
-  preset's values where the file sets none), before the overrides: a new name
+  :func:`load_config_file` filled ``config.model`` with the fields of its own model
+  (its preset's values where the file sets none), before the overrides: a new name
   would silently keep the old preset's sizes. The config file's argument
   chooses the model instead (e.g. ``configs/wmt14.py:en-de,big,cp``).
   """
