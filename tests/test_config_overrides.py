@@ -248,7 +248,7 @@ def test_a_field_is_offered_unless_the_trainer_or_the_model_sets_it(name):
 
 
 def test_defaults_come_from_the_modules():
-  config = default_config.get_config()
+  config = _parse('configs/default.py')
   pool_defaults = ContextPool()
   for field in config_fields.context_pool_fields():
     assert config.model.context_pool[field] == getattr(pool_defaults, field), field
@@ -258,9 +258,7 @@ def test_defaults_come_from_the_modules():
   for field in set(config_fields.model_fields('cp_transformer_lm')) - listed:
     assert config.model[field] == getattr(lm, field), field
   # A preset's values, not the class defaults: the base NMT Transformer's sizes.
-  from configs import wmt14  # pylint: disable=g-import-not-at-top
-
-  big = wmt14.get_config('en-de,big,standard')
+  big = _parse('configs/wmt14.py:en-de,big,standard')
   assert (big.model.num_layers, big.model.emb_dim, big.model.num_heads) == (6, 1024, 16)
 
 
