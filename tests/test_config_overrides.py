@@ -430,7 +430,7 @@ _OLD_DEFAULT_MODEL = dict(
 
 @pytest.mark.slow
 def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
-  config = default_config.get_config()
+  config = config_fields.complete(default_config.get_config())  # as the trainer has it
   saved = json.loads(config.to_json_best_effort())
   saved['model'] = _OLD_DEFAULT_MODEL
   (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))

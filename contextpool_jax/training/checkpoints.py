@@ -131,10 +131,10 @@ def config_differences(
 
 
 def _completed(saved: dict) -> dict:
-  """A saved config with its ``model`` completed as a config is
+  """A saved config with its ``model``'s absent fields at their defaults
   (:func:`config_fields.complete_model`), in JSON form: a ``config.json`` written
-  before its model's fields were filled in compares on the values that run used
-  (the fields' defaults), not as absent."""
+  before a field existed (or before the fields were filled in) compares on the values
+  that run used (the fields' defaults), not as absent."""
   model = saved.get('model')
   if not isinstance(model, dict):
     return saved
@@ -156,9 +156,10 @@ def _loss_scale_difference(saved: dict, config: ml_collections.ConfigDict) -> li
 
 
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``
-  (both with every model field, :mod:`config_fields`) or in whether ``dtype`` is
-  float16 (:func:`_loss_scale_difference`)."""
+  """Raises CheckpointError if ``config`` (the trainer's, with every model field:
+  :func:`config_fields.complete`) differs from the saved one in ``RESUME_KEYS`` (its
+  absent model fields at their defaults: :func:`_completed`) or in whether ``dtype``
+  is float16 (:func:`_loss_scale_difference`)."""
   path = workdir / workdirs.CONFIG_FILE
   if not path.exists():
     return
@@ -169,7 +170,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
         f'{path} is not valid JSON ({e}); it records the config the '
         f'checkpoints in {workdir / workdirs.CHECKPOINTS_DIR} were trained with.'
     ) from e
-  diffs = config_differences(_completed(saved), config_fields.complete(config))
+  diffs = config_differences(_completed(saved), config)
   diffs += _loss_scale_difference(saved, config)
   if diffs:
     raise CheckpointError(
