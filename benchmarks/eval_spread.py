@@ -47,7 +47,7 @@ def _scorer(workdir: str, split: str):
   model, variables, config = load(workdir)
   objective = tasks.make_objective(config)
   spec = lm_input.resolve_spec(config)
-  corpus = lm_input.load_split(config, split)
+  corpus = lm_input.load_split(spec, split)
 
   @jax.jit
   def sums(batch):

@@ -91,7 +91,7 @@ def _windows(
 def validation_windows(config, max_bytes: int) -> np.ndarray:
   """The non-overlapping full windows ``[w, seq_len + 1]`` of the first
   ``max_bytes`` of the validation split (the study's ``eval_max_bytes``)."""
-  split = lm_input.load_split(config, 'validation')
+  split = lm_input.load_split(lm_input.resolve_spec(config), 'validation')
   n = config.dataset.seq_len
   usable = min(len(split), max_bytes)
   return _windows(split, np.arange(0, usable - n - 1 + 1, n), n)
@@ -99,7 +99,7 @@ def validation_windows(config, max_bytes: int) -> np.ndarray:
 
 def training_windows(config) -> np.ndarray:
   """:data:`GRAD_WINDOWS` training windows at seeded offsets (the same for every run)."""
-  split = lm_input.load_split(config, 'train')
+  split = lm_input.load_split(lm_input.resolve_spec(config), 'train')
   n = config.dataset.seq_len
   rng = np.random.default_rng(GRAD_SEED)
   return _windows(split, np.sort(rng.integers(0, len(split) - n - 1, GRAD_WINDOWS)), n)

@@ -261,7 +261,9 @@ def translation_workdir(tmp_path_factory):
   (root / 'config.json').write_text(config.to_json_best_effort(indent=2))
   rng = np.random.default_rng(0)
   sentences = [' '.join(rng.choice(w, 6)) for _ in range(200) for w in (EN, DE)]
-  (root / ti.vocab_filename(config)).write_bytes(ti.train_sentencepiece(sentences, vocab_size=48))
+  (root / ti.vocab_filename(ti.resolve_spec(config))).write_bytes(
+      ti.train_sentencepiece(sentences, vocab_size=48)
+  )
   model = config_fields.build_model(config)
   ids = jnp.ones((1, 8), jnp.int32)
   params = model.init(jax.random.key(0), ids, ids)['params']

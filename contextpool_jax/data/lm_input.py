@@ -6,7 +6,9 @@ batches are ``{'tokens': int32 [b, n + 1], 'weights': float32 [b, n]}`` with
 byte values 0..255 as tokens (vocabulary :data:`VOCAB_SIZE` = 256).
 
 Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
-``config.dataset`` with these defaults):
+``config.dataset`` with these defaults), read and checked once by
+:func:`resolve_spec` into an :class:`LMDataSpec`, which every pipeline function
+receives (never the config):
 
 * ``config.seed`` (int): seeds the training order (shuffle and window phase).
 * ``config.batch_size`` (int): global training batch size; each of the
@@ -149,7 +151,8 @@ def bits_per_byte(nll_sum_nats, count):
 
 @dataclasses.dataclass(frozen=True)
 class LMDataSpec:
-  """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated."""
+  """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated
+  (``batch_size`` is checked against the process count where it is divided)."""
 
   name: str
   data_dir: Optional[str]
@@ -169,6 +172,7 @@ class LMDataSpec:
   read_threads: int
   prefetch: int
   seed: int  # config.seed as 64 bits
+  batch_size: Any = None  # config.batch_size: global training rows
 
   @property
   def builder_kwargs(self) -> dict[str, Any]:
@@ -269,6 +273,7 @@ def resolve_spec(config) -> LMDataSpec:
       ),
       prefetch=config_readers.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
       seed=config_readers.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
+      batch_size=config_readers.lookup(config, 'batch_size', None),
   )
 
 
@@ -311,16 +316,12 @@ def _check_splits(spec: LMDataSpec, sizes: Mapping[str, int]) -> None:
       )
 
 
-def load_split(config, split: str) -> text_builders.ByteSplit:
-  """Prepares ``config.dataset`` if needed; returns one split's bytes.
+def load_split(spec: LMDataSpec, split: str) -> text_builders.ByteSplit:
+  """Prepares the dataset of ``spec`` if needed; returns one split's bytes.
 
   Checks every split first (:func:`_check_splits`), so bad data or settings
   fail here, whichever split is asked for.
   """
-  return _load_split(resolve_spec(config), split)
-
-
-def _load_split(spec: LMDataSpec, split: str) -> text_builders.ByteSplit:
   if split not in EVAL_SPLITS:
     raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
   sources = _prepare(spec)
@@ -369,7 +370,7 @@ class _TrainWindow:
 
 
 def train_window_starts(
-    config, num_bytes: int, *, process_index: int = 0, process_count: int = 1
+    spec: LMDataSpec, num_bytes: int, *, process_index: int = 0, process_count: int = 1
 ) -> grain.MapDataset:
   """The start offsets of this process's training windows, in order.
 
@@ -377,7 +378,7 @@ def train_window_starts(
   for inspection and tests.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  ds, fn = _train_index_dataset(resolve_spec(config), num_bytes, None, process_index, process_count)
+  ds, fn = _train_index_dataset(spec, num_bytes, None, process_index, process_count)
   return ds.map(fn.start_of)
 
 
@@ -395,19 +396,20 @@ def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index, pro
   return ds, window
 
 
-def make_train_dataset(config, *, process_index: int, process_count: int) -> grain.IterDataset:
+def make_train_dataset(
+    spec: LMDataSpec, *, process_index: int, process_count: int
+) -> grain.IterDataset:
   """Infinite per-process training batches (see the module docstring).
 
   Returns:
     A ``grain.IterDataset`` of ``{'tokens': int32 [b, seq_len + 1],
     'weights': float32 [b, seq_len] (all ones)}`` with
-    ``b = config.batch_size // process_count``; its iterator's
+    ``b = spec.batch_size // process_count``; its iterator's
     ``get_state()``/``set_state()`` restore the exact position.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  rows = config_readers.per_process(config, 'batch_size', process_count)
-  spec = resolve_spec(config)
-  corpus = _load_split(spec, 'train')
+  rows = config_readers.share(spec.batch_size, process_count, 'batch_size')
+  corpus = load_split(spec, 'train')
   ds, window = _train_index_dataset(spec, len(corpus), corpus, process_index, process_count)
   ds = ds.map(window)
   ds = ds.batch(rows, drop_remainder=True)
@@ -504,7 +506,9 @@ class EvalBatches:
     return iter(self._batches.to_iter_dataset(self._read_options))
 
 
-def make_eval_batches(config, split: str, *, process_index: int, process_count: int) -> EvalBatches:
+def make_eval_batches(
+    spec: LMDataSpec, split: str, *, process_index: int, process_count: int
+) -> EvalBatches:
   """Per-process BPC evaluation batches of ``split`` (module docstring).
 
   Every process yields the same number of batches, each
@@ -513,9 +517,8 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  config_readers.per_process(config, 'dataset.eval_batch_size', process_count)
-  spec = resolve_spec(config)
-  corpus = _load_split(spec, split)
+  config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
+  corpus = load_split(spec, split)
   num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
   return corpus_eval_batches(spec, corpus, num_bytes, process_index, process_count)
 

@@ -24,18 +24,18 @@ Array = jax.Array
 def load_vocab(workdir, config):
   """The SentencePiece model a translation workdir trained with (never trains one).
 
-  ``config.dataset.vocab_path`` if set, else ``<workdir>/<vocab_filename(config)>``.
+  ``config.dataset.vocab_path`` if set, else ``<workdir>/<vocab_filename(spec)>``.
   For an export (``export_params``) pass ``vocab_path`` in the config or copy the
   ``.model`` file next to it.
   """
   # The data modules need the train extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
-  explicit = translation_input.resolve_spec(config).vocab_path
+  spec = translation_input.resolve_spec(config)
   path = (
-      pathlib.Path(explicit)
-      if explicit
-      else pathlib.Path(workdir) / translation_input.vocab_filename(config)
+      pathlib.Path(spec.vocab_path)
+      if spec.vocab_path
+      else pathlib.Path(workdir) / translation_input.vocab_filename(spec)
   )
   if not path.is_file():
     raise FileNotFoundError(

@@ -65,14 +65,14 @@ class DataPipeline:
   def train_dataset(self, process_index: int, process_count: int):
     """This process's infinite training batches (a grain dataset with state)."""
     return self.data_module.make_train_dataset(
-        self.config, process_index=process_index, process_count=process_count
+        self.spec, process_index=process_index, process_count=process_count
     )
 
   def eval_batches(self, split: str, process_index: int, process_count: int) -> Iterable[dict]:
     """This process's evaluation batches of ``split`` (padded, the same number on
     every process)."""
     return self.data_module.make_eval_batches(
-        self.config, split, process_index=process_index, process_count=process_count
+        self.spec, split, process_index=process_index, process_count=process_count
     )
 
   def init_batch(self) -> dict[str, np.ndarray]:
@@ -86,7 +86,7 @@ class LanguageModelData(DataPipeline):
   data_module = lm_input
 
   def prepare(self):
-    lm_input.load_split(self.config, 'train')  # prepares and checks every split
+    lm_input.load_split(self.spec, 'train')  # prepares and checks every split
 
   def init_batch(self):
     n = self.spec.seq_len
@@ -101,14 +101,14 @@ class TranslationData(DataPipeline):
 
   @functools.cached_property
   def vocab(self):
-    return translation_input.get_vocab(self.config, self.workdir)
+    return translation_input.get_vocab(self.spec, self.workdir)
 
   def prepare(self):
     self.vocab  # trains the SentencePiece model into the workdir if it is not there
 
   def train_dataset(self, process_index, process_count):
     return translation_input.make_train_dataset(
-        self.config,
+        self.spec,
         process_index=process_index,
         process_count=process_count,
         vocab=self.vocab,
@@ -117,7 +117,7 @@ class TranslationData(DataPipeline):
 
   def eval_batches(self, split, process_index, process_count):
     return translation_input.make_eval_batches(
-        self.config,
+        self.spec,
         split,
         process_index=process_index,
         process_count=process_count,
