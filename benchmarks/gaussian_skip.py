@@ -42,6 +42,7 @@ import numpy as np
 
 from benchmarks import harness
 from contextpool_jax import viz
+from contextpool_jax.inference import sampling
 from contextpool_jax.layers import context_pool as cp
 from contextpool_jax.workdirs import load as load_workdir
 
@@ -77,7 +78,7 @@ def learned_sizes(workdir: str, windows: int) -> tuple[dict[str, dict[str, np.nd
   context = config.dataset.seq_len
   pool = dict(config.model.context_pool or {})
   ratio = pool.get('ratio') or cp.DEFAULT_RATIO[1]
-  if not pool.get('causal', True) and config.task != 'lm':
+  if not sampling.is_language_model(model):
     raise ValueError('benchmarks.gaussian_skip needs a causal LM workdir (configs/default.py).')
   text = _inspect_module.getsource(_inspect_module)
   out: dict[str, dict[str, list[np.ndarray]]] = {}

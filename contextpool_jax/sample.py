@@ -9,9 +9,9 @@ with them.
 Other flags: ``--step N`` (a checkpoint; default the latest); translation: ``--sentence`` once
 per sentence, ``--alpha 0.6`` (length penalty), ``--max_len 0`` (0: the config's).
 
-What a workdir gets is decided by its ``config.task``, through :data:`RUNNERS`
-(language models: :func:`~contextpool_jax.inference.sampling.sample_text`;
-translation: :func:`~contextpool_jax.inference.translation.translate`).
+What a workdir gets is decided by the model it holds (:func:`runner`), not by its
+config: a language model gets :func:`~contextpool_jax.inference.sampling.sample_text`,
+an encoder-decoder :func:`~contextpool_jax.inference.translation.translate`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 
 from contextpool_jax.errors import ArgumentError, ContextPoolJaxError
 from contextpool_jax.inference import decoding
-from contextpool_jax.inference.sampling import sample_text
+from contextpool_jax.inference.sampling import is_language_model, sample_text
 from contextpool_jax.inference.translation import load_vocab, translate
 
 # absl (flags, app) and the workdir loader come with the train extra; they are
@@ -31,7 +31,7 @@ def _sample_lm(flag_values, model, variables, config) -> list[str]:
   if flag_values.sentence:
     raise ArgumentError(
         f'--sentence is for translation workdirs; {flag_values.workdir} is a '
-        'language model (config.task=lm): use --prompt.'
+        'language model: use --prompt.'
     )
   if flag_values.prompt is None:
     raise ArgumentError(
@@ -69,8 +69,14 @@ def _translate(flag_values, model, variables, config) -> list[str]:
   )
 
 
-# config.task -> what the command line does with such a workdir.
-RUNNERS = {'lm': _sample_lm, 'translation': _translate}
+def runner(model):
+  """What the command line does with a workdir's model: translate with an
+  encoder-decoder, sample text from a language model; None for any other model."""
+  if decoding.is_encoder_decoder(model):
+    return _translate
+  if is_language_model(model):
+    return _sample_lm
+  return None
 
 
 def run(flag_values) -> list[str]:
@@ -78,13 +84,14 @@ def run(flag_values) -> list[str]:
   from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # train extra
 
   model, variables, config = load(flag_values.workdir, flag_values.step)
-  task = config.get('task', 'lm')
-  if task not in RUNNERS:
+  run_model = runner(model)
+  if run_model is None:
     raise ArgumentError(
-        f'{flag_values.workdir} has config.task={task!r}; sampling supports '
-        "'lm' (text) and 'translation' workdirs."
+        f'{flag_values.workdir} holds a {type(model).__name__} (config.model.name='
+        f'{config.model.name!r}); sampling supports language models (text) and '
+        'encoder-decoder translation models.'
     )
-  return RUNNERS[task](flag_values, model, variables, config)
+  return run_model(flag_values, model, variables, config)
 
 
 def main(argv):

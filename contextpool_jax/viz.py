@@ -492,14 +492,15 @@ def workdir_figures(
   # Loading a workdir needs the train extra; this module imports without it.
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import lm_input
-  from contextpool_jax.training import tasks
+  from contextpool_jax.inference import sampling
   from contextpool_jax.workdirs import load
 
   model, variables, config = load(workdir, step)
-  if not isinstance(tasks.kind_of(config), tasks.LanguageModelKind):
+  if not sampling.is_language_model(model):
     raise ValueError(
-        f'{workdir} has config.task={config.task!r}; the command line draws '
-        "language-model workdirs ('lm'). For images use plot_pool_grid."
+        f'{workdir} holds a {type(model).__name__} (config.model.name='
+        f'{config.model.name!r}); the command line draws language-model workdirs. '
+        'For images use plot_pool_grid.'
     )
   labels, pools = lm_pools(model, variables, text, context=lm_input.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}

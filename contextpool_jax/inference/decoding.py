@@ -87,6 +87,12 @@ BEAM_SIZE = 4
 BEAM_ALPHA = 0.6
 
 
+def is_encoder_decoder(model) -> bool:
+  """Whether ``model`` has the interface these decoders use: ``encode`` and ``decode``
+  methods (the translation Transformer)."""
+  return callable(getattr(model, 'encode', None)) and callable(getattr(model, 'decode', None))
+
+
 def length_penalty(length, alpha: float):
   """GNMT length penalty ``((5 + length) / 6) ** alpha``."""
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha

@@ -40,6 +40,12 @@ from contextpool_jax.inference import decoding
 Array = jax.Array
 
 
+def is_language_model(model) -> bool:
+  """Whether ``model`` is a language model these samplers continue: a token model
+  (``vocab_size``) without an encoder, called on the tokens alone (``TransformerLM``)."""
+  return hasattr(model, 'vocab_size') and not decoding.is_encoder_decoder(model)
+
+
 def next_token_logits(model, variables: dict, window: Array, position: Array) -> Array:
   """float32 logits ``[batch, vocab]`` predicting the token after ``window[:, position]``.
 

@@ -18,16 +18,14 @@ import ml_collections
 
 from contextpool_jax import config_fields, config_readers
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import runlock, sharding
-
-TASKS = ('lm', 'translation', 'classification')
+from contextpool_jax.training import runlock, sharding, tasks
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """What the loop needs from the top level of a config (see ``configs/common.py``)."""
+  """What the loop needs from the top level of a config (see ``configs/common.py``).
+  ``config.task`` is the task registry's (:func:`tasks.kind_of` checks it)."""
 
-  task: str
   seed: int
   num_train_steps: int
   batch_size: int  # global, over all processes and devices
@@ -71,8 +69,8 @@ def resolve_spec(
   splits = (splits,) if isinstance(splits, str) else tuple(splits)
   if not splits or not all(isinstance(s, str) and s for s in splits):
     raise ConfigError(f'config.eval_splits={splits!r} is invalid; expected split names.')
+  tasks.kind_of(config)  # an unknown task: ConfigError naming the kinds
   spec = RunSpec(
-      task=config_readers.read_choice(config, 'task', TASKS),
       seed=config_readers.read_int(config, 'seed', minimum=-(2**63)),
       num_train_steps=read_int('num_train_steps'),
       batch_size=read_int('batch_size'),
