@@ -32,7 +32,7 @@ results up to float rounding (tests/test_decoding_cache.py):
   for the segment's width (:func:`cache_prefix`): a step before ``width``
   reads ``width`` cached positions, not ``max_len``, so the whole decode
   reads about 2/3 of what one ``max_len`` segment would (a decision,
-  measured in ``benchmarks/results/decoding_cpu.md``). This needs the one
+  measured in ``benchmarks/results/decoding_speed_cpu.md``). This needs the one
   property every cache here has: the cache for ``w`` positions is the
   leading slice of the cache for ``max_len >= w`` (positions stored at their
   index, tables computed per row); tests/test_decoding_cache.py checks it.
