@@ -20,15 +20,14 @@ import ml_collections
 from ml_collections import config_flags
 
 from contextpool_jax import config_fields
-from contextpool_jax.config_fields import NOT_OFFERED
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 
 
 def _not_offered(where: str, key: str) -> Optional[str]:
   """Why a model (or ContextPool) field is not a config entry, or None."""
-  if where == 'config.model' and key in NOT_OFFERED:
-    return NOT_OFFERED[key]
+  if where == 'config.model' and key in config_fields.NOT_OFFERED:
+    return config_fields.NOT_OFFERED[key]
   if where == 'config.model.context_pool' and key in CONTEXT_POOL_MODEL_FIELDS:
     return (
         'the model that inserts ContextPool sets it (a decoder causal=True and decode, a '
@@ -44,7 +43,7 @@ def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> 
   for ``--config.model.context_pool.ratio=...``). The one-line message names the
   override, the config file and the closest keys at the level where the path
   leaves the config (all of its keys when none is close), or why a model field
-  is not an entry (:data:`NOT_OFFERED`, ``CONTEXT_POOL_MODEL_FIELDS``).
+  is not an entry (:data:`~contextpool_jax.config_fields.NOT_OFFERED`, ``CONTEXT_POOL_MODEL_FIELDS``).
   """
   for path in overrides:
     node, where = config, 'config'

@@ -1,8 +1,8 @@
 """The task registry: each kind of experiment (``config.task``) and everything it decides.
 
 ``make_task(config, workdir)`` returns a :class:`Task`: the model from the
-registry (:func:`contextpool_jax.config_fields.build_model`), the :class:`TaskKind` of ``config.task`` and
-what that kind builds from its resolved settings:
+registry (:func:`contextpool_jax.config_fields.build_model`), the :class:`TaskKind`
+of ``config.task`` and what that kind builds from its resolved settings:
 
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
   which never see the data pipeline;
@@ -12,9 +12,10 @@ what that kind builds from its resolved settings:
   the loop runs besides training (:mod:`contextpool_jax.training.evaluators`).
 
 This module is the one place that tells the kinds apart (:data:`KINDS`,
-keyed by ``config.task``); nothing else compares ``config.task``. A new kind
-of experiment is a :class:`TaskKind` here (an objective, a pipeline over its
-data module, its evaluators), not a change to the loop. Log hooks ask the
+keyed by ``config.task``); nothing else in the repository decides by
+``config.task`` (``tests/test_code_shape.py``). A new kind of experiment is a
+:class:`TaskKind` here (an objective, a pipeline over its data module, its
+evaluators), not a change to the loop. Log hooks ask the
 built model what it contains (:func:`has_context_pool`), never the config.
 """
 
