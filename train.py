@@ -60,9 +60,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   The config file's config is completed (every field of its model, with its
   default: ``command_line.load_config_file``), then config_flags applies the
   ``--config.<path>`` overrides while parsing; a path the config does not have
-  ends there in a traceback (KeyError / AttributeError / ValueError), which becomes ``error: config file F: unknown override
-  --config.<path>; did you mean: ...?``. Changing ``model.name`` is refused: the
-  config's model fields were filled in for its own model.
+  ends there in a traceback (KeyError / AttributeError / ValueError), which
+  becomes ``error: config file F: unknown override --config.<path>; did you mean:
+  ...?``. Changing ``model.name`` is refused: the config's model fields were
+  filled in for its own model.
   """
   # Importing the package touches no JAX backend: that waits for main, after JAX's
   # distributed runtime is up.

@@ -17,7 +17,6 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
 
 from contextpool_jax import config_fields
 from contextpool_jax.errors import ConfigError
@@ -43,7 +42,8 @@ def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> 
   for ``--config.model.context_pool.ratio=...``). The one-line message names the
   override, the config file and the closest keys at the level where the path
   leaves the config (all of its keys when none is close), or why a model field
-  is not an entry (:data:`~contextpool_jax.config_fields.NOT_OFFERED`, ``CONTEXT_POOL_MODEL_FIELDS``).
+  is not an entry (:data:`~contextpool_jax.config_fields.NOT_OFFERED`,
+  ``CONTEXT_POOL_MODEL_FIELDS``).
   """
   for path in overrides:
     node, where = config, 'config'

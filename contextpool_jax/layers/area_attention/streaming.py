@@ -1,5 +1,6 @@
-"""Streaming AreaAttention (``decode=True``, incremental decoding): the cache of causal self-attention and its one-query step, and the cached
-memory of cross-attention."""
+"""Streaming AreaAttention (``decode=True``, incremental decoding): the cache of
+causal self-attention and its one-query step, and the cached memory of
+cross-attention."""
 
 from __future__ import annotations
 
