@@ -39,7 +39,7 @@ def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path,
     run = tmp_path / ablation_default.run_name(variant, seed, None)
     run.mkdir()
     record = dict(
-        variant=variant, seed=seed, learning_rate=2e-3, steps=5, val_bpc=value, train_loss=1.0
+        variant=variant, seed=seed, learning_rate=2e-3, steps=5, val_bpc_whole=value, train_loss=1.0
     )
     (run / 'result.json').write_text(json.dumps(record))
   monkeypatch.setattr(
