@@ -81,15 +81,16 @@ def slice_bpc(workdir: str, slice_bytes: list[int]) -> dict[int, list[float]]:
   return out
 
 
-def report(workdir: str, bpcs: dict[int, list[float]]) -> str:
-  whole = max(bpcs)
+def paired_slices(mine: dict[int, list[float]], other: dict[int, list[float]]):
+  """Per slice size, the slices' BPC differences ``mine - other`` (the same slices)."""
+  return {size: [a - b for a, b in zip(mine[size], other[size])] for size in mine}
+
+
+def _table(title: str, bpcs: dict[int, list[float]]) -> list[str]:
   lines = [
-      '# Validation BPC over disjoint slices of the validation split',
+      title,
       '',
-      f'`python -m benchmarks.eval_spread --workdir {workdir}`: one trained model, its'
-      f' validation split ({whole:,} bytes) cut into disjoint slices, each scored alone.',
-      '',
-      '| slice (bytes) | slices | mean BPC | std | min | max |',
+      '| slice (bytes) | slices | mean | std | min | max |',
       '| ---: | ---: | ---: | ---: | ---: | ---: |',
   ]
   for size, values in sorted(bpcs.items()):
@@ -98,6 +99,32 @@ def report(workdir: str, bpcs: dict[int, list[float]]) -> str:
         f'| {size:,} | {len(values)} | {statistics.mean(values):.3f} | {std} |'
         f' {min(values):.3f} | {max(values):.3f} |'
     )
+  return lines
+
+
+def report(workdir: str, bpcs: dict[int, list[float]], against=None) -> str:
+  """The slices' BPC; with ``against`` (``(workdir, bpcs)`` of a second model),
+  also the slices' paired differences, the noise a comparison on S bytes carries."""
+  whole = max(bpcs)
+  command = f'python -m benchmarks.eval_spread --workdir {workdir}'
+  if against:
+    command += f' --against {against[0]}'
+  lines = [
+      '# Validation BPC over disjoint slices of the validation split',
+      '',
+      f'`{command}`: a trained model, its validation split ({whole:,} bytes) cut into disjoint'
+      ' slices, each scored alone.',
+      '',
+      *_table(f'BPC of `{workdir}`:', bpcs),
+  ]
+  if against:
+    lines += [
+        '',
+        *_table(
+            f'BPC of `{workdir}` minus that of `{against[0]}` on the same slices:',
+            paired_slices(bpcs, against[1]),
+        ),
+    ]
   return '\n'.join(lines) + '\n'
 
 
@@ -109,7 +136,8 @@ def main(argv):
     sys.path.insert(0, str(ROOT))
   sizes = sorted({int(s) for s in FLAGS.slice_bytes} | {0})
   bpcs = slice_bpc(FLAGS.workdir, sizes)
-  text = report(FLAGS.workdir, bpcs)
+  against = FLAGS.against and (FLAGS.against, slice_bpc(FLAGS.against, sizes))
+  text = report(FLAGS.workdir, bpcs, against)
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'eval_spread.md').write_text(text)
@@ -127,6 +155,7 @@ def define_flags() -> None:
       'slice_bytes', ['16384', '32768', '65536'], 'Slice lengths in bytes (0 = the whole split).'
   )
   flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
+  flags.DEFINE_string('against', None, "A second LM workdir: also the slices' differences.")
 
 
 if __name__ == '__main__':

@@ -26,7 +26,13 @@ release = version = contextpool_jax.__version__
 extensions = ['myst_parser', 'sphinx.ext.autodoc', 'sphinx.ext.napoleon']
 root_doc = 'docs/index'
 source_suffix = {'.rst': 'restructuredtext', '.md': 'markdown'}
-include_patterns = ['README.md', 'CONTRIBUTING.md', 'docs/**', 'benchmarks/results/*.md']
+include_patterns = [
+    'README.md',
+    'CONTRIBUTING.md',
+    'docs/**',
+    'benchmarks/results/*.md',
+    'benchmarks/results/archive_contiguous_split/*.md',
+]
 exclude_patterns = ['docs/_build/**']
 
 # Headings get GitHub's anchors, so `page.md#a-heading` works on GitHub and here.

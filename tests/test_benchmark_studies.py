@@ -39,7 +39,7 @@ def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path,
     run = tmp_path / ablation_default.run_name(variant, seed, None)
     run.mkdir()
     record = dict(
-        variant=variant, seed=seed, learning_rate=2e-3, steps=5, val_bpc=value, train_loss=1.0
+        variant=variant, seed=seed, learning_rate=2e-3, steps=5, val_bpc_whole=value, train_loss=1.0
     )
     (run / 'result.json').write_text(json.dumps(record))
   monkeypatch.setattr(
@@ -64,6 +64,9 @@ def test_eval_spread_slices_read_their_own_bytes():
   assert len(view) == 5 and view.read(1, 3) == [11, 12]
   md = eval_spread.report('w', {100: [1.0, 1.2], 200: [1.1]})
   assert '| 100 | 2 | 1.100 | 0.141 | 1.000 | 1.200 |' in md and '| 200 | 1 | 1.100 | - |' in md
+  # Against a second model: the differences on the same slices.
+  md = eval_spread.report('w', {100: [1.0, 1.2], 200: [1.1]}, ('v', {100: [0.9, 1.0], 200: [0.95]}))
+  assert '| 100 | 2 | 0.150 | 0.071 | 0.100 | 0.200 |' in md and 'minus that of `v`' in md
 
 
 def test_corpus_splits_stray_is_the_largest_share_ratio_of_a_large_folder():
