@@ -35,6 +35,16 @@ The bare step is timed over ``P - 2L`` steps, as many as the first window.
 Reported: the medians over the repeats, and each ratio ``loop / bare`` as the
 median of the per-repeat ratios (each pairs runs made under the same load).
 
+Both in wall time and in the process's CPU time (``time.process_time``: all
+its threads, the host's Python work included). On a shared machine the wall
+time of a step moves with the other jobs' load (+-15% between log intervals
+of one run here), so a few percent of overhead cannot be read from it; the CPU
+time a step costs moves much less. The loop's CPU clock is read by a metric
+writer registered for the run (``config.writers`` plus ``'loop_clock'``),
+called at each log line right after the trainer's own clock; it misses only
+time the process spends idle (the devices waiting for the host), which the
+wall-time ratio includes.
+
 Usage:
   python -m benchmarks.loop_overhead [--config configs/default.py] [--repeats 3]
       [--out benchmarks/results/loop_overhead_cpu.md] [--set dataset.data_dir=/tmp/tfds ...]
@@ -56,6 +66,46 @@ from typing import Any, Callable
 import ml_collections
 
 CANDIDATES = ('bare', 'loop', 'loop+eval+ckpt')
+CLOCK_WRITER = 'loop_clock'
+
+
+class ClockWriter:
+  """A metric writer that only notes ``(step, wall, cpu)`` at each train log line."""
+
+  marks: list[tuple[int, float, float]] = []  # the current run's, reset per run
+
+  def __init__(self, run):
+    del run
+    ClockWriter.marks = []
+
+  def scalars(self, step, metrics, prefix):
+    del metrics
+    if prefix == 'train':
+      ClockWriter.marks.append((step, time.perf_counter(), time.process_time()))
+
+  def histograms(self, step, values, prefix):
+    del step, values, prefix
+
+  def close(self):
+    pass
+
+
+def _register_clock() -> None:
+  from contextpool_jax.training import writers  # pylint: disable=g-import-not-at-top
+
+  writers.register(CLOCK_WRITER, ClockWriter)
+
+
+def clock_rates(
+    marks: list[tuple[int, float, float]], first: int, last: int
+) -> tuple[float, float]:
+  """(steps per wall second, steps per CPU second) over steps ``first .. last``."""
+  at = {step: (wall, cpu) for step, wall, cpu in marks}
+  if first - 1 not in at or last not in at:
+    raise ValueError(f'no log line at step {first - 1} or {last}: {sorted(at)}')
+  (wall0, cpu0), (wall1, cpu1) = at[first - 1], at[last]
+  steps = last - first + 1
+  return steps / (wall1 - wall0), steps / (cpu1 - cpu0)
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -126,14 +176,24 @@ def window_rate(history: list[dict[str, Any]], log_every: int, first: int, last:
   return (last - first + 1) / sum(seconds)
 
 
-def loop_rates(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, float]:
-  """``train_and_evaluate``'s steps/s over both windows of one run in a fresh ``workdir``."""
+def loop_rates(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path
+) -> dict[str, tuple[float, float]]:
+  """``train_and_evaluate``'s (wall, CPU) steps/s over both windows of one run in a
+  fresh ``workdir``; the wall rate from the trainer's own log intervals."""
   from contextpool_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
-  result = trainer.train_and_evaluate(run_config(config), str(workdir))
+  _register_clock()
+  config = run_config(config)
+  config.writers = tuple(config.writers) + (CLOCK_WRITER,)
+  result = trainer.train_and_evaluate(config, str(workdir))
   history, log_every = result['train_history'], config.log_every_steps
   return {
-      name: window_rate(history, log_every, *window) for name, window in windows(config).items()
+      name: (
+          window_rate(history, log_every, *window),
+          clock_rates(ClockWriter.marks, *window)[1],
+      )
+      for name, window in windows(config).items()
   }
 
 
@@ -157,19 +217,21 @@ class BareStep:
     ]
     self._zeros = steps_lib.zero_sums(step_fn, self._state, self._batches[0], setup.replicated)
     self._block = jax.block_until_ready
-    self.rate()  # compiles and warms up
+    self.rate(warmup=True)  # compiles and warms up
 
-  def rate(self) -> float:
-    """Steps per second of one pass over the held batches."""
+  def rate(self, warmup: bool = False) -> tuple[float, float]:
+    """(steps per wall second, steps per CPU second) of one pass over the held batches
+    (``warmup``: three steps only)."""
+    batches = self._batches[:3] if warmup else self._batches
     state, sums = self._state, self._zeros
     self._block(state)
-    start = time.perf_counter()
-    for batch in self._batches:
+    start, cpu = time.perf_counter(), time.process_time()
+    for batch in batches:
       state, sums = self._step(state, batch, sums)
     self._block((state, sums))
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     self._state = state  # donated: the next pass continues from here
-    return len(self._batches) / seconds
+    return len(batches) / seconds, len(batches) / cpu_seconds
 
 
 def measure(
@@ -182,22 +244,33 @@ def measure(
   first, last = windows(config)['loop']
   bare = BareStep(config, root / 'bare', last - first + 1)
   times: dict[str, list[float]] = {name: [] for name in CANDIDATES}
+  cpu: dict[str, list[float]] = {name: [] for name in CANDIDATES}
   for r in range(repeats):
-    times['bare'].append(bare.rate())
-    for name, rate in loop_rates(config, root / f'run_{r}').items():
-      times[name].append(rate)
+    wall_rate, cpu_rate = bare.rate()
+    times['bare'].append(wall_rate)
+    cpu['bare'].append(cpu_rate)
+    for name, (wall_rate, cpu_rate) in loop_rates(config, root / f'run_{r}').items():
+      times[name].append(wall_rate)
+      cpu[name].append(cpu_rate)
     log(
         f'repeat {r + 1}/{repeats}: '
-        + ', '.join(f'{name} {times[name][-1]:.2f} steps/s' for name in CANDIDATES)
+        + ', '.join(
+            f'{name} {times[name][-1]:.3f} steps/s ({cpu[name][-1]:.3f} per CPU second)'
+            for name in CANDIDATES
+        )
     )
-  ratio = lambda name: [t / b for t, b in zip(times[name], times['bare'])]
+  ratio = lambda d, name: [t / b for t, b in zip(d[name], d['bare'])]
   return {
       'steps_per_sec': times,
+      'steps_per_cpu_sec': cpu,
       'median': {name: statistics.median(t) for name, t in times.items()},
-      'ratio_excluded': statistics.median(ratio('loop')),
-      'ratio_included': statistics.median(ratio('loop+eval+ckpt')),
-      'ratios_excluded': ratio('loop'),
-      'ratios_included': ratio('loop+eval+ckpt'),
+      'median_cpu': {name: statistics.median(t) for name, t in cpu.items()},
+      'ratio_excluded': statistics.median(ratio(times, 'loop')),
+      'ratio_included': statistics.median(ratio(times, 'loop+eval+ckpt')),
+      'ratios_excluded': ratio(times, 'loop'),
+      'ratios_included': ratio(times, 'loop+eval+ckpt'),
+      'cpu_ratio_excluded': statistics.median(ratio(cpu, 'loop')),
+      'cpu_ratio_included': statistics.median(ratio(cpu, 'loop+eval+ckpt')),
       'windows': windows(config),
       'bare_steps': last - first + 1,
   }
@@ -214,24 +287,29 @@ def markdown(r: dict[str, Any], config_name: str, note: str = '') -> str:
   ]
   if note:
     lines.append(note)
-  per = lambda name: ', '.join(f'{t:.2f}' for t in r['steps_per_sec'][name])
-  ratios = {'loop': r['ratios_excluded'], 'loop+eval+ckpt': r['ratios_included']}
+  labels = {
+      'bare': 'bare compiled step, batches in memory',
+      'loop': 'train.py loop, evaluation and checkpoints excluded',
+      'loop+eval+ckpt': f'train.py loop, evaluation and checkpoints every {b} steps',
+  }
+  ratio = {
+      'bare': (1.0, 1.0),
+      'loop': (r['ratio_excluded'], r['cpu_ratio_excluded']),
+      'loop+eval+ckpt': (r['ratio_included'], r['cpu_ratio_included']),
+  }
+  per = lambda key, name: ', '.join(f'{t:.3f}' for t in r[key][name])
   lines += [
       '',
-      '| candidate | steps/s (median) | / bare step (median ratio) | steps/s per repeat | '
-      'ratios per repeat |',
-      '|---|---:|---:|---|---|',
-      f'| bare compiled step, batches in memory | {r["median"]["bare"]:.2f} | 1 | {per("bare")} | |',
-      f'| train.py loop, evaluation and checkpoints excluded | {r["median"]["loop"]:.2f} | '
-      f'{r["ratio_excluded"]:.3f} | {per("loop")} | '
-      + ', '.join(f'{x:.3f}' for x in ratios['loop'])
-      + ' |',
-      f'| train.py loop, evaluation and checkpoints every {b} steps | '
-      f'{r["median"]["loop+eval+ckpt"]:.2f} | {r["ratio_included"]:.3f} | '
-      f'{per("loop+eval+ckpt")} | '
-      + ', '.join(f'{x:.3f}' for x in ratios['loop+eval+ckpt'])
-      + ' |',
+      '| candidate | steps/s (median) | / bare (wall) | steps per CPU second (median) | '
+      '/ bare (CPU) | steps/s per repeat | steps per CPU second per repeat |',
+      '|---|---:|---:|---:|---:|---|---|',
   ]
+  for name in CANDIDATES:
+    lines.append(
+        f'| {labels[name]} | {r["median"][name]:.3f} | {ratio[name][0]:.3f} | '
+        f'{r["median_cpu"][name]:.3f} | {ratio[name][1]:.3f} | '
+        f'{per("steps_per_sec", name)} | {per("steps_per_cpu_sec", name)} |'
+    )
   return '\n'.join(lines) + '\n'
 
 

@@ -39,8 +39,15 @@ def test_reports_both_ratios_on_a_tiny_config(corpus, tmp_path):
   result = loop_overhead.measure(config, repeats=1, root=tmp_path / 'runs')
   for name in loop_overhead.CANDIDATES:
     assert len(result['steps_per_sec'][name]) == 1 and result['median'][name] > 0
-  for key in ('ratio_excluded', 'ratio_included'):
+  for key in ('ratio_excluded', 'ratio_included', 'cpu_ratio_excluded', 'cpu_ratio_included'):
     assert math.isfinite(result[key]) and result[key] > 0
   text = loop_overhead.markdown(result, 'tiny')
   assert 'steps 5-6, with them at their cadence over steps 9-14' in text
   assert f'{result["ratio_excluded"]:.3f}' in text and f'{result["ratio_included"]:.3f}' in text
+
+
+def test_clock_rates_from_the_marks():
+  marks = [(2, 10.0, 1.0), (4, 12.0, 2.0), (6, 13.0, 2.5)]
+  assert loop_overhead.clock_rates(marks, 3, 6) == pytest.approx((4 / 3.0, 4 / 1.5))
+  with pytest.raises(ValueError, match='no log line'):
+    loop_overhead.clock_rates(marks, 2, 6)
