@@ -314,11 +314,11 @@ def position_lambdas_rows(values: Array, table: Array, *, precision: PrecisionLi
   return jnp.transpose(out, (3, 4, 0, 1, 2))
 
 
-# Query positions per block of the 'banded' algorithm along the width: the band
-# of a block of B query columns spans B + r_w - 1 context columns, so the
-# products are (B + r_w - 1) / r_w of the direct sum's (1.13x at B = 4, r = 23).
-# B = 4 measured fastest of 4, 8 and 16 at the benchmark's conv shape
-# (benchmarks/results/peers_cpu.md).
+#: Query columns per block of the 'banded' algorithm: a block of B query columns
+#: reads B + r_w - 1 context columns, so the products are (B + r_w - 1) / r_w of
+#: the direct sum's (1.13x at B = 4, r = 23). B = 2, 4, 8 and 16 timed alike within
+#: noise at the peers' conv shape; 4 wastes little and keeps the features wide
+#: (benchmarks/results/lambda_conv_forward_cpu.md).
 BANDED_BLOCK = 4
 
 
@@ -454,10 +454,11 @@ def position_lambdas_banded(
   ``[(B + kw - 1) u, B k]`` map per row offset (:func:`banded_kernel`), a
   convolution along the height only; the products are ``(B + kw - 1) / kw``
   of the direct sum's. The backward pass (custom VJP) is the transpose of the
-  correlation with its longer kernel axis unfolded into features
-  (:func:`_unfolded_correlation`). Memory: the forward's windows, ``(B + kw -
-  1) / B`` times the values; the backward's unfolded values, ``kh`` times the
-  values (on the order of the output λ^p, ``k`` times the values).
+  correlation with its longer kernel axis unfolded into features (on a grid;
+  for sequences, of the plain correlation). Memory: the forward's windows,
+  ``(B + kw - 1) / B`` times the values; the backward's unfolded values, ``kh``
+  times the values on a grid (on the order of the output λ^p, ``k`` times the
+  values).
   Sequences are a grid of height 1.
 
   Args:
