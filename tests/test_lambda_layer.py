@@ -519,12 +519,18 @@ def test_rows_matches_reference(shape, intra_depth, context_size):
       position_algorithm='rows',
   )
   x = _x(shape, seed=21)
-  variables = _init(module, x, 3)
+  variables, y_eval = _assert_matches_reference_in_both_modes(module, x, 3)
+  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
+  np.testing.assert_allclose(y_eval, y_corr, **TOL)
+
+
+def _assert_matches_reference_in_both_modes(module, x, seed):
+  """Eval and train outputs equal the reference's; returns (variables, eval output)."""
+  variables = _init(module, x, seed)
   y_eval, y_train, _ = _apply_both(module, variables, x)
   np.testing.assert_allclose(y_eval, _reference(module, variables, x, False), **TOL)
   np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
-  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
-  np.testing.assert_allclose(y_eval, y_corr, **TOL)
+  return variables, y_eval
 
 
 @pytest.mark.parametrize('shape', [(2, 5, 4, D), (2, 3, 6, D)])
@@ -539,19 +545,24 @@ def test_rows_grad_matches_reference_grad(shape):
 @pytest.mark.sweep
 def test_position_lambdas_rows_equals_correlation_with_vjp(shape):
   """The pure functions agree in float64, values and both cotangents."""
+  _, height, width, _, depth_u = shape
+  table_shape = (2 * height + 1, 2 * width - 1, 3, depth_u)
+  _assert_equals_correlation_with_vjp(lambda_lib.position_lambdas_rows, shape, table_shape, 24)
+
+
+def _assert_equals_correlation_with_vjp(compute, values_shape, table_shape, seed):
+  """``compute(values, table)`` equals :func:`position_lambdas` in float64, values and
+  both cotangents of a random weighted sum."""
   with jax.enable_x64(True):
-    rng = np.random.default_rng(24)
-    _, height, width, _, depth_u = shape
-    values = jnp.asarray(rng.normal(size=shape))
-    table = jnp.asarray(rng.normal(size=(2 * height + 1, 2 * width - 1, 3, depth_u)))
+    rng = np.random.default_rng(seed)
+    values = jnp.asarray(rng.normal(size=values_shape))
+    table = jnp.asarray(rng.normal(size=table_shape))
     out = lambda_lib.position_lambdas(values, table)
-    chex.assert_trees_all_close(
-        lambda_lib.position_lambdas_rows(values, table), out, rtol=1e-12, atol=1e-12
-    )
+    chex.assert_trees_all_close(compute(values, table), out, rtol=1e-12, atol=1e-12)
     w = jnp.asarray(rng.normal(size=out.shape))
     grads = [
         jax.grad(lambda v, t, f=f: jnp.sum(w * f(v, t)), argnums=(0, 1))(values, table)
-        for f in (lambda_lib.position_lambdas, lambda_lib.position_lambdas_rows)
+        for f in (lambda_lib.position_lambdas, compute)
     ]
     chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
@@ -640,11 +651,7 @@ def test_banded_matches_reference(shape, position, scope_size, intra_depth):
       scope_size=scope_size,
       position_algorithm='banded',
   )
-  x = _x(shape, seed=31)
-  variables = _init(module, x, 7)
-  y_eval, y_train, _ = _apply_both(module, variables, x)
-  np.testing.assert_allclose(y_eval, _reference(module, variables, x, False), **TOL)
-  np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
+  _assert_matches_reference_in_both_modes(module, _x(shape, seed=31), 7)
 
 
 @pytest.mark.parametrize('shape,scope_size', [((2, 6, 11, D), (5, 7)), ((2, 13, D), 5)])
@@ -675,20 +682,10 @@ def test_banded_grad_matches_reference_grad(shape, scope_size):
 )
 def test_position_lambdas_banded_equals_correlation_with_vjp(values_shape, kernel):
   """The pure functions agree in float64, values and both cotangents."""
-  with jax.enable_x64(True):
-    rng = np.random.default_rng(34)
-    values = jnp.asarray(rng.normal(size=values_shape))
-    table = jnp.asarray(rng.normal(size=(*kernel, 4, values_shape[-1])))
-    out = lambda_lib.position_lambdas(values, table)
-    chex.assert_trees_all_close(
-        lambda_lib.position_lambdas_banded(values, table), out, rtol=1e-12, atol=1e-12
-    )
-    w = jnp.asarray(rng.normal(size=out.shape))
-    grads = [
-        jax.grad(lambda v, t, f=f: jnp.sum(w * f(v, t)), argnums=(0, 1))(values, table)
-        for f in (lambda_lib.position_lambdas, lambda_lib.position_lambdas_banded)
-    ]
-    chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+  table_shape = (*kernel, 4, values_shape[-1])
+  _assert_equals_correlation_with_vjp(
+      lambda_lib.position_lambdas_banded, values_shape, table_shape, 34
+  )
 
 
 def test_banded_kernel_is_the_table_on_its_band():
