@@ -25,8 +25,12 @@ alive for the whole table and driven one step at a time over stdin/stdout
 (JSON lines), so its steps interleave with ours, which run in this process:
 every repeat times one step of each candidate in turn.
 
-Reported per candidate: median forward+backward time, median forward time
-(the peers' under ``torch.no_grad`` / without a tape) and memory. Memory is
+Reported per candidate: median forward+backward time (BatchNorm in training
+mode), median forward-only time as at inference (BatchNorm on its running
+averages: timm's layer in ``eval()`` mode under ``torch.inference_mode``,
+ours with ``train=False``; area attention has no mode; the peers' without a
+tape or gradients), ours relative to the fastest peer of the row (forward and
+f+b), and memory. Memory is
 not measured alike on both sides, and the table says which: peers, the peak
 RSS growth of their process over the run (``ru_maxrss`` minus the RSS before
 the first step); ours, XLA's planned ``memory_analysis().temp_size_in_bytes``
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import resource
@@ -217,12 +222,14 @@ def _timm_lambda(spec: dict[str, Any]) -> tuple[dict, Callable, Callable]:
   x = torch.randn(spec['batch'], channels, size, size)
 
   def forward_backward():
+    layer.train()
     for p in layer.parameters():
       p.grad = None
     (layer(x) ** 2).sum().backward()
 
-  def forward():
-    with torch.no_grad():
+  def forward():  # inference: BatchNorm on its running averages, no autograd
+    layer.eval()
+    with torch.inference_mode():
       layer(x)
 
   return info, forward_backward, forward
@@ -353,22 +360,33 @@ def _peer(name: str, framework: str, python: str, spec: dict[str, Any]) -> Candi
   )
 
 
-def _ours(name: str, forward_backward: Callable, forward: Callable, args: tuple) -> Candidate:
-  """Compiles both steps (and warms them up); memory = the compiled f+b's temp bytes."""
+def _ours(
+    name: str,
+    forward_backward: Callable,
+    forward: Callable,
+    args: tuple,
+    forward_args: tuple | None = None,
+) -> Candidate:
+  """Compiles both steps (and warms them up); memory = the compiled f+b's temp bytes.
+
+  ``forward_args`` (default ``args``): the forward's arguments when they differ
+  (the lambda layer's inference forward takes its BatchNorm statistics too).
+  """
   import jax
 
   from benchmarks import harness
 
+  inputs = {'fb': args, 'f': args if forward_args is None else forward_args}
   compiled = {
-      'fb': jax.jit(forward_backward).lower(*args).compile(),
-      'f': jax.jit(forward).lower(*args).compile(),
+      'fb': jax.jit(forward_backward).lower(*inputs['fb']).compile(),
+      'f': jax.jit(forward).lower(*inputs['f']).compile(),
   }
-  for c in compiled.values():
-    jax.block_until_ready(c(*args))
+  for cmd, c in compiled.items():
+    jax.block_until_ready(c(*inputs[cmd]))
 
   def step(cmd):
     start = time.perf_counter()
-    jax.block_until_ready(compiled[cmd](*args))
+    jax.block_until_ready(compiled[cmd](*inputs[cmd]))
     return 1e3 * (time.perf_counter() - start)
 
   temp = harness.compiled_cost(compiled['fb'])['temp_bytes']
@@ -440,7 +458,7 @@ def lambda_candidates(pythons: dict[str, str], position: str) -> list[Candidate]
       np.random.default_rng(0).normal(size=(c['batch'], c['size'], c['size'], c['channels'])),
       jnp.float32,
   )
-  algorithms = ('auto', 'correlation') if position == 'global' else ('auto',)
+  algorithms = ('auto', 'correlation')
   for algorithm in algorithms:
     module = LambdaLayer(
         key_depth=c['key_depth'],
@@ -452,15 +470,17 @@ def lambda_candidates(pythons: dict[str, str], position: str) -> list[Candidate]
     variables = module.init(jax.random.key(0), x)
     state = {'batch_stats': variables['batch_stats']}
 
-    def forward(params, x, module=module, state=state):
+    def train_forward(params, x, module=module, state=state):
       y, _ = module.apply({'params': params, **state}, x, train=True, mutable=['batch_stats'])
       return y
 
-    name = f'ours: LambdaLayer {label}'
-    if position == 'global':
-      name += f", position_algorithm='{algorithm}'"
+    def forward(variables, x, module=module):  # inference: BatchNorm's running averages
+      return module.apply(variables, x, train=False)
+
+    name = f"ours: LambdaLayer {label}, position_algorithm='{algorithm}'"
     args = (variables['params'], x)
-    out.append(_ours(name, _grad_sum_squares(forward, 0), forward, args))
+    fb = _grad_sum_squares(train_forward, 0)
+    out.append(_ours(name, fb, forward, args, forward_args=(variables, x)))
   return out
 
 
@@ -482,8 +502,18 @@ def _median(xs: list[float]) -> float:
   return statistics.median(xs) if xs else float('nan')
 
 
+def _is_peer(rec: dict[str, Any]) -> bool:
+  """A peer's implementation of the row's mechanism (not a baseline, not failed)."""
+  return (
+      rec['framework'] != 'JAX'
+      and not rec['name'].startswith('standard')
+      and not math.isnan(rec['f_ms'])
+  )
+
+
 def row_records(row: str, candidates: list[Candidate]) -> list[dict[str, Any]]:
-  """Medians, memory, and (area) the ratio to the same framework's standard attention."""
+  """Medians, memory, ours relative to the row's fastest peer (forward and f+b),
+  and (area) the ratio to the same framework's standard attention."""
   records = []
   for cand in candidates:
     memory, measure = cand.memory()
@@ -495,6 +525,7 @@ def row_records(row: str, candidates: list[Candidate]) -> list[dict[str, Any]]:
             fb_ms=_median(cand.times['fb']),
             f_ms=_median(cand.times['f']),
             fb_all=[round(t, 1) for t in cand.times['fb']],
+            f_all=[round(t, 1) for t in cand.times['f']],
             memory_mib=memory / 2**20,
             memory_measure=measure,
             info=cand.info,
@@ -512,27 +543,36 @@ def row_records(row: str, candidates: list[Candidate]) -> list[dict[str, Any]]:
       ]
       if base and not rec['name'].startswith('standard'):
         rec['ratio'] = rec['fb_ms'] / base[0]['fb_ms']
+  peer = [r for r in records if _is_peer(r)]
+  for rec in records:
+    if peer and rec['framework'] == 'JAX' and not rec['name'].startswith('standard'):
+      rec['f_vs_peer'] = rec['f_ms'] / min(r['f_ms'] for r in peer)
+      rec['fb_vs_peer'] = rec['fb_ms'] / min(r['fb_ms'] for r in peer)
   return records
 
 
 def markdown(records: list[dict[str, Any]], repeats: int, note: str = '') -> str:
   lines = [
       f'Forward+backward and forward, median of {repeats} interleaved steps per candidate '
-      '(each repeat runs one step of every candidate of its row in turn); float32, CPU.',
+      '(each repeat runs one step of every candidate of its row in turn); float32, CPU. '
+      'f+b: BatchNorm in training mode; forward: as at inference (BatchNorm on its running '
+      "averages, no gradients). '/ peer': ours over the fastest peer implementation of the "
+      "row (the faster of tensor2tensor's two modes), below 1 = ours faster.",
   ]
   if note:
     lines.append(note)
   lines += [
       '',
-      '| row | implementation | f+b (ms) | forward (ms) | memory (MiB) | memory measure | '
-      'f+b / standard attention (same framework) |',
-      '|---|---|---:|---:|---:|---|---:|',
+      '| row | implementation | f+b (ms) | forward (ms) | forward / peer | f+b / peer | '
+      'memory (MiB) | memory measure | f+b / standard attention (same framework) |',
+      '|---|---|---:|---:|---:|---:|---:|---|---:|',
   ]
+  times = lambda r, key: f'{r[key]:.2f}x' if key in r else ''
   for r in records:
-    ratio = f'{r["ratio"]:.2f}x' if 'ratio' in r else ''
     lines.append(
         f'| {r["row"]} | {r["name"]} | {r["fb_ms"]:.0f} | {r["f_ms"]:.0f} | '
-        f'{r["memory_mib"]:.0f} | {r["memory_measure"]} | {ratio} |'
+        f'{times(r, "f_vs_peer")} | {times(r, "fb_vs_peer")} | '
+        f'{r["memory_mib"]:.0f} | {r["memory_measure"]} | {times(r, "ratio")} |'
     )
   lines += ['', 'Versions and files:', '']
   seen = set()

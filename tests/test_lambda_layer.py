@@ -195,9 +195,15 @@ def test_matches_reference(position, content, intra_depth, dims):
         (5, (1, 11, D)),
     ],
 )
-def test_conv_scopes_match_reference(scope_size, shape):
+@pytest.mark.parametrize('algorithm', ['banded', 'correlation'])
+def test_conv_scopes_match_reference(scope_size, shape, algorithm):
   module = LambdaLayer(
-      key_depth=K, heads=HEADS, intra_depth=2, position='conv', scope_size=scope_size
+      key_depth=K,
+      heads=HEADS,
+      intra_depth=2,
+      position='conv',
+      scope_size=scope_size,
+      position_algorithm=algorithm,
   )
   x = _x(shape, seed=7)
   variables = _init(module, x, 4)
@@ -513,12 +519,18 @@ def test_rows_matches_reference(shape, intra_depth, context_size):
       position_algorithm='rows',
   )
   x = _x(shape, seed=21)
-  variables = _init(module, x, 3)
+  variables, y_eval = _assert_matches_reference_in_both_modes(module, x, 3)
+  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
+  np.testing.assert_allclose(y_eval, y_corr, **TOL)
+
+
+def _assert_matches_reference_in_both_modes(module, x, seed):
+  """Eval and train outputs equal the reference's; returns (variables, eval output)."""
+  variables = _init(module, x, seed)
   y_eval, y_train, _ = _apply_both(module, variables, x)
   np.testing.assert_allclose(y_eval, _reference(module, variables, x, False), **TOL)
   np.testing.assert_allclose(y_train, _reference(module, variables, x, True), **TOL)
-  y_corr = _apply(module.clone(position_algorithm='correlation'), variables, x)
-  np.testing.assert_allclose(y_eval, y_corr, **TOL)
+  return variables, y_eval
 
 
 @pytest.mark.parametrize('shape', [(2, 5, 4, D), (2, 3, 6, D)])
@@ -533,19 +545,24 @@ def test_rows_grad_matches_reference_grad(shape):
 @pytest.mark.sweep
 def test_position_lambdas_rows_equals_correlation_with_vjp(shape):
   """The pure functions agree in float64, values and both cotangents."""
+  _, height, width, _, depth_u = shape
+  table_shape = (2 * height + 1, 2 * width - 1, 3, depth_u)
+  _assert_equals_correlation_with_vjp(lambda_lib.position_lambdas_rows, shape, table_shape, 24)
+
+
+def _assert_equals_correlation_with_vjp(compute, values_shape, table_shape, seed):
+  """``compute(values, table)`` equals :func:`position_lambdas` in float64, values and
+  both cotangents of a random weighted sum."""
   with jax.enable_x64(True):
-    rng = np.random.default_rng(24)
-    _, height, width, _, depth_u = shape
-    values = jnp.asarray(rng.normal(size=shape))
-    table = jnp.asarray(rng.normal(size=(2 * height + 1, 2 * width - 1, 3, depth_u)))
+    rng = np.random.default_rng(seed)
+    values = jnp.asarray(rng.normal(size=values_shape))
+    table = jnp.asarray(rng.normal(size=table_shape))
     out = lambda_lib.position_lambdas(values, table)
-    chex.assert_trees_all_close(
-        lambda_lib.position_lambdas_rows(values, table), out, rtol=1e-12, atol=1e-12
-    )
+    chex.assert_trees_all_close(compute(values, table), out, rtol=1e-12, atol=1e-12)
     w = jnp.asarray(rng.normal(size=out.shape))
     grads = [
         jax.grad(lambda v, t, f=f: jnp.sum(w * f(v, t)), argnums=(0, 1))(values, table)
-        for f in (lambda_lib.position_lambdas, lambda_lib.position_lambdas_rows)
+        for f in (lambda_lib.position_lambdas, compute)
     ]
     chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
 
@@ -570,7 +587,8 @@ def test_auto_picks_rows_only_where_its_table_is_below_n_by_m():
   assert choose('global', (56, 56), 16, 1) == 'rows'
   assert choose('global', (12, 10), 16, 1) == 'correlation'  # table > n * m
   assert choose('global', (3136,), 16, 1) == 'correlation'  # sequences
-  assert choose('conv', (56, 56), 16, 1) == 'correlation'
+  assert choose('conv', (56, 56), 16, 1) == 'banded'
+  assert choose('conv', (1024,), 16, 1) == 'banded'
   for spatial, k, u in [((56, 56), 16, 1), ((40, 8), 4, 1), ((12, 10), 16, 1), ((8, 40), 4, 2)]:
     n = spatial[0] * spatial[1]
     assert (choose('global', spatial, k, u) == 'rows') == (
@@ -607,3 +625,88 @@ def test_bad_position_algorithm(kwargs, shape, pattern):
   module = LambdaLayer(**{'key_depth': K, 'heads': HEADS, 'scope_size': 3, **kwargs})
   with pytest.raises(ValueError, match=pattern):
     _trace(module, shape)
+
+
+# ----------------------------------------------------------------------------
+# The 'banded' algorithm (the correlation as banded matrix products over blocks
+# of query columns, custom VJP) against the reference and the correlation.
+
+BANDED_CASES = [
+    ((2, 5, 4, D), 'conv', 3, 1),  # one block narrower than B
+    ((2, 6, 11, D), 'conv', (5, 7), 2),  # width not a multiple of B; kh != kw
+    ((1, 9, 3, D), 'conv', 9, 1),  # scope cropped to the grid
+    ((2, 13, D), 'conv', 5, 3),  # sequence
+    ((2, 5, 4, D), 'global', 3, 2),
+    ((2, 7, D), 'global', 3, 1),
+]
+
+
+@pytest.mark.parametrize('shape,position,scope_size,intra_depth', BANDED_CASES)
+def test_banded_matches_reference(shape, position, scope_size, intra_depth):
+  module = LambdaLayer(
+      key_depth=K,
+      heads=HEADS,
+      intra_depth=intra_depth,
+      position=position,
+      scope_size=scope_size,
+      position_algorithm='banded',
+  )
+  _assert_matches_reference_in_both_modes(module, _x(shape, seed=31), 7)
+
+
+@pytest.mark.parametrize('shape,scope_size', [((2, 6, 11, D), (5, 7)), ((2, 13, D), 5)])
+def test_banded_grad_matches_reference_grad(shape, scope_size):
+  module = LambdaLayer(
+      key_depth=K,
+      heads=HEADS,
+      intra_depth=2,
+      position='conv',
+      scope_size=scope_size,
+      position_algorithm='banded',
+  )
+  x = _x(shape, seed=32)
+  variables = _init(module, x, 8)
+  _assert_grad_matches_reference(module, variables, x, seed=33)
+
+
+@pytest.mark.parametrize(
+    'values_shape,kernel',
+    [
+        ((2, 5, 4, 3, 2), (3, 3)),
+        ((2, 6, 13, 3, 1), (5, 7)),  # the width unfolded in the backward pass
+        ((1, 9, 6, 2, 1), (7, 1)),  # one-column kernel: the plain backward
+        ((2, 3, 4, 3, 2), (9, 9)),  # cropped
+        ((1, 11, 2, 1), (5,)),  # sequence
+        ((0, 3, 3, 2, 1), (3, 3)),  # empty batch
+    ],
+)
+def test_position_lambdas_banded_equals_correlation_with_vjp(values_shape, kernel):
+  """The pure functions agree in float64, values and both cotangents."""
+  table_shape = (*kernel, 4, values_shape[-1])
+  _assert_equals_correlation_with_vjp(
+      lambda_lib.position_lambdas_banded, values_shape, table_shape, 34
+  )
+
+
+def test_banded_kernel_is_the_table_on_its_band():
+  rng = np.random.default_rng(35)
+  kernel = jnp.asarray(rng.normal(size=(3, 5, 2, 1)))
+  band = np.asarray(lambda_lib.banded_kernel(kernel, 4)).reshape(3, 8, 1, 4, 2)
+  for big_j, j in itertools.product(range(8), range(4)):
+    want = kernel[:, big_j - j, :, 0] if 0 <= big_j - j < 5 else np.zeros((3, 2))
+    np.testing.assert_array_equal(band[:, big_j, 0, j], want)
+
+
+def test_banded_bfloat16_and_vmap():
+  module = LambdaLayer(key_depth=K, heads=HEADS, position='conv', scope_size=3, dtype=jnp.bfloat16)
+  x = _x(SHAPES['2d'], seed=36)
+  variables = _init(module, x, 9)
+  y = _apply(module, variables, x)
+  assert y.dtype == jnp.bfloat16
+  y32 = _apply(module.clone(dtype=None, position_algorithm='correlation'), variables, x)
+  scale = float(jnp.abs(y32).max())
+  np.testing.assert_allclose(np.asarray(y, np.float32), y32, atol=0.05 * scale)
+  xs = jnp.stack([x, -x])
+  ys = jax.jit(jax.vmap(lambda z: module.clone(dtype=None).apply(variables, z)))(xs)
+  for i in range(xs.shape[0]):
+    np.testing.assert_allclose(ys[i], _apply(module.clone(dtype=None), variables, xs[i]), **TOL)

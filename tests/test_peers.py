@@ -64,3 +64,19 @@ def test_unknown_row_raises_before_anything_runs():
 def test_missing_env_without_install_raises(tmp_path):
   with pytest.raises(RuntimeError, match='missing or out of date'):
     peers.ensure_env(tmp_path, 'torch', install=False, log=print)
+
+
+def test_ours_relative_to_the_fastest_peer_forward_and_fb():
+  cands = [
+      _fake('tensor2tensor area_attention.py, TF + XLA', 'TF', [8], f=6.0),
+      _fake('tensor2tensor area_attention.py, TF graph mode', 'TF', [10], f=3.0),
+      _fake('standard attention, TF graph mode', 'TF', [1], f=0.5),
+      _fake('ours: dot_product_area_attention', 'JAX', [4], f=1.5),
+      _fake('standard attention, JAX', 'JAX', [2], f=0.5),
+  ]
+  recs = {r['name']: r for r in peers.row_records('area', cands)}
+  ours = recs['ours: dot_product_area_attention']
+  assert ours['f_vs_peer'] == pytest.approx(1.5 / 3.0)  # graph mode's forward is the faster
+  assert ours['fb_vs_peer'] == pytest.approx(4 / 8)  # XLA's f+b is the faster
+  assert all('f_vs_peer' not in r for n, r in recs.items() if not n.startswith('ours'))
+  assert '| 0.50x | 0.50x |' in peers.markdown(list(recs.values()), repeats=1)

@@ -39,9 +39,9 @@ Only the offsets an input of the given size can reach, ``|offset| <= size - 1``,
 are used; a 'conv' scope larger than 2 * size - 1 is cropped to it (same
 result, less work on small inputs).
 
-Two exact algorithms for the position lambdas (``position_algorithm``;
+Three exact algorithms for the position lambdas (``position_algorithm``;
 :func:`position_lambdas`, :func:`position_lambdas_rows`,
-:func:`choose_position_algorithm`)::
+:func:`position_lambdas_banded`, :func:`choose_position_algorithm`)::
 
   'correlation': the cross-correlation above (position_lambdas);
             memory O(batch n k v), ~4x the direct FLOPs for 'global'.
@@ -53,10 +53,21 @@ Two exact algorithms for the position lambdas (``position_algorithm``;
             all of V: exactly the n * m * k * v * u products of L3, memory
             bounded by the table (never an [n, m] map). A custom VJP keeps
             the backward pass at the same cost and memory.
+  'banded': the same correlation with wide features
+            (position_lambdas_banded): the width is cut into blocks of
+            B = 4 query columns, and each block is one convolution along the
+            height with the table as a banded [(B + r_w - 1) u, B k] map. The
+            correlation's |u| (= 1) input features leave XLA's CPU convolution
+            at a few GFLOP/s; the banded form is a dense matrix product with
+            (B + r_w - 1) / r_w of the direct products (1.13x at r = 23).
+            Memory: ~(B + r_w - 1) / B times the values (forward), ~r_h
+            times the values (backward, a custom VJP: the transpose of the
+            correlation with its rows unfolded into features).
   'auto':   'rows' for 'global' on a grid whenever its table is smaller than
             an n x m map (|T| < n^2, i.e. roughly H > 2 k u), else
-            'correlation' (choose_position_algorithm). The scanned
-            axis is the longer one (the table is then the smaller).
+            'correlation'; 'banded' for 'conv' (grids and sequences)
+            (choose_position_algorithm). The scanned axis of 'rows' is the
+            longer one (the table is then the smaller).
 """
 
 from __future__ import annotations
@@ -80,7 +91,7 @@ PrecisionLike = Any
 
 _OWNER = 'LambdaLayer'
 POSITIONS = ('global', 'conv', 'none')
-POSITION_ALGORITHMS = ('auto', 'correlation', 'rows')
+POSITION_ALGORITHMS = ('auto', 'correlation', 'rows', 'banded')
 _EMBEDDING = 'position_embedding'
 
 
@@ -185,12 +196,19 @@ def choose_position_algorithm(
 ) -> str:
   """'auto': which exact algorithm computes the position lambdas.
 
+  'banded' for ``position='conv'`` (sequences and grids): measured faster
+  than 'correlation' forward and forward+backward at every conv shape tried
+  (56x56 to 7x7 grids, r = 7 and 23, sequences of 256 and 1,024; 7x faster
+  forward at the peers table's 56x56, r = 23: benchmarks/results/peers_cpu.md).
   'rows' (direct sum, ~4x fewer FLOPs than the correlation for a global table)
   for ``position='global'`` on a grid whenever its Toeplitz table is smaller
   than one ``[n, m]`` map (n = m = H * W), so no [n, m]-sized intermediate
-  ever exists; otherwise 'correlation' (sequences, 'conv' scopes, small grids
-  with ``H < ~2 k u``).
+  ever exists; otherwise 'correlation' (global sequences and small global grids
+  with ``H < ~2 k u``: there 'banded' would need ~W / 2 times the values'
+  memory for its windows).
   """
+  if position == 'conv':
+    return 'banded'
   if position != 'global' or len(spatial) != 2:
     return 'correlation'
   num = math.prod(spatial)
@@ -298,6 +316,172 @@ def position_lambdas_rows(values: Array, table: Array, *, precision: PrecisionLi
   return jnp.transpose(out, (3, 4, 0, 1, 2))
 
 
+#: Query columns per block of the 'banded' algorithm: a block of B query columns
+#: reads B + r_w - 1 context columns, so the products are (B + r_w - 1) / r_w of
+#: the direct sum's (1.13x at B = 4, r = 23). B = 2, 4, 8 and 16 timed alike within
+#: noise at the peers' conv shape; 4 wastes little and keeps the features wide
+#: (benchmarks/results/lambda_conv_forward_cpu.md).
+BANDED_BLOCK = 4
+
+
+def banded_kernel(kernel: Array, block: int) -> Array:
+  """The conv table as a banded map from a block of context columns to query columns.
+
+  Args:
+    kernel: ``[kh, kw, k, u]`` (odd sizes, centred as documented in the module
+      docstring), already cropped to the reachable offsets.
+    block: B, query columns per block.
+
+  Returns:
+    ``[kh, 1, (B + kw - 1) * u, B * k]``: entry ``[O, 0, (J, u), (j, k)]`` is
+    ``R[O, J - j, k, u]`` where ``0 <= J - j < kw``, else 0. Column ``J`` of a
+    block's window is context column ``start - kw // 2 + J`` of query column
+    ``start + j``, so ``J - j`` is the table index of their offset.
+  """
+  kh, kw, depth_k, depth_u = kernel.shape
+  span = block + kw - 1
+  index = jnp.arange(span)[:, None] - jnp.arange(block)[None, :]  # [J, j]
+  inside = (index >= 0) & (index < kw)
+  band = kernel[:, jnp.clip(index, 0, kw - 1)]  # [kh, J, j, k, u]
+  band = jnp.where(inside[None, :, :, None, None], band, jnp.zeros((), kernel.dtype))
+  band = jnp.transpose(band, (0, 1, 4, 2, 3))  # [kh, J, u, j, k]
+  return band.reshape(kh, 1, span * depth_u, block * depth_k)
+
+
+def _banded_forward(lhs: Array, kernel: Array, precision: PrecisionLike) -> Array:
+  """``[c, H, W, u], [kh, kw, k, u] -> [c, H, W, k]``: blocks of B query columns.
+
+  The width is cut into blocks of :data:`BANDED_BLOCK` query columns; each
+  block's window of ``B + kw - 1`` context columns (zero padding outside) is
+  gathered into the feature axis, and one convolution along the height with
+  the banded table (:func:`banded_kernel`: ``(B + kw - 1) u`` input and ``B k``
+  output features) computes the whole block. Wide features make XLA's CPU
+  convolution a dense matrix product, where the |u|-feature correlation runs
+  at a few GFLOP/s.
+  """
+  count, height, width, depth_u = lhs.shape
+  kh, kw, depth_k, _ = kernel.shape
+  block = min(BANDED_BLOCK, width)
+  blocks = -(-width // block)
+  span = block + kw - 1
+  reach_h, reach_w = (kh - 1) // 2, (kw - 1) // 2
+  padded = jnp.pad(lhs, ((0, 0), (0, 0), (reach_w, reach_w + blocks * block - width), (0, 0)))
+  columns = block * jnp.arange(blocks)[:, None] + jnp.arange(span)[None, :]  # [blocks, span]
+  windows = padded[:, :, columns].reshape(count, height, blocks, span * depth_u)
+  out = lax.conv_general_dilated(
+      windows,
+      banded_kernel(kernel, block),
+      window_strides=(1, 1),
+      padding=((reach_h, reach_h), (0, 0)),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=precision,
+  )  # [c, H, blocks, B * k]
+  out = out.reshape(count, height, blocks * block, depth_k)
+  return out[:, :, :width]
+
+
+def _unfolded_correlation(lhs: Array, kernel: Array, precision: PrecisionLike) -> Array:
+  """``[c, H, W, u], [kh, kw, k, u] -> [c, H, W, k]``, the longer kernel axis unfolded.
+
+  The ``kh`` (or ``kw``, if longer) shifted copies of the input are stacked
+  into the feature axis (``kh * u`` features) and one convolution along the
+  other axis does the rest. Differentiated by JAX, this is the backward pass
+  of the 'banded' algorithm: its convolutions have ``k`` and ``kh * u``
+  features, several times faster on CPU than the banded forward's own
+  transposes (the scatter of overlapping windows and the band's gather).
+  """
+  if kernel.shape[1] > kernel.shape[0]:  # Unfold the width instead: swap the axes.
+    out = _unfolded_correlation(jnp.swapaxes(lhs, 1, 2), jnp.swapaxes(kernel, 0, 1), precision)
+    return jnp.swapaxes(out, 1, 2)
+  height = lhs.shape[1]
+  kh, kw, depth_k, depth_u = kernel.shape
+  reach_h, reach_w = (kh - 1) // 2, (kw - 1) // 2
+  padded = jnp.pad(lhs, ((0, 0), (reach_h, reach_h), (0, 0), (0, 0)))
+  stacked = jnp.concatenate([padded[:, o : o + height] for o in range(kh)], axis=-1)
+  rhs = jnp.transpose(kernel, (1, 0, 3, 2)).reshape(1, kw, kh * depth_u, depth_k)
+  return lax.conv_general_dilated(
+      stacked,
+      rhs,
+      window_strides=(1, 1),
+      padding=((0, 0), (reach_w, reach_w)),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=precision,
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _banded_core(lhs: Array, kernel: Array, precision: PrecisionLike) -> Array:
+  """``[c, H, W, u], [kh, kw, k, u] -> [c, H, W, k]`` (c = batch * v)."""
+  return _banded_forward(lhs, kernel, precision)
+
+
+def _banded_core_fwd(lhs, kernel, precision):
+  return _banded_forward(lhs, kernel, precision), (lhs, kernel)
+
+
+def _plain_correlation(lhs: Array, kernel: Array, precision: PrecisionLike) -> Array:
+  """``[c, H, W, u], [kh, kw, k, u] -> [c, H, W, k]``: the |u|-feature correlation."""
+  kh, kw = kernel.shape[:2]
+  return lax.conv_general_dilated(
+      lhs,
+      jnp.swapaxes(kernel, -1, -2),
+      window_strides=(1, 1),
+      padding=(((kh - 1) // 2,) * 2, ((kw - 1) // 2,) * 2),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=precision,
+  )
+
+
+def _banded_core_bwd(precision, residuals, grad):
+  """The transpose of the (linear) correlation: from its unfolded form on a grid
+  (both kernel axes longer than 1), else (sequences) from the plain correlation,
+  whose transposes are the faster there and need no ``kw``-times unfolded copy."""
+  lhs, kernel = residuals
+  form = _unfolded_correlation if min(kernel.shape[:2]) > 1 else _plain_correlation
+  _, vjp = jax.vjp(lambda a, b: form(a, b, precision), lhs, kernel)
+  return vjp(grad)
+
+
+_banded_core.defvjp(_banded_core_fwd, _banded_core_bwd)
+
+
+def position_lambdas_banded(
+    values: Array, table: Array, *, precision: PrecisionLike = None
+) -> Array:
+  """λ^p_n = Σ_m R[pos(m) - pos(n)] V_m as a banded matrix product per block (L3).
+
+  Same result as :func:`position_lambdas` (the same zero-padded correlation),
+  computed with wide features: the forward pass cuts the width into blocks of
+  :data:`BANDED_BLOCK` query columns and applies the table as a banded
+  ``[(B + kw - 1) u, B k]`` map per row offset (:func:`banded_kernel`), a
+  convolution along the height only; the products are ``(B + kw - 1) / kw``
+  of the direct sum's. The backward pass (custom VJP) is the transpose of the
+  correlation with its longer kernel axis unfolded into features (on a grid;
+  for sequences, of the plain correlation). Memory: the forward's windows,
+  ``(B + kw - 1) / B`` times the values; the backward's unfolded values, ``kh``
+  times the values on a grid (on the order of the output λ^p, ``k`` times the
+  values).
+  Sequences are a grid of height 1.
+
+  Args:
+    values: ``[batch, *spatial, v, u]`` (spatial = ``(L,)`` or ``(H, W)``).
+    table: ``[*kernel, k, u]``, centred; offsets beyond ``spatial - 1`` are
+      cropped away.
+    precision: ``jax.lax.Precision`` for the convolutions.
+
+  Returns:
+    ``[batch, v, *spatial, k]`` position lambdas (as :func:`position_lambdas`).
+  """
+  batch, *spatial, depth_v, depth_u = values.shape
+  kernel, _ = reachable_table(table, spatial)
+  if len(spatial) == 1:
+    values, kernel = values[:, None], kernel[None]
+  height, width = values.shape[1:3]
+  lhs = jnp.moveaxis(values, -2, 1).reshape(batch * depth_v, height, width, depth_u)
+  out = _banded_core(lhs, kernel, precision)
+  return out.reshape(batch, depth_v, *spatial, out.shape[-1])
+
+
 class LambdaLayer(nn.Module):
   """Multi-query lambda layer with content and relative-position lambdas.
 
@@ -342,9 +526,12 @@ class LambdaLayer(nn.Module):
       uses the size of the input at initialisation. Only for position='global'.
     position_algorithm: how the position lambdas are computed, all exact:
       'correlation' (:func:`position_lambdas`), 'rows' (direct sum row by row,
-      :func:`position_lambdas_rows`; position='global' on a grid only) or
-      'auto' (:func:`choose_position_algorithm`: 'rows' where its table is
-      smaller than an n x m map, else 'correlation').
+      :func:`position_lambdas_rows`; position='global' on a grid only),
+      'banded' (:func:`position_lambdas_banded`: the correlation as banded
+      matrix products over blocks of columns) or 'auto'
+      (:func:`choose_position_algorithm`: for 'conv', 'banded'; for 'global',
+      'rows' where its table is smaller than an n x m map, else
+      'correlation').
     batch_norm: batch-normalise queries and values (paper default; False is the
       paper's "no batch normalization" ablation).
     batch_norm_momentum: BatchNorm running-average decay.
@@ -554,7 +741,11 @@ class LambdaLayer(nn.Module):
         self.param_dtype,
     )
     values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
-    compute = position_lambdas_rows if algorithm == 'rows' else position_lambdas
+    compute = {
+        'rows': position_lambdas_rows,
+        'banded': position_lambdas_banded,
+        'correlation': position_lambdas,
+    }[algorithm]
     lam_p = compute(values_c, table, precision=self.precision)
     lam_p = lam_p.reshape(batch, depth_v, num, depth_k)  # [b, v, n, k]
     return jnp.einsum(
