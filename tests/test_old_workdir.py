@@ -25,6 +25,20 @@ OLD = pathlib.Path(__file__).parent / 'data' / 'workdir_0_1_0'
 CORPUS_TEXT = 'the quick brown fox jumps over the lazy dog. ' * 200
 
 
+def old_workdir_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+  """A copy of the fixture in ``tmp_path / 'run'`` with its corpus beside it: the
+  machine-specific paths of its ``config.json`` are the only fields that change."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(OLD, workdir)
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  (corpus / 'a.txt').write_text(CORPUS_TEXT)
+  saved = json.loads((workdir / 'config.json').read_text())
+  saved['dataset'].update(files=[str(corpus / '*.txt')], data_dir=str(tmp_path / 'data'))
+  (workdir / 'config.json').write_text(json.dumps(saved))
+  return workdir
+
+
 def test_old_workdir_loads_into_the_model_the_new_code_builds():
   model, variables, config = load(OLD)
   fresh = config_fields.build_model(config).init(
@@ -43,18 +57,12 @@ def test_old_workdir_loads_into_the_model_the_new_code_builds():
 
 @pytest.mark.slow  # trains two more steps of the tiny model (one compile)
 def test_old_workdir_resumes_training(tmp_path):
-  workdir = tmp_path / 'run'
-  shutil.copytree(OLD, workdir)
-  corpus = tmp_path / 'corpus'
-  corpus.mkdir()
-  (corpus / 'a.txt').write_text(CORPUS_TEXT)
-  # The machine-specific paths are the only fields that change (in both configs alike).
-  saved = json.loads((workdir / 'config.json').read_text())
-  saved['dataset'].update(files=[str(corpus / '*.txt')], data_dir=str(tmp_path / 'data'))
-  (workdir / 'config.json').write_text(json.dumps(saved))
+  workdir = old_workdir_copy(tmp_path)
   config = read_config(workdir)
   config.num_train_steps = 4
   trainer.train_and_evaluate(config, str(workdir))
-  steps = [json.loads(line)['step'] for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  steps = [
+      json.loads(line)['step'] for line in (workdir / 'metrics.jsonl').read_text().splitlines()
+  ]
   assert max(steps) == 4
   assert (workdir / 'checkpoints' / '4').is_dir()
