@@ -7,8 +7,9 @@ r"""Trains and evaluates any experiment of the papers from a config.
 The config is locked: ``--config.<key>=<value>`` overrides a field and an
 unknown key is a one-line error naming the closest keys, before anything is
 prepared or compiled. Every field of the model (and of its ContextPool) is a
-key: the config files fill them in with the modules' defaults
-(``configs/common.py``), e.g. ``--config.model.context_pool.ratio=0.025``.
+key: the command line fills them in with the modules' defaults before it applies the
+overrides (``contextpool_jax/config_fields.py``), e.g.
+``--config.model.context_pool.ratio=0.025``.
 Re-running with the same ``--workdir`` resumes from its latest checkpoint.
 
 Several processes (docs/distributed.md#multi-host): on a Cloud TPU pod, SLURM, Open MPI or
@@ -56,24 +57,27 @@ def _fail(message: str) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
   """``app.run``'s flag parsing, with one line for an override that does not fit the config.
 
-  config_flags applies ``--config.<path>`` overrides while parsing; a path the
-  config does not have ends there in a traceback (KeyError / AttributeError /
-  ValueError), which becomes ``error: config file F: unknown override
-  --config.<path>; did you mean: ...?``. Changing ``model.name`` is refused: the
-  config's model fields were filled in for its own model.
+  The config file's config is completed (every field of its model, with its
+  default: ``command_line.load_config_file``), then config_flags applies the
+  ``--config.<path>`` overrides while parsing; a path the config does not have
+  ends there in a traceback (KeyError / AttributeError / ValueError), which
+  becomes ``error: config file F: unknown override --config.<path>; did you mean:
+  ...?``. Changing ``model.name`` is refused: the config's model fields were
+  filled in for its own model.
   """
-  # The package is imported only after the flags are parsed and JAX's distributed
-  # runtime is up (main): nothing in it may touch a JAX backend before that.
-  from contextpool_jax.training import config_fields  # pylint: disable=g-import-not-at-top
+  # Importing the package touches no JAX backend: that waits for main, after JAX's
+  # distributed runtime is up.
+  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
 
+  flags.FLAGS['config'].parser = command_line.ConfigFileParser()
   try:
     rest = app.parse_flags_with_usage(argv)
   except Exception:  # pylint: disable=broad-except  # explained below, or re-raised
-    message = config_fields.override_error(argv)
+    message = command_line.override_error(argv)
     if message is None:
       raise
     _fail(message)
-  message = config_fields.model_name_error(
+  message = command_line.model_name_error(
       argv, config_flags.get_override_values(flags.FLAGS['config'])
   )
   if message:

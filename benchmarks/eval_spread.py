@@ -41,12 +41,13 @@ def _scorer(workdir: str, split: str):
   import jax  # pylint: disable=g-import-not-at-top
 
   from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import load, tasks  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import tasks  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top
 
   model, variables, config = load(workdir)
   objective = tasks.make_objective(config)
   spec = lm_input.resolve_spec(config)
-  corpus = lm_input.load_split(config, split)
+  corpus = lm_input.load_split(spec, split)
 
   @jax.jit
   def sums(batch):

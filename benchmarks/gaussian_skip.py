@@ -42,8 +42,9 @@ import numpy as np
 
 from benchmarks import harness
 from contextpool_jax import viz
+from contextpool_jax.inference import sampling
 from contextpool_jax.layers import context_pool as cp
-from contextpool_jax.training.workdirs import load as load_workdir
+from contextpool_jax.workdirs import load as load_workdir
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'A trained default LM (train.py --config configs/default.py).'
@@ -77,7 +78,7 @@ def learned_sizes(workdir: str, windows: int) -> tuple[dict[str, dict[str, np.nd
   context = config.dataset.seq_len
   pool = dict(config.model.context_pool or {})
   ratio = pool.get('ratio') or cp.DEFAULT_RATIO[1]
-  if not pool.get('causal', True) and config.task != 'lm':
+  if not sampling.is_language_model(model):
     raise ValueError('benchmarks.gaussian_skip needs a causal LM workdir (configs/default.py).')
   text = _inspect_module.getsource(_inspect_module)
   out: dict[str, dict[str, list[np.ndarray]]] = {}
@@ -114,7 +115,7 @@ def programs(rule, block_size, inputs, skip_nats, backward: bool):
   def forward(sigma, log_w, x):
     c = inputs.centres._replace(sigma=sigma)
     k = inputs.context._replace(log_w=log_w, x=x)
-    return cp._pool_blockwise(rule, block_size, cp.PoolInputs(c, k), skip_nats)
+    return cp.pool_blockwise(rule, block_size, cp.PoolInputs(c, k), skip_nats)
 
   def loss(sigma, log_w, x):
     return jnp.sum(forward(sigma, log_w, x) * probe)

@@ -54,7 +54,7 @@ from contextpool_jax.data import lm_input
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.models import transformer
 from contextpool_jax.training import objectives
-from contextpool_jax.training.workdirs import checkpoint_steps, load, read_config
+from contextpool_jax.workdirs import checkpoint_steps, load, read_config
 
 WIDE = 0.5  # s above this counts as a wide pool
 GRAD_WINDOWS = 64  # fixed training windows of the gradient norm
@@ -91,7 +91,7 @@ def _windows(
 def validation_windows(config, max_bytes: int) -> np.ndarray:
   """The non-overlapping full windows ``[w, seq_len + 1]`` of the first
   ``max_bytes`` of the validation split (the study's ``eval_max_bytes``)."""
-  split = lm_input.load_split(config, 'validation')
+  split = lm_input.load_split(lm_input.resolve_spec(config), 'validation')
   n = config.dataset.seq_len
   usable = min(len(split), max_bytes)
   return _windows(split, np.arange(0, usable - n - 1 + 1, n), n)
@@ -99,7 +99,7 @@ def validation_windows(config, max_bytes: int) -> np.ndarray:
 
 def training_windows(config) -> np.ndarray:
   """:data:`GRAD_WINDOWS` training windows at seeded offsets (the same for every run)."""
-  split = lm_input.load_split(config, 'train')
+  split = lm_input.load_split(lm_input.resolve_spec(config), 'train')
   n = config.dataset.seq_len
   rng = np.random.default_rng(GRAD_SEED)
   return _windows(split, np.sort(rng.integers(0, len(split) - n - 1, GRAD_WINDOWS)), n)

@@ -585,6 +585,7 @@ def measure_costs(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
+  from contextpool_jax import config_fields  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, tasks  # pylint: disable=g-import-not-at-top
 
   def workload(arm: str, depth: int) -> harness.Workload:
@@ -596,7 +597,7 @@ def measure_costs(
       return {'tokens': tokens, 'weights': jnp.ones((config.batch_size, n), jnp.float32)}
 
     return harness.Workload(
-        module=tasks.build_model(config),
+        module=config_fields.build_model(config),
         objective=tasks.make_objective(config),
         make_batch=make_batch,
         optimizer=optim.make_optimizer(config.optimizer, config.num_train_steps),

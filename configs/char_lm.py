@@ -18,7 +18,6 @@ sinusoidal positions, which do not extrapolate beyond the trained length.
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 STAGES = {  # stage: (sequence length, batch size, steps, learning rate)
     'stage1': (2048, 32, 430_000, 2.5e-4),
@@ -34,7 +33,7 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   parts = [a.strip() for a in (arg or 'stage1').split(',')]
   stage, kind = parts[0], (parts[1] if len(parts) > 1 else 'cp')
   if stage not in STAGES or kind not in KINDS:
-    raise ConfigError(
+    raise ValueError(
         f'configs/{dataset}.py:{arg!r}: expected "<stage>[,cp|baseline]" with '
         f'stage in {tuple(STAGES)}.'
     )
@@ -86,4 +85,4 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
           eval_max_bytes=0,
       )
   )
-  return common.complete(c)
+  return c

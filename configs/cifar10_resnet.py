@@ -13,13 +13,12 @@ learning rate 0.1 divided by 10 at 32k and 48k iterations, 64k iterations;
 import ml_collections
 
 from configs import common
-from contextpool_jax import checks
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
 
 
 def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
-  checks.check_choice('configs/cifar10_resnet.py', 'argument', arg, ARGS)
+  common.check_argument('configs/cifar10_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 64_000
@@ -31,4 +30,4 @@ def get_config(arg: str = 'cp_resnet44') -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(name=arg, num_classes=10))
   c.optimizer.update(**common.step_sgd(boundaries=(32_000, 48_000)))
   c.dataset = common.image_dataset('cifar10', 32, eval_split='test')
-  return common.complete(c)
+  return c

@@ -1,18 +1,27 @@
 """Fields every config has, with defaults; experiment files override them.
 
 Also the pieces several experiment files share: the step-decay SGD recipe of
-the ResNet papers, the fields of an image dataset, and :func:`complete`, which
-every ``get_config`` returns through so that each field of its model can be
-overridden from the command line. A config file lists every argument its
-``get_config`` takes in ``ARGS`` (the tests run each) and checks its argument
-against them with :func:`contextpool_jax.checks.check_choice` (a ``ConfigError``).
+the ResNet papers, the fields of an image dataset, and :func:`check_argument`. A
+config file lists every argument its ``get_config`` takes in ``ARGS`` (the tests run
+each) and checks its argument against them (a ``ValueError`` naming the file, the
+argument and the allowed values).
+
+Config files import only ``ml_collections`` and this file: the config flows one
+way, into the library. A config file lists only what differs from the modules'
+defaults; ``train.py`` fills in every other field of the model (and of its
+ContextPool) before it applies the command line's overrides
+(``contextpool_jax/config_fields.py``), so ``--config.model.<field>`` and
+``--config.model.context_pool.<field>`` reach every field, and the trainer records
+them all in ``<workdir>/config.json``.
 """
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import ml_collections
 
-from contextpool_jax.training import config_fields, writers
+# The W&B project and the MLflow experiment of every run (config.wandb.project,
+# config.mlflow.experiment).
+PROJECT = 'contextpool-jax'
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -48,12 +57,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.wandb = ml_collections.ConfigDict(
       # entity, name: '' = your default entity, the workdir's name; mode: '' (W&B's
       # default: WANDB_MODE, else online) | 'online' | 'offline' | 'disabled'.
-      dict(project=writers.PROJECT, entity='', name='', mode='')
+      dict(project=PROJECT, entity='', name='', mode='')
   )
   c.mlflow = ml_collections.ConfigDict(
       # tracking_uri: '' = sqlite:///<workdir>/mlruns/mlflow.db (offline; artifacts in
       # <workdir>/mlruns/artifacts) or a server's URI; run_name: '' = the workdir's name.
-      dict(tracking_uri='', experiment=writers.PROJECT, run_name='')
+      dict(tracking_uri='', experiment=PROJECT, run_name='')
   )
   # A jax.profiler trace of steps start_step .. start_step + num_steps - 1 into
   # <workdir>/profile (training/profiling.py); num_steps=0: off.
@@ -80,16 +89,14 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def complete(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """``c`` with every field of the model ``c.model.name`` builds in ``c.model`` (and
-  of ContextPool in ``c.model.context_pool`` when it is a mapping), with the
-  modules' defaults where the file sets none (config_fields.complete).
-
-  A config file lists only what differs from the modules' defaults and returns
-  ``common.complete(c)``: ``--config.model.<field>`` and
-  ``--config.model.context_pool.<field>`` then reach every field.
-  """
-  return config_fields.complete(c)
+def check_argument(config_file: str, argument: str, allowed: Iterable[str]) -> None:
+  """Raises ValueError unless ``argument`` (of ``get_config``) is one of ``allowed``."""
+  allowed = tuple(allowed)
+  if argument not in allowed:
+    raise ValueError(
+        f'{config_file}: argument {argument!r} is not supported; allowed values: '
+        f'{", ".join(repr(a) for a in allowed)}.'
+    )
 
 
 def step_sgd(boundaries: Sequence[int], learning_rate: float = 0.1) -> dict:

@@ -16,21 +16,20 @@ setup (``configs/enwik8.py``) that exercises every part of the training system.
       --config.model.context_pool.ratio=0.025 --config.model.context_pool_heads=2
 
 Every field of the model and of its ContextPool can be overridden so
-(``common.complete`` fills in the ones this file does not set, with the modules'
-defaults); ``<workdir>/config.json`` records them all.
+(``train.py`` fills in the ones this file does not set, with the modules' defaults);
+``<workdir>/config.json`` records them all.
 """
 
 import ml_collections
 
 from configs import common
-from contextpool_jax import checks
 
 ARGS = ('', 'baseline')  # every argument get_config takes
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   """``variant``: '' (CP-Transformer LM) or 'baseline' (the same LM without ContextPool)."""
-  checks.check_choice('configs/default.py', 'argument', variant, ARGS)
+  common.check_argument('configs/default.py', variant, ARGS)
   c = common.base_config()
   c.task = 'lm'
   c.num_train_steps = 500
@@ -48,7 +47,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
           dropout_rate=0.0,
           context_pool_position='attention_input',
           # The ContextPool fields the paper's ablations change, at their defaults
-          # (listed for reference; common.complete fills in every other field).
+          # (listed for reference; train.py fills in every other field).
           context_pool=dict(
               size_norm='sigmoid',
               residual=False,
@@ -89,4 +88,4 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
           eval_max_bytes=0,
       )
   )
-  return common.complete(c)
+  return c

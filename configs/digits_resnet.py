@@ -17,13 +17,12 @@ learning rate 0.05 with 100 warm-up steps and a cosine decay over 2,000 steps
 import ml_collections
 
 from configs import common
-from contextpool_jax import checks
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
 
 
 def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
-  checks.check_choice('configs/digits_resnet.py', 'argument', arg, ARGS)
+  common.check_argument('configs/digits_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.num_train_steps = 2_000
@@ -45,4 +44,4 @@ def get_config(arg: str = 'cp_resnet20') -> ml_collections.ConfigDict:
   c.dataset = common.image_dataset(
       'sklearn_digits', 16, eval_split='validation', eval_batch_size=300
   )
-  return common.complete(c)
+  return c

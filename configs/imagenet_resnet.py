@@ -20,7 +20,6 @@ schedule (cosine decay, 5 warm-up epochs, label smoothing 0.1, Nesterov, batch
 import ml_collections
 
 from configs import common
-from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 ARGS = (
@@ -35,7 +34,7 @@ ARGS = (
 
 
 def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
-  checks.check_choice('configs/imagenet_resnet.py', 'argument', arg, ARGS)
+  common.check_argument('configs/imagenet_resnet.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   attention = arg.startswith(('lambda', 'aa'))
@@ -62,4 +61,4 @@ def get_config(arg: str = 'cp_resnet50') -> ml_collections.ConfigDict:
   else:
     c.optimizer.update(**common.step_sgd(boundaries=[e * steps_per_epoch for e in (30, 60, 80)]))
   c.dataset = common.image_dataset('imagenet2012', 224, eval_split='validation', crop_area_min=0.08)
-  return common.complete(c)
+  return c

@@ -14,7 +14,6 @@ error message says where the tar files go).
 import ml_collections
 
 from configs import common
-from contextpool_jax import checks
 
 _TRAIN_IMAGES = 1_281_167
 
@@ -23,7 +22,7 @@ ARGS = ('vit_b16', 'cp_vit_b16', 'vit_s16', 'cp_vit_s16', 'vit_ti16', 'cp_vit_ti
 
 
 def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
-  checks.check_choice('configs/imagenet_vit.py', 'argument', arg, ARGS)
+  common.check_argument('configs/imagenet_vit.py', arg, ARGS)
   c = common.base_config()
   c.task = 'classification'
   c.batch_size = 1024
@@ -60,4 +59,4 @@ def get_config(arg: str = 'cp_vit_b16') -> ml_collections.ConfigDict:
       cutmix_alpha=1.0,
       mixup_switch_prob=0.5,
   )
-  return common.complete(c)
+  return c

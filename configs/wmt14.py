@@ -24,7 +24,6 @@ steps (Big: ~16k tokens, 600k steps). We batch a fixed number of sentence pairs
 import ml_collections
 
 from configs import common
-from contextpool_jax.errors import ConfigError
 
 SIZES = ('tiny', 'small', 'base', 'big')
 KINDS = ('standard', 'local', 'area', 'cp')
@@ -40,7 +39,7 @@ ARGS = tuple(f'{p},{s},{k}' for p in PAIRS for s in SIZES for k in KINDS)  # eve
 def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
   pair, size, kind = (a.strip() for a in arg.split(','))
   if pair not in PAIRS or size not in SIZES or kind not in KINDS:
-    raise ConfigError(
+    raise ValueError(
         f'configs/wmt14.py:{arg!r}: expected "<pair>,<size>,<kind>" with pair in '
         f'{tuple(PAIRS)}, size in {SIZES}, kind in {KINDS}.'
     )
@@ -92,4 +91,4 @@ def get_config(arg: str = 'en-de,base,cp') -> ml_collections.ConfigDict:
           eval_batch_size=256,
       )
   )
-  return common.complete(c)
+  return c

@@ -15,7 +15,7 @@ Models by name: ``contextpool_jax.models.create(name, **overrides)`` and
 
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import dot_product_area_attention
-from contextpool_jax.layers.areas import area_features
+from contextpool_jax.layers.area_attention.areas import area_features
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import relative_logits_2d
 from contextpool_jax.layers.context_pool import ContextPool

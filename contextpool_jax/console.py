@@ -69,10 +69,6 @@ def set_quiet(quiet: bool) -> None:
     absl_logger.removeFilter(_FILTER)
 
 
-def is_quiet() -> bool:
-  return _state['quiet']
-
-
 @contextlib.contextmanager
 def library_output() -> Iterator[None]:
   """Inside, what a library prints to stdout is dropped when quiet (TFDS announces

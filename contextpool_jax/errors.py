@@ -10,7 +10,7 @@ edited, a JAX error) keeps its traceback.
 :class:`ConfigError` marks a bad configuration value (a module field, a config
 entry): its message names the field, the value and what is allowed. The other
 errors are defined here too, next to their base, and re-exported by the modules
-that raise them (``training.workdirs.WorkdirError``, ``training.checkpoints.CheckpointError``,
+that raise them (``workdirs.WorkdirError``, ``training.checkpoints.CheckpointError``,
 ``training.trainer.NonFiniteLossError``, ``data.DatasetNotFoundError``).
 """
 

@@ -1,27 +1,112 @@
-r"""The sampling command line's entry point and flags, and the old home of sampling and
-translation (kept as an alias: the code is in :mod:`contextpool_jax.inference`,
-``sampling``, ``translation`` and ``cli``).
+r"""The sampling command line: text from a language-model workdir, translations from a
+translation workdir (``python -m contextpool_jax.sample``): its flags and what it does
+with them.
 
   python -m contextpool_jax.sample --workdir /tmp/cp --prompt "def " --length 200 \
       --temperature 0.8 --top_k 40 --seed 0
   python -m contextpool_jax.sample --workdir /tmp/wmt --sentence "A small house." --beam_size 4
 
-The names below keep working (``from contextpool_jax import sample``;
-``sample.sample_text`` ...).
+Other flags: ``--step N`` (a checkpoint; default the latest); translation: ``--sentence`` once
+per sentence, ``--alpha 0.6`` (length penalty), ``--max_len 0`` (0: the config's).
+
+What a workdir gets is decided by the model it holds (:func:`runner`), not by its
+config: a language model gets :func:`~contextpool_jax.inference.sampling.sample_text`,
+an encoder-decoder :func:`~contextpool_jax.inference.translation.translate`.
 """
 
-# pylint: disable=unused-import
-from contextpool_jax.byte_text import decode_bytes, encode_bytes
+from __future__ import annotations
+
+import sys
+
+from contextpool_jax.errors import ArgumentError, ContextPoolJaxError
 from contextpool_jax.inference import decoding
-from contextpool_jax.inference.cli import main, run
-from contextpool_jax.inference.sampling import (
-    cached_next_token_logits,
-    choose_tokens,
-    next_token_logits,
-    sample_text,
-    sample_tokens,
-)
-from contextpool_jax.inference.translation import encode_sentences, load_vocab, translate
+from contextpool_jax.inference.sampling import is_language_model, sample_text
+from contextpool_jax.inference.translation import load_vocab, translate
+
+# absl (flags, app) and the workdir loader come with the train extra; they are
+# imported where they are used so that this module imports without it.
+
+
+def _sample_lm(flag_values, model, variables, config) -> list[str]:
+  if flag_values.sentence:
+    raise ArgumentError(
+        f'--sentence is for translation workdirs; {flag_values.workdir} is a '
+        'language model: use --prompt.'
+    )
+  if flag_values.prompt is None:
+    raise ArgumentError(
+        f'--prompt is required for a language model workdir ' f'({flag_values.workdir}).'
+    )
+  text = sample_text(
+      model,
+      variables,
+      config,
+      flag_values.prompt,
+      length=flag_values.length,
+      temperature=flag_values.temperature,
+      top_k=flag_values.top_k,
+      seed=flag_values.seed,
+  )
+  return [flag_values.prompt + text]
+
+
+def _translate(flag_values, model, variables, config) -> list[str]:
+  if not flag_values.sentence:
+    raise ArgumentError(
+        f'--sentence is required for a translation workdir '
+        f'({flag_values.workdir}); repeat it for several sentences.'
+    )
+  vocab = load_vocab(flag_values.workdir, config)
+  return translate(
+      model,
+      variables,
+      config,
+      vocab,
+      flag_values.sentence,
+      beam_size=flag_values.beam_size,
+      alpha=flag_values.alpha,
+      max_len=flag_values.max_len,
+  )
+
+
+def runner(model):
+  """What the command line does with a workdir's model: translate with an
+  encoder-decoder, sample text from a language model; None for any other model."""
+  if decoding.is_encoder_decoder(model):
+    return _translate
+  if is_language_model(model):
+    return _sample_lm
+  return None
+
+
+def run(flag_values) -> list[str]:
+  """What the command line prints, one string per sample/translation."""
+  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # train extra
+
+  model, variables, config = load(flag_values.workdir, flag_values.step)
+  run_model = runner(model)
+  if run_model is None:
+    raise ArgumentError(
+        f'{flag_values.workdir} holds a {type(model).__name__} (config.model.name='
+        f'{config.model.name!r}); sampling supports language models (text) and '
+        'encoder-decoder translation models.'
+    )
+  return run_model(flag_values, model, variables, config)
+
+
+def main(argv):
+  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # train extra
+
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.ERROR)  # orbax's read-only notices
+  try:
+    outputs = run(flags.FLAGS)
+  except (ContextPoolJaxError, FileNotFoundError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+  for text in outputs:
+    print(text)
 
 
 def define_flags():

@@ -37,13 +37,12 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from contextpool_jax.byte_text import encode_bytes
-from contextpool_jax.checks import check_argument as _check
+from contextpool_jax.checks import check_argument
 from contextpool_jax.errors import ContextPoolJaxError
+from contextpool_jax.numerics import MIN_TWO_VARIANCE
 
 WEIGHTS = 'pool_weights'
 SIGMA = 'pool_sigma'
-# As in the layer: 2 sigma^2 + this, so a zero sigma is a delta, not a NaN.
-_MIN_TWO_VARIANCE = 1e-12
 
 
 def _figure(**kwargs):
@@ -87,7 +86,7 @@ def pool_intermediates(
   sequences, 2 for grids. Non-local pairwise weights are left out (not ``[batch,
   *spatial]``); a layer without a learned size has no ``'pool_sigma'``.
   """
-  _check('spatial_ndim', spatial_ndim, spatial_ndim in (1, 2), '1 (sequences) or 2 (grids)')
+  check_argument('spatial_ndim', spatial_ndim, spatial_ndim in (1, 2), '1 (sequences) or 2 (grids)')
   tree = intermediates.get('intermediates', intermediates)
   layers: dict[str, dict[str, np.ndarray]] = {}
   for path, value in sorted(_flatten(tree).items()):
@@ -136,7 +135,9 @@ def _flat_centres(centres: Sequence[Any], spatial: Sequence[int]) -> np.ndarray:
         if (isinstance(c, (tuple, list, np.ndarray)) and len(spatial) > 1)
         else int(c)
     )
-    _check('centre', c, 0 <= index < n, f'a position inside the input of shape {tuple(spatial)}')
+    check_argument(
+        'centre', c, 0 <= index < n, f'a position inside the input of shape {tuple(spatial)}'
+    )
     flat.append(index)
   return np.asarray(flat, np.int64)
 
@@ -155,7 +156,7 @@ def gaussian_support(
   idx = _flat_centres(centres, spatial)
   coords = _coordinates(spatial)
   d2 = np.sum(np.square(coords[idx][:, None] - coords[None]), -1)  # [k, n]
-  two_var = 2.0 * np.square(sigma.reshape(-1)[idx])[:, None] + _MIN_TWO_VARIANCE
+  two_var = 2.0 * np.square(sigma.reshape(-1)[idx])[:, None] + MIN_TWO_VARIANCE
   g = np.exp(-d2 / two_var)
   if causal:
     g = np.where(np.arange(coords.shape[0])[None] <= idx[:, None], g, 0.0)
@@ -172,7 +173,7 @@ def pooling_distribution(
   learned weights, Gaussian locality, ``residual=False``).
   """
   weights = np.asarray(weights, np.float64)
-  _check(
+  check_argument(
       'weights.shape',
       weights.shape,
       weights.shape == np.shape(sigma),
@@ -224,9 +225,9 @@ def plot_pool_text(
   weights = np.asarray(weights, np.float64).reshape(-1)
   sigma = np.asarray(sigma, np.float64).reshape(-1)
   n = len(tokens)
-  _check('weights.shape', weights.shape, weights.size == n, f'{n} values, one per token')
-  _check('sigma.shape', sigma.shape, sigma.size == n, f'{n} values, one per token')
-  _check('line_width', line_width, line_width > 0, 'a positive int')
+  check_argument('weights.shape', weights.shape, weights.size == n, f'{n} values, one per token')
+  check_argument('sigma.shape', sigma.shape, sigma.size == n, f'{n} values, one per token')
+  check_argument('line_width', line_width, line_width > 0, 'a positive int')
   width = min(line_width, max(n, 1))
   rows = -(-n // width)
   fig = _figure(figsize=(max(4.0, 0.17 * width + 1.5), 2 * (0.32 * rows + 0.6)))
@@ -268,7 +269,7 @@ def plot_gaussian_supports(
   """
   weights = np.asarray(weights, np.float64).reshape(-1)
   sigma = np.asarray(sigma, np.float64).reshape(-1)
-  _check('centres', centres, len(centres) > 0, 'at least one token position')
+  check_argument('centres', centres, len(centres) > 0, 'at least one token position')
   g = gaussian_support(sigma, centres, causal=causal)
   p = pooling_distribution(weights, sigma, centres, causal=causal)
   fig = _figure(figsize=(10, 5))
@@ -300,7 +301,7 @@ def plot_sigma_distribution(
   ``sigmas``: ``{layer name: any-shape array of sigma values}``, in display order.
   Row k's bars are ``np.histogram(sigmas[k], bins)`` over a shared range.
   """
-  _check('sigmas', list(sigmas), len(sigmas) > 0, 'at least one layer')
+  check_argument('sigmas', list(sigmas), len(sigmas) > 0, 'at least one layer')
   values = {k: np.asarray(v, np.float64).reshape(-1) for k, v in sigmas.items()}
   lo = min(v.min() for v in values.values())
   hi = max(v.max() for v in values.values())
@@ -336,8 +337,8 @@ def plot_pool_grid(
   """
   weights = np.asarray(weights, np.float64)
   sigma = np.asarray(sigma, np.float64)
-  _check('weights.shape', weights.shape, weights.ndim == 2, '[height, width]')
-  _check(
+  check_argument('weights.shape', weights.shape, weights.ndim == 2, '[height, width]')
+  check_argument(
       'sigma.shape',
       sigma.shape,
       sigma.shape == weights.shape,
@@ -390,7 +391,7 @@ def area_grid(probs: np.ndarray, starts: np.ndarray, widths: np.ndarray, length:
   ``widths``: ``[num_areas]`` (e.g. ``area_layout(...).col`` and ``.width``)."""
   probs = np.asarray(probs, np.float64).reshape(-1)
   starts, widths = np.asarray(starts), np.asarray(widths)
-  _check(
+  check_argument(
       'probs.shape',
       probs.shape,
       probs.size == starts.size == widths.size,
@@ -450,7 +451,7 @@ def plot_costs(costs: Mapping[str, Mapping[str, float]], *, title: Optional[str]
   'temp_bytes': ...}}`` (e.g. ``benchmarks.harness.compiled_cost`` or
   ``compiled.cost_analysis()`` / ``memory_analysis()``). Left: GFLOPs, right:
   temporary memory in MiB; bars in the given order."""
-  _check('costs', list(costs), len(costs) > 0, 'at least one layer')
+  check_argument('costs', list(costs), len(costs) > 0, 'at least one layer')
   names = list(costs)
   fig = _figure(figsize=(9, 0.45 * len(names) + 1.5))
   left, right = fig.subplots(1, 2, sharey=True)
@@ -475,7 +476,7 @@ def lm_pools(
   """``(labels, pools)`` of a byte-level LM over ``text``: its first ``context`` bytes
   (labels from :func:`byte_labels`) and the :func:`model_pools` of one pass
   (arrays ``[1, n]``)."""
-  _check('text', text, bool(text), 'a non-empty string')
+  check_argument('text', text, bool(text), 'a non-empty string')
   ids = encode_bytes(text, model.vocab_size)[:context]
   labels = byte_labels(text)[: len(ids)]
   return labels, model_pools(model, variables, np.asarray([ids], np.int32))
@@ -491,13 +492,15 @@ def workdir_figures(
   # Loading a workdir needs the train extra; this module imports without it.
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.data import lm_input
-  from contextpool_jax.training import load, tasks
+  from contextpool_jax.inference import sampling
+  from contextpool_jax.workdirs import load
 
   model, variables, config = load(workdir, step)
-  if not isinstance(tasks.kind_of(config), tasks.LanguageModelKind):
+  if not sampling.is_language_model(model):
     raise ValueError(
-        f'{workdir} has config.task={config.task!r}; the command line draws '
-        "language-model workdirs ('lm'). For images use plot_pool_grid."
+        f'{workdir} holds a {type(model).__name__} (config.model.name='
+        f'{config.model.name!r}); the command line draws language-model workdirs. '
+        'For images use plot_pool_grid.'
     )
   labels, pools = lm_pools(model, variables, text, context=lm_input.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}

@@ -14,7 +14,11 @@ import contextpool_jax
 import ref_area_attention as ref
 from contextpool_jax import layers
 from contextpool_jax.layers import area_attention as aa
-from contextpool_jax.layers import areas
+from contextpool_jax.layers.area_attention import areas
+from contextpool_jax.layers.area_attention import masks
+from contextpool_jax.layers.area_attention.attend import attend
+from contextpool_jax.layers.area_attention.through_items import QUERY_BLOCK
+from contextpool_jax.layers.area_attention.through_items import attend_through_items
 
 # (q_len, kv_len, max_area_width, max_area_height, memory_height)
 CONFIGS = {
@@ -112,8 +116,8 @@ def _area_kwargs(cfg):
 
 
 def test_public_names_importable_where_they_were():
-  """The layout and features live in layers/areas.py; every public name is still
-  importable from area_attention and the packages, and is the same object."""
+  """The layout and features live in area_attention/areas.py; every public name is
+  also importable from area_attention and the packages, and is the same object."""
   for name in (
       'FEATURE_NAMES',
       'AreaFeatures',
@@ -329,7 +333,7 @@ def test_broadcast_masks_match_bruteforce(mask_kind):
   )
 
 
-# More queries than one block of the item-logit path (aa._QUERY_BLOCK), not a
+# More queries than one block of the item-logit path (QUERY_BLOCK), not a
 # multiple of it.
 LONG_CONFIGS = {'1d_long': (70, 9, 4, 1, 1), '2d_long': (45, 12, 3, 2, 3)}
 
@@ -340,13 +344,13 @@ def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
   q_len, kv_len = LONG_CONFIGS.get(cfg, CONFIGS.get(cfg))[:2]
   q, k, v = _qkv(q_len, kv_len, seed=23)
   layout = aa.area_layout(kv_len, **_area_kwargs(LONG_CONFIGS.get(cfg, CONFIGS.get(cfg))))
-  area_mask = aa._area_mask(_mask(mask_kind, q_len, kv_len), layout, q_len, causal)
+  area_mask = masks.area_mask(_mask(mask_kind, q_len, kv_len), layout, q_len, causal)
   drop = dict(
       dropout_rate=0.3 if dropout else 0.0, dropout_rng=jax.random.key(3) if dropout else None
   )
 
   def through_items(q, k, v):
-    return aa._attend_through_items(
+    return attend_through_items(
         q, k, v, area_mask, layout=layout, value_mode=value_mode, scale=None, **drop
     )
 
@@ -356,7 +360,7 @@ def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
         areas.compute_area_features(v, layout, features=(value_mode,), std_epsilon=0.0),
         value_mode,
     )
-    return aa._attend(q, keys, values, area_mask, scale=None, **drop)
+    return attend(q, keys, values, area_mask, scale=None, **drop)
 
   cotangent = np.random.default_rng(24).normal(size=(B, q_len, HEADS, DEPTH_V)).astype(np.float32)
 
@@ -523,7 +527,7 @@ def test_causal_jacobian_zero_for_future_items_across_query_blocks():
   keys, values (or other queries) in any block."""
   q, k, v = (a[:1, :, :1] for a in _qkv(70, 70, seed=27))
   f = functools.partial(aa.dot_product_area_attention, causal=True, max_area_width=4)
-  assert 70 > aa._QUERY_BLOCK
+  assert 70 > QUERY_BLOCK
   jac_q, jac_k, jac_v = jit(jax.jacrev(f, argnums=(0, 1, 2)))(q, k, v)
   _assert_causal_jacobian(jac_k, 1, 5)
   _assert_causal_jacobian(jac_v, 1, 5)

@@ -6,9 +6,12 @@ resumes, and reports paired differences computed from the results it was given.
 
 import json
 
+import numpy as np
+
 from benchmarks import ablation_default
 from benchmarks import corpus_splits
 from benchmarks import eval_spread
+from test_old_workdir import old_workdir_copy  # a trained 2-step LM workdir
 
 
 def test_ablation_variants_set_the_fields_they_name():
@@ -77,3 +80,14 @@ def test_corpus_splits_stray_is_the_largest_share_ratio_of_a_large_folder():
   }
   # a: 0.3/0.6 and 0.9/0.6; b: 0.3/0.36 and 0.1/0.36; c holds under 5%: not checked.
   assert abs(corpus_splits.stray(summary) - 1.5) < 1e-12
+
+
+def test_split_metrics_scores_a_workdir_as_the_trainer_did(tmp_path):
+  """The study's end-of-run scorer against the trainer's own evaluation of the same
+  checkpoint (the fixture's validation split is smaller than its eval_max_bytes)."""
+  workdir = old_workdir_copy(tmp_path)
+  logged = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  trainer_eval = [m for m in logged if m['split'] == 'eval_validation'][-1]
+  scored = eval_spread.split_metrics(str(workdir), 'validation')
+  np.testing.assert_allclose(scored['bpc'], trainer_eval['bpc'], rtol=1e-5)
+  np.testing.assert_allclose(scored['accuracy'], trainer_eval['accuracy'], rtol=1e-5)

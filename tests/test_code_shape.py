@@ -4,10 +4,15 @@
   :data:`MAX_LINES` lines (``end_lineno - lineno + 1`` of its ``def``, decorators
   excluded): a longer one does several things; split it into functions named for
   what each does.
-* ``config.task`` (or any ``<x>.task``, or ``<x>.get('task', ...)``) is compared in
-  one module only, the task registry ``contextpool_jax/training/tasks.py``: every
-  decision that depends on the kind of experiment (data, objective, evaluators,
-  hooks, init batch) belongs to its entry there.
+* A config's task is read in one module only, the task registry
+  ``contextpool_jax/training/tasks.py``, in every Python file of the repository (the
+  package, ``train.py``, ``benchmarks/``, ``configs/``, ``tests/``, ...): no other
+  file compares ``config.task`` (or any ``<x>.task``), reads ``<x>.get('task', ...)``
+  or ``<x>['task']``, reads the entry ``'task'`` with a config reader, or looks
+  something up by it (``TABLE[config.task]``). Every decision that depends on the
+  kind of experiment (data, objective, evaluators, hooks, init batch) belongs to its
+  entry there; code below the registry (inference, a loaded workdir) asks the model
+  what it is instead.
 
 These can fail: the tests at the end run the checks on small sources that break them.
 """
@@ -27,6 +32,15 @@ def _sources() -> list[pathlib.Path]:
   return sorted(PACKAGE.rglob('*.py')) + [REPO / 'train.py']
 
 
+def _repository_sources() -> list[pathlib.Path]:
+  """Every Python file of the repository (not the docs' build, not git's)."""
+  return sorted(
+      p
+      for p in REPO.rglob('*.py')
+      if not {'.git', '_build', '.venv', 'venv'} & set(p.relative_to(REPO).parts)
+  )
+
+
 def long_functions(source: str, limit: int = MAX_LINES) -> list[tuple[str, int, int]]:
   """``[(name, first line, length)]`` of the functions longer than ``limit`` lines."""
   out = []
@@ -39,9 +53,16 @@ def long_functions(source: str, limit: int = MAX_LINES) -> list[tuple[str, int, 
 
 
 def _is_task(node: ast.AST) -> bool:
-  """``<x>.task`` or ``<x>.get('task', ...)``."""
+  """``<x>.task``, ``<x>.get('task', ...)`` or ``<x>['task']``."""
   if isinstance(node, ast.Attribute):
     return node.attr == 'task'
+  if isinstance(node, ast.Subscript):
+    return isinstance(node.slice, ast.Constant) and node.slice.value == 'task'
+  return _is_get_task(node)
+
+
+def _is_get_task(node: ast.AST) -> bool:
+  """``<x>.get('task', ...)``."""
   return (
       isinstance(node, ast.Call)
       and isinstance(node.func, ast.Attribute)
@@ -52,20 +73,44 @@ def _is_task(node: ast.AST) -> bool:
   )
 
 
+def _reads_task_entry(node: ast.AST) -> bool:
+  """A config reader given the entry ``'task'``: ``read_choice(config, 'task', ...)``,
+  ``lookup(config, 'task')``, ``config_readers.read_str(config, 'task')``."""
+  if not isinstance(node, ast.Call) or len(node.args) < 2:
+    return False
+  func = node.func
+  name = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', '')
+  entry = node.args[1]
+  return (
+      (name == 'lookup' or name.startswith('read_'))
+      and isinstance(entry, ast.Constant)
+      and entry.value == 'task'
+  )
+
+
 def task_comparisons(source: str) -> list[int]:
-  """The lines that compare a config's task (``==``, ``!=``, ``in``, ``not in``)."""
-  lines = []
+  """The lines that decide by a config's task: compare it (``==``, ``!=``, ``in``,
+  ``not in``), look something up by it, ``.get('task', ...)`` it, or read the entry
+  ``'task'`` with a config reader."""
+  lines = set()
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Compare) and any(
         _is_task(side) for side in [node.left, *node.comparators]
     ):
-      lines.append(node.lineno)
+      lines.add(node.lineno)
+    elif isinstance(node, ast.Subscript) and _is_task(node.slice):
+      lines.add(node.lineno)
+    elif _is_get_task(node) or _reads_task_entry(node):
+      lines.add(node.lineno)
   return sorted(lines)
 
 
 def test_the_checks_see_the_package():
   sources = _sources()
   assert REGISTRY in sources and REPO / 'train.py' in sources and len(sources) > 30
+  everything = _repository_sources()
+  for part in ('benchmarks', 'configs', 'tests'):
+    assert any(p.relative_to(REPO).parts[0] == part for p in everything), part
 
 
 @pytest.mark.parametrize('path', _sources(), ids=lambda p: str(p.relative_to(REPO)))
@@ -75,7 +120,9 @@ def test_no_function_is_longer_than_the_limit(path):
 
 
 @pytest.mark.parametrize(
-    'path', [p for p in _sources() if p != REGISTRY], ids=lambda p: str(p.relative_to(REPO))
+    'path',
+    [p for p in _repository_sources() if p != REGISTRY],
+    ids=lambda p: str(p.relative_to(REPO)),
 )
 def test_only_the_registry_compares_the_task(path):
   found = task_comparisons(path.read_text())
@@ -94,5 +141,10 @@ def test_the_checks_can_fail():
       "elif 'translation' != cfg.task:\n  pass\n"
       "ok = config.get('task', 'lm') in ('lm',)\n"
       'fine = config.task\n'
+      "task = config.get('task', 'lm')\n"
+      'run = RUNNERS[config.task]\n'
+      "kind = config_readers.read_choice(config, 'task', KINDS)\n"
+      "if config['task'] in ('lm',):\n  pass\n"
+      'also_fine = setup.task.model\n'
   )
-  assert task_comparisons(chain) == [1, 3, 5]
+  assert task_comparisons(chain) == [1, 3, 5, 7, 8, 9, 10]

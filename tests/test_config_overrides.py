@@ -3,7 +3,7 @@
 Overrides go through the real path: ``config_flags.DEFINE_config_file`` on a
 command line like ``train.py``'s (flags of their own, so nothing is global),
 then the checks look at what the built model and its module tree received
-(``tasks.build_model``, and ``jax.eval_shape`` of the trainer's init with every
+(``config_fields.build_model``, and ``jax.eval_shape`` of the trainer's init with every
 module call intercepted: no compile, no data).
 """
 
@@ -23,14 +23,14 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import default as default_config
-from contextpool_jax import models
+from contextpool_jax import config_fields, models, workdirs
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
+from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
-from contextpool_jax.models.common import CONTEXT_POOL_MODEL_FIELDS
-from contextpool_jax.training import checkpoints, config_fields, optim, steps, tasks, trainer
+from contextpool_jax.training import checkpoints, command_line, optim, steps, tasks, trainer
 from conftest import REPO, config_cases
 
 # Every config file and its variants (test_every_config_file_is_listed keeps it whole).
@@ -46,6 +46,7 @@ def _parse(config_file, overrides=()):
   argv = ['train.py', f'--config={config_file}', *(f'--config.{k}={v}' for k, v in overrides)]
   flag_values = flags.FlagValues()
   holder = config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  flag_values['config'].parser = command_line.ConfigFileParser()
   flag_values(argv)
   return holder.value
 
@@ -121,7 +122,7 @@ def test_every_config_takes_an_override_of_each_model_field_family(name, arg):
   for path, value in wanted.items():
     assert _lookup(config, path) == value, path
   assert trainer.validate_config(config).keep_checkpoint_period == 7
-  model = tasks.build_model(config)  # what the model received
+  model = config_fields.build_model(config)  # what the model received
   for path, value in wanted.items():
     if path.startswith('model.context_pool.'):
       assert model.context_pool[path.split('.')[-1]] == value, path
@@ -247,7 +248,7 @@ def test_a_field_is_offered_unless_the_trainer_or_the_model_sets_it(name):
 
 
 def test_defaults_come_from_the_modules():
-  config = default_config.get_config()
+  config = _parse('configs/default.py')
   pool_defaults = ContextPool()
   for field in config_fields.context_pool_fields():
     assert config.model.context_pool[field] == getattr(pool_defaults, field), field
@@ -257,9 +258,7 @@ def test_defaults_come_from_the_modules():
   for field in set(config_fields.model_fields('cp_transformer_lm')) - listed:
     assert config.model[field] == getattr(lm, field), field
   # A preset's values, not the class defaults: the base NMT Transformer's sizes.
-  from configs import wmt14  # pylint: disable=g-import-not-at-top
-
-  big = wmt14.get_config('en-de,big,standard')
+  big = _parse('configs/wmt14.py:en-de,big,standard')
   assert (big.model.num_layers, big.model.emb_dim, big.model.num_heads) == (6, 1024, 16)
 
 
@@ -330,7 +329,7 @@ def test_an_override_the_config_lacks_is_one_line_naming_file_key_and_close_keys
     config_file, override, message
 ):
   argv = ['train.py', '--workdir', '/tmp/w', '--config', config_file, f'--config.{override}=1']
-  error = config_fields.override_error(argv)
+  error = command_line.override_error(argv)
   assert error.startswith(f'config file {config_file}: {message}')
   assert '\n' not in error
   # ... and config_flags itself does fail on it (so train.py reaches the message).
@@ -340,15 +339,15 @@ def test_an_override_the_config_lacks_is_one_line_naming_file_key_and_close_keys
 
 def test_valid_overrides_are_not_reported():
   argv = ['train.py', '--config=configs/default.py', '--config.model.context_pool.ratio=0.1']
-  assert config_fields.override_error(argv) is None
+  assert command_line.override_error(argv) is None
   argv = ['train.py', '--config=configs/default.py', '--config.model.num_layers=3']
-  assert config_fields.model_name_error(argv, {'model.num_layers': 3}) is None
+  assert command_line.model_name_error(argv, {'model.num_layers': 3}) is None
 
 
 def test_changing_the_model_name_is_refused():
   argv = ['train.py', '--config=configs/wmt14.py:en-de,base,cp', '--config.model.name=x']
-  assert config_fields.model_name_error(argv, {'model.name': 'cp_transformer_base'}) is None
-  error = config_fields.model_name_error(argv, {'model.name': 'cp_transformer_big'})
+  assert command_line.model_name_error(argv, {'model.name': 'cp_transformer_base'}) is None
+  error = command_line.model_name_error(argv, {'model.name': 'cp_transformer_big'})
   assert error.startswith(
       'config file configs/wmt14.py:en-de,base,cp: override '
       '--config.model.name=cp_transformer_big is not allowed'
@@ -406,7 +405,7 @@ def test_the_saved_config_records_every_field_of_a_config_built_in_code(tmp_path
   config.dataset.data_dir = str(tmp_path / 'tfds')
   with pytest.raises(ConfigError, match='softmx'):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
-  saved = json.loads((tmp_path / 'run' / checkpoints.CONFIG_FILE).read_text())['model']
+  saved = json.loads((tmp_path / 'run' / workdirs.CONFIG_FILE).read_text())['model']
   assert set(saved) == set(config_fields.model_fields('cp_transformer_lm')) | {'name'}
   assert set(saved['context_pool']) == set(config_fields.context_pool_fields())
   assert saved['num_layers'] == 1 and saved['num_heads'] == 8  # given; the preset's
@@ -431,10 +430,10 @@ _OLD_DEFAULT_MODEL = dict(
 
 @pytest.mark.slow
 def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
-  config = default_config.get_config()
+  config = config_fields.complete(default_config.get_config())  # as the trainer has it
   saved = json.loads(config.to_json_best_effort())
   saved['model'] = _OLD_DEFAULT_MODEL
-  (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps(saved))
+  (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
   checkpoints.check_resume_config(tmp_path, config)  # the same run: no error
   checkpoints.check_resume_config(tmp_path, _parse('configs/default.py'))  # from the CLI
   # A field the old config did not list still counts at its default value.

@@ -7,7 +7,6 @@ small model and batch (set as overrides, like a user would on the command line).
 """
 
 import contextlib
-import importlib
 import io
 import json
 import pathlib
@@ -18,9 +17,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contextpool_jax import models
+from contextpool_jax import config_fields, models
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import evaluators, tasks, trainer
+from contextpool_jax.training import command_line, evaluators, tasks, trainer
 from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -29,8 +28,10 @@ CONFIGS = config_cases()  # every argument of every config file
 
 
 def _load(name, arg):
-  module = importlib.import_module(f'configs.{name}')
-  return module.get_config(arg) if arg else module.get_config()
+  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]``."""
+  return command_line.load_config_file(
+      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
+  )
 
 
 @pytest.mark.parametrize('name,arg', CONFIGS)
@@ -38,7 +39,7 @@ def test_every_config_is_valid(name, arg):
   config = _load(name, arg)
   trainer.validate_config(config)
   assert config.model.name in models.available()
-  model = tasks.build_model(config)  # every override is a field of the model
+  model = config_fields.build_model(config)  # every override is a field of the model
   assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
 
 

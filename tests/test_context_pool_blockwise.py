@@ -16,6 +16,8 @@ import pytest
 
 from contextpool_jax.layers import context_pool as cp
 from contextpool_jax.layers.context_pool import ContextPool
+from contextpool_jax.layers.context_pool.blocks import key_block_ranges
+from contextpool_jax.layers.context_pool.randomness import dropout_keep
 import ref_context_pool as ref
 
 D = 3
@@ -205,7 +207,7 @@ def test_dropout_is_identical_in_both_implementations_and_unbiased():
   with pytest.raises(Exception, match='dropout'):
     module.apply(params, x, mask, deterministic=False)
   # The keep mask has the right rate, and it is independent across examples.
-  keep = cp._dropout_keep(jnp.array([1, 2], jnp.uint32), 0.3, jnp.arange(512), jnp.arange(512))
+  keep = dropout_keep(jnp.array([1, 2], jnp.uint32), 0.3, jnp.arange(512), jnp.arange(512))
   assert abs(float(keep.mean()) - 0.7) < 0.005
   assert abs(float(jnp.mean(keep[0] == keep[1])) - (0.7**2 + 0.3**2)) < 0.005
 
@@ -346,12 +348,12 @@ def test_pool_block_of_any_block_is_that_slice_of_the_whole(weights, locality):
 def test_skipped_key_blocks():
   """Causal: no key block above the diagonal; fixed window: none out of reach."""
   q = np.arange(37)
-  causal = cp._key_block_ranges(q, 8, 8, 5, causal=True, reach=None)
+  causal = key_block_ranges(q, 8, 8, 5, causal=True, reach=None)
   assert causal == ((0, 1), (0, 2), (0, 3), (0, 4), (0, 5))
-  window = cp._key_block_ranges(q, 8, 8, 5, causal=False, reach=3)
+  window = key_block_ranges(q, 8, 8, 5, causal=False, reach=3)
   assert window == ((0, 2), (0, 3), (1, 4), (2, 5), (3, 5))
   # Grid 6 x 7, radius 2: reach = 2 * 7 + 2 flat positions.
-  grid = cp._key_block_ranges(np.arange(42), 7, 7, 6, causal=False, reach=16)
+  grid = key_block_ranges(np.arange(42), 7, 7, 6, causal=False, reach=16)
   assert grid[0] == (0, 4) and grid[5] == (2, 6)
 
 
@@ -453,8 +455,8 @@ def _skip_case(spatial, causal, lengths, seed=0, features=None, max_sigma=4.0):
 
 def _pool(rule, inputs, nats, block_size=16):
   if nats == 'dense':
-    return cp._pool_dense(rule, inputs)
-  return cp._pool_blockwise(rule, block_size, inputs, nats)
+    return cp.pool_dense(rule, inputs)
+  return cp.pool_blockwise(rule, block_size, inputs, nats)
 
 
 # (spatial, causal, largest sigma): on the 15 x 20 grid a block of 16 spans

@@ -10,7 +10,7 @@ import pytest
 from sklearn import datasets as sk_datasets
 import tensorflow_datasets as tfds
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 from contextpool_jax.data import image_builders as ib
 from contextpool_jax.data import image_input as ii
 from contextpool_jax.errors import ConfigError
@@ -85,10 +85,14 @@ def test_pipeline_batches_and_geometry(data_dir):
       False,
       'validation',
   )
-  batch = next(iter(ii.make_train_dataset(config, process_index=0, process_count=1)))
+  batch = next(
+      iter(ii.make_train_dataset(ii.resolve_spec(config), process_index=0, process_count=1))
+  )
   assert batch['image'].shape == (8, 16, 16, 3) and batch['image'].dtype == np.float32
   assert batch['label'].shape == (8,) and set(batch['label']) <= set(range(10))
-  evals = list(ii.make_eval_batches(config, 'test', process_index=0, process_count=1))
+  evals = list(
+      ii.make_eval_batches(ii.resolve_spec(config), 'test', process_index=0, process_count=1)
+  )
   assert sum(int(b['mask'].sum()) for b in evals) == len(_split(data_dir, 'test')[1])
 
 
@@ -104,7 +108,9 @@ def test_digits_are_never_mirrored():
 
 def test_prepared_on_first_use_in_an_empty_data_dir(tmp_path):
   config = _config(str(tmp_path / 'fresh'))
-  batch = next(iter(ii.make_eval_batches(config, process_index=0, process_count=1)))
+  batch = next(
+      iter(ii.make_eval_batches(ii.resolve_spec(config), process_index=0, process_count=1))
+  )
   assert batch['image'].shape == (300, 16, 16, 3)
   assert (tmp_path / 'fresh' / ib.NAME).is_dir()
 
@@ -112,10 +118,10 @@ def test_prepared_on_first_use_in_an_empty_data_dir(tmp_path):
 @pytest.mark.parametrize('value', [None, ''])
 def test_empty_data_dir_means_the_default_not_the_current_directory(value):
   config = ml_collections.ConfigDict({'dataset': {'data_dir': value}})
-  assert checks.read_dir(config, 'dataset.data_dir') is None
+  assert config_readers.read_dir(config, 'dataset.data_dir') is None
 
 
 def test_bad_data_dir_names_the_field():
   config = ml_collections.ConfigDict({'dataset': {'data_dir': 3}})
   with pytest.raises(ConfigError, match='config.dataset.data_dir=3'):
-    checks.read_dir(config, 'dataset.data_dir')
+    config_readers.read_dir(config, 'dataset.data_dir')

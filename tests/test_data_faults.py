@@ -62,7 +62,9 @@ def _lm_config(tmp_path, files, **dataset):
 
 
 def _train(config):
-  return lm_input.make_train_dataset(config, process_index=0, process_count=1)
+  return lm_input.make_train_dataset(
+      lm_input.resolve_spec(config), process_index=0, process_count=1
+  )
 
 
 def _prepared(tmp_path):
@@ -72,7 +74,7 @@ def _prepared(tmp_path):
 
 
 def _split_bytes(config, split):
-  corpus = lm_input.load_split(config, split)
+  corpus = lm_input.load_split(lm_input.resolve_spec(config), split)
   return corpus.read(0, len(corpus)).tobytes()
 
 
@@ -199,7 +201,9 @@ def test_a_train_split_shorter_than_two_windows_is_an_error_naming_seq_len(tmp_p
   config = _lm_config(tmp_path, files, seq_len=451)
   for make in (
       _train,
-      lambda c: lm_input.make_eval_batches(c, 'validation', process_index=0, process_count=1),
+      lambda c: lm_input.make_eval_batches(
+          lm_input.resolve_spec(c), 'validation', process_index=0, process_count=1
+      ),
   ):
     with pytest.raises(ValueError) as e:
       make(config)
@@ -228,7 +232,10 @@ def test_an_evaluation_split_shorter_than_two_bytes_is_an_error(tmp_path):
   assert _prepared(tmp_path) == []
   (tmp_path / 'a.txt').write_bytes(_text(40))  # two groups: validation 2 bytes, test 2 bytes
   (batch,) = lm_input.make_eval_batches(
-      _lm_config(tmp_path, files, seq_len=8), 'validation', process_index=0, process_count=1
+      lm_input.resolve_spec(_lm_config(tmp_path, files, seq_len=8)),
+      'validation',
+      process_index=0,
+      process_count=1,
   )
   assert batch['weights'].sum() == 1
   with pytest.raises(ValueError, match=r'config.dataset.eval_max_bytes=1 must be 0'):
@@ -279,7 +286,9 @@ def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(
   task = tasks.make_task(config, str(tmp_path)).objective
   table = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
   shards = [
-      lm_input.make_eval_batches(config, 'validation', process_index=p, process_count=process_count)
+      lm_input.make_eval_batches(
+          lm_input.resolve_spec(config), 'validation', process_index=p, process_count=process_count
+      )
       for p in range(process_count)
   ]
   assert shards[0].num_windows < 16 and all(len(s) == 1 for s in shards)
@@ -407,7 +416,9 @@ def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(
   sums, labels = {}, []
   for p in range(process_count):
     (batch,) = list(
-        image_input.make_eval_batches(config, process_index=p, process_count=process_count)
+        image_input.make_eval_batches(
+            image_input.resolve_spec(config), process_index=p, process_count=process_count
+        )
     )
     assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
     assert not batch['image'][~batch['mask']].any()
@@ -441,9 +452,13 @@ def test_image_missing_or_empty_split_names_the_setting(cifar_dir, tmp_path):
     config = _cifar_config(cifar_dir, **case.get('dataset', {}))
     with pytest.raises(ValueError) as e:
       if case.get('train'):
-        image_input.make_train_dataset(config, process_index=0, process_count=1)
+        image_input.make_train_dataset(
+            image_input.resolve_spec(config), process_index=0, process_count=1
+        )
       else:
-        image_input.make_eval_batches(config, case.get('split'), process_index=0, process_count=1)
+        image_input.make_eval_batches(
+            image_input.resolve_spec(config), case.get('split'), process_index=0, process_count=1
+        )
     assert str(e.value).startswith(f"{setting} cannot be read from 'cifar10'")
     assert available in str(e.value)
   with pytest.raises(
@@ -452,11 +467,17 @@ def test_image_missing_or_empty_split_names_the_setting(cifar_dir, tmp_path):
       r"no example of 'cifar10'",
   ):
     image_input.make_eval_batches(
-        _cifar_config(cifar_dir), 'test', process_index=0, process_count=1, source=[]
+        image_input.resolve_spec(_cifar_config(cifar_dir)),
+        'test',
+        process_index=0,
+        process_count=1,
+        source=[],
     )
   # Not prepared at all: DatasetNotFoundError saying how to prepare it.
   with pytest.raises(DatasetNotFoundError, match='tfds build cifar10'):
-    image_input.make_eval_batches(_cifar_config(tmp_path), process_index=0, process_count=1)
+    image_input.make_eval_batches(
+        image_input.resolve_spec(_cifar_config(tmp_path)), process_index=0, process_count=1
+    )
 
 
 EN = 'the a house cat dog is small big green red sees runs and old new'.split()
@@ -511,7 +532,11 @@ def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(
   for p in range(process_count):
     (batch,) = list(
         translation_input.make_eval_batches(
-            config, 'validation', process_index=p, process_count=process_count, vocab=vocab
+            translation_input.resolve_spec(config),
+            'validation',
+            process_index=p,
+            process_count=process_count,
+            vocab=vocab,
         )
     )
     assert batch['mask'].shape == (8 // process_count,) and not batch['mask'].all()
@@ -541,10 +566,14 @@ def _raised(fn):
 
 def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path):
   config = _wmt_config(wmt_dir, tmp_path)
-  vocab = translation_input.get_vocab(config, process_index=0)
+  vocab = translation_input.get_vocab(translation_input.resolve_spec(config), process_index=0)
   with pytest.raises(ValueError) as e:
     translation_input.make_eval_batches(
-        config, 'test', process_index=0, process_count=1, vocab=vocab
+        translation_input.resolve_spec(config),
+        'test',
+        process_index=0,
+        process_count=1,
+        vocab=vocab,
     )
   assert str(e.value).startswith(
       "the evaluation split 'test' (config.eval_splits) cannot be read from"
@@ -553,7 +582,7 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   assert 'Prepared splits: train (48 examples), validation (3 examples)' in str(e.value)
   with pytest.raises(ValueError, match=r"^config.dataset.train_split='train\[:0\]' cannot be"):
     translation_input.make_train_dataset(
-        _wmt_config(wmt_dir, tmp_path, train_split='train[:0]'),
+        translation_input.resolve_spec(_wmt_config(wmt_dir, tmp_path, train_split='train[:0]')),
         process_index=0,
         process_count=1,
         vocab=vocab,
@@ -562,11 +591,15 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   with pytest.raises(
       ValueError, match=r"train_split='train\[:1\]' has no examples for " 'process 1 of 2'
   ):
-    translation_input.make_train_dataset(one, process_index=1, process_count=2, vocab=vocab)
+    translation_input.make_train_dataset(
+        translation_input.resolve_spec(one), process_index=1, process_count=2, vocab=vocab
+    )
   # Every pair too long (and truncate=False): an error after two epochs, not a hang.
   too_short = _wmt_config(wmt_dir, tmp_path, max_source_len=2, max_target_len=2)
   it = iter(
-      translation_input.make_train_dataset(too_short, process_index=0, process_count=1, vocab=vocab)
+      translation_input.make_train_dataset(
+          translation_input.resolve_spec(too_short), process_index=0, process_count=1, vocab=vocab
+      )
   )
   raised = []
   puller = threading.Thread(target=lambda: raised.append(_raised(lambda: next(it))), daemon=True)
@@ -580,7 +613,10 @@ def test_translation_missing_or_empty_split_names_the_setting(wmt_dir, tmp_path)
   )
   with pytest.raises(DatasetNotFoundError, match='tfds build wmt14_translate/de-en'):
     translation_input.make_train_dataset(
-        _wmt_config(tmp_path / 'none', tmp_path), process_index=0, process_count=1, vocab=vocab
+        translation_input.resolve_spec(_wmt_config(tmp_path / 'none', tmp_path)),
+        process_index=0,
+        process_count=1,
+        vocab=vocab,
     )
 
 
@@ -627,7 +663,7 @@ def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault
 
 @pytest.mark.slow
 def test_trainer_bpc_is_exact_on_a_validation_split_smaller_than_one_batch(tmp_path):
-  from contextpool_jax.training import load
+  from contextpool_jax.workdirs import load
 
   corpus = tmp_path / 'corpus'
   corpus.mkdir()

@@ -72,8 +72,8 @@ def test_train_and_eval_batches_from_mock_tfds(name):
   size = 32 if name == 'cifar10' else 224
   cfg = make_config(name, batch_size=4, randaugment_num_ops=2, randaugment_magnitude_std=0.5)
   with mock(10):
-    batches = take(ii.make_train_dataset(cfg, process_index=1, process_count=2), 3)
-    evals = list(ii.make_eval_batches(cfg, process_index=1, process_count=2))
+    batches = take(ii.make_train_dataset(ii.resolve_spec(cfg), process_index=1, process_count=2), 3)
+    evals = list(ii.make_eval_batches(ii.resolve_spec(cfg), process_index=1, process_count=2))
   for b in batches:
     assert b['image'].shape == (2, size, size, 3) and b['image'].dtype == np.float32
     assert b['label'].shape == (2,) and b['label'].dtype == np.int32
@@ -90,20 +90,21 @@ def test_train_and_eval_batches_from_mock_tfds(name):
 def test_train_is_deterministic_and_state_round_trips():
   cfg = make_config('cifar10', batch_size=4, randaugment_num_ops=1)
   with mock(20):
-    ds = ii.make_train_dataset(cfg, process_index=0, process_count=1)
+    ds = ii.make_train_dataset(ii.resolve_spec(cfg), process_index=0, process_count=1)
     first = take(ds, 8)  # 32 examples: more than one epoch
     assert_batches_equal(
-        first, take(ii.make_train_dataset(cfg, process_index=0, process_count=1), 8)
+        first,
+        take(ii.make_train_dataset(ii.resolve_spec(cfg), process_index=0, process_count=1), 8),
     )
     it = iter(ds)
     take(ds, 3, it)
     state = it.get_state()
-    resumed = iter(ii.make_train_dataset(cfg, process_index=0, process_count=1))
+    resumed = iter(ii.make_train_dataset(ii.resolve_spec(cfg), process_index=0, process_count=1))
     resumed.set_state(state)
     assert_batches_equal(take(ds, 5, resumed), first[3:])
     other = take(
         ii.make_train_dataset(
-            make_config('cifar10', batch_size=4, seed=1, randaugment_num_ops=1),
+            ii.resolve_spec(make_config('cifar10', batch_size=4, seed=1, randaugment_num_ops=1)),
             process_index=0,
             process_count=1,
         ),
@@ -115,7 +116,10 @@ def test_train_is_deterministic_and_state_round_trips():
 def test_epochs_are_permutations_reshuffled_every_epoch():
   n, batch = 12, 4
   ds = ii.make_train_dataset(
-      make_config(batch_size=batch), process_index=0, process_count=1, source=indexed_source(n)
+      ii.resolve_spec(make_config(batch_size=batch)),
+      process_index=0,
+      process_count=1,
+      source=indexed_source(n),
   )
   labels = np.concatenate([b['label'] for b in take(ds, 3 * n // batch)]).reshape(3, n)
   for epoch in labels:
@@ -129,7 +133,10 @@ def test_train_shards_are_disjoint_per_process():
   seen = []
   for p in range(count):
     ds = ii.make_train_dataset(
-        make_config(batch_size=6), process_index=p, process_count=count, source=source
+        ii.resolve_spec(make_config(batch_size=6)),
+        process_index=p,
+        process_count=count,
+        source=source,
     )
     batches = take(ds, 4)  # one epoch of this process's 8 examples, 2 per batch
     assert all(b['label'].shape == (2,) for b in batches)
@@ -146,7 +153,9 @@ def test_eval_padding_mask_and_shards():
   valid, num_batches = [], set()
   for p in range(count):
     batches = list(
-        ii.make_eval_batches(cfg, 'test', process_index=p, process_count=count, source=source)
+        ii.make_eval_batches(
+            ii.resolve_spec(cfg), 'test', process_index=p, process_count=count, source=source
+        )
     )
     num_batches.add(len(batches))
     for b in batches:
@@ -157,7 +166,9 @@ def test_eval_padding_mask_and_shards():
     assert_batches_equal(
         batches,
         list(
-            ii.make_eval_batches(cfg, 'test', process_index=p, process_count=count, source=source)
+            ii.make_eval_batches(
+                ii.resolve_spec(cfg), 'test', process_index=p, process_count=count, source=source
+            )
         ),
     )
   assert num_batches == {5}  # ceil(ceil(25 / 3) / 2) on every process
@@ -169,7 +180,9 @@ def test_normalisation_per_channel(name, size):
   rgb = np.array([10, 128, 250], np.uint8)
   source = [{'image': np.broadcast_to(rgb, size + (3,)).copy(), 'label': 3}]
   cfg = make_config(name, eval_batch_size=1)
-  (batch,) = list(ii.make_eval_batches(cfg, process_index=0, process_count=1, source=source))
+  (batch,) = list(
+      ii.make_eval_batches(ii.resolve_spec(cfg), process_index=0, process_count=1, source=source)
+  )
   mean, std = ii.NORMALIZATION[name]
   expected = (rgb - np.array(mean)) / np.array(std)
   s = 32 if name == 'cifar10' else 224
@@ -179,7 +192,9 @@ def test_normalisation_per_channel(name, size):
   )
   # Overridden statistics.
   cfg = make_config(name, eval_batch_size=1, mean=(127.5,) * 3, std=(127.5,) * 3)
-  (batch,) = list(ii.make_eval_batches(cfg, process_index=0, process_count=1, source=source))
+  (batch,) = list(
+      ii.make_eval_batches(ii.resolve_spec(cfg), process_index=0, process_count=1, source=source)
+  )
   np.testing.assert_allclose(batch['image'][0, 0, 0], rgb / 127.5 - 1, rtol=1e-5)
 
 
@@ -217,7 +232,7 @@ def test_cifar_train_pipeline_crops_and_flips():
   image = np.random.default_rng(1).integers(1, 256, (32, 32, 3), dtype=np.uint8)
   source = [{'image': image, 'label': 0}] * 4
   ds = ii.make_train_dataset(
-      make_config(batch_size=4), process_index=0, process_count=1, source=source
+      ii.resolve_spec(make_config(batch_size=4)), process_index=0, process_count=1, source=source
   )
   kinds = set()
   for batch in take(ds, 4):
@@ -408,14 +423,19 @@ def test_batch_sizes_must_divide_by_process_count():
   source = indexed_source(4)
   with pytest.raises(ValueError, match='config.batch_size=6'):
     ii.make_train_dataset(
-        make_config(batch_size=6), process_index=0, process_count=4, source=source
+        ii.resolve_spec(make_config(batch_size=6)), process_index=0, process_count=4, source=source
     )
   with pytest.raises(ValueError, match='config.dataset.eval_batch_size=6'):
     ii.make_eval_batches(
-        make_config(eval_batch_size=6), process_index=0, process_count=4, source=source
+        ii.resolve_spec(make_config(eval_batch_size=6)),
+        process_index=0,
+        process_count=4,
+        source=source,
     )
   with pytest.raises(ValueError, match='process_index'):
-    ii.make_train_dataset(make_config(), process_index=2, process_count=2, source=source)
+    ii.make_train_dataset(
+        ii.resolve_spec(make_config()), process_index=2, process_count=2, source=source
+    )
 
 
 def test_defaults():
@@ -440,7 +460,7 @@ def test_defaults():
 def test_missing_dataset_says_how_to_prepare_it(name, tmp_path):
   cfg = make_config(name, data_dir=str(tmp_path))
   with pytest.raises(DatasetNotFoundError) as info:
-    ii.make_train_dataset(cfg, process_index=0, process_count=1)
+    ii.make_train_dataset(ii.resolve_spec(cfg), process_index=0, process_count=1)
   message = str(info.value)
   assert f'tfds build {name}' in message and '--file_format=array_record' in message
   assert str(tmp_path) in message
@@ -448,4 +468,4 @@ def test_missing_dataset_says_how_to_prepare_it(name, tmp_path):
     assert f'{tmp_path}/downloads/manual/' in message
     assert 'ILSVRC2012_img_train.tar' in message and 'ILSVRC2012_img_val.tar' in message
   with pytest.raises(FileNotFoundError):  # DatasetNotFoundError is one
-    ii.make_eval_batches(cfg, process_index=0, process_count=1)
+    ii.make_eval_batches(ii.resolve_spec(cfg), process_index=0, process_count=1)

@@ -117,7 +117,7 @@ def test_missing_dataset_says_where_to_put_the_file(tmp_path):
       name='enwik8', data_dir=data_dir, download=False, manual_dir=str(tmp_path / 'elsewhere')
   )
   with pytest.raises(DatasetNotFoundError, match=str(tmp_path / 'elsewhere' / 'enwik8.zip')):
-    lm_input.make_train_dataset(config, process_index=0, process_count=1)
+    lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=1)
 
 
 def test_failed_download_says_where_to_put_the_file(tmp_path, monkeypatch):
@@ -235,10 +235,10 @@ def _take(iterator, n):
 
 def test_train_batches_shape_dtype_and_content(corpus_dir):
   config = _config(corpus_dir)
-  ds = lm_input.make_train_dataset(config, process_index=0, process_count=1)
+  ds = lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=1)
   batches = _take(iter(ds), 3)
-  corpus = lm_input.load_split(config, 'train')
-  starts = lm_input.train_window_starts(config, len(corpus))
+  corpus = lm_input.load_split(lm_input.resolve_spec(config), 'train')
+  starts = lm_input.train_window_starts(lm_input.resolve_spec(config), len(corpus))
   for t, batch in enumerate(batches):
     assert batch['tokens'].shape == (8, 65)
     assert batch['tokens'].dtype == np.int32
@@ -252,9 +252,9 @@ def test_train_batches_shape_dtype_and_content(corpus_dir):
 
 def test_train_epochs_cover_windows_once_and_reshuffle(corpus_dir):
   config = _config(corpus_dir, seq_len=1000)
-  num_bytes = len(lm_input.load_split(config, 'train'))
+  num_bytes = len(lm_input.load_split(lm_input.resolve_spec(config), 'train'))
   n = num_bytes // 1000 - 1
-  starts = lm_input.train_window_starts(config, num_bytes)
+  starts = lm_input.train_window_starts(lm_input.resolve_spec(config), num_bytes)
   epoch0 = np.array([starts[i] for i in range(n)])
   epoch1 = np.array([starts[i] for i in range(n, 2 * n)])
   for epoch in (epoch0, epoch1):
@@ -265,18 +265,20 @@ def test_train_epochs_cover_windows_once_and_reshuffle(corpus_dir):
   assert not np.array_equal(epoch0 - epoch0.min(), epoch1 - epoch1.min())
   other_seed = _config(corpus_dir, seq_len=1000)
   other_seed.seed = 8
-  other = lm_input.train_window_starts(other_seed, num_bytes)
+  other = lm_input.train_window_starts(lm_input.resolve_spec(other_seed), num_bytes)
   assert [other[i] for i in range(n)] != list(epoch0)
 
 
 def test_train_state_round_trip_and_determinism(corpus_dir):
   config = _config(corpus_dir)
-  ds = lm_input.make_train_dataset(config, process_index=0, process_count=1)
+  ds = lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=1)
   it = iter(ds)
   _take(it, 4)
   state = it.get_state()
   expected = _take(it, 5)
-  resumed = iter(lm_input.make_train_dataset(config, process_index=0, process_count=1))
+  resumed = iter(
+      lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=1)
+  )
   resumed.set_state(state)
   for a, b in zip(expected, _take(resumed, 5)):
     np.testing.assert_array_equal(a['tokens'], b['tokens'])
@@ -287,9 +289,23 @@ def test_train_state_round_trip_and_determinism(corpus_dir):
 
 def test_train_process_shards_disjoint_and_match_global_stream(corpus_dir):
   config = _config(corpus_dir)
-  whole = _take(iter(lm_input.make_train_dataset(config, process_index=0, process_count=1)), 6)
+  whole = _take(
+      iter(
+          lm_input.make_train_dataset(
+              lm_input.resolve_spec(config), process_index=0, process_count=1
+          )
+      ),
+      6,
+  )
   shards = [
-      _take(iter(lm_input.make_train_dataset(config, process_index=p, process_count=2)), 6)
+      _take(
+          iter(
+              lm_input.make_train_dataset(
+                  lm_input.resolve_spec(config), process_index=p, process_count=2
+              )
+          ),
+          6,
+      )
       for p in range(2)
   ]
   seen = set()
@@ -322,10 +338,12 @@ def test_eval_windows_score_every_byte_once(num_bytes, context, step):
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_eval_batches_reproduce_split(corpus_dir, process_count):
   config = _config(corpus_dir, eval_context=256, eval_step=96, eval_batch_size=4)
-  corpus = lm_input.load_split(config, 'validation')
+  corpus = lm_input.load_split(lm_input.resolve_spec(config), 'validation')
   data = corpus.read(0, len(corpus))
   per_process = [
-      lm_input.make_eval_batches(config, 'validation', process_index=p, process_count=process_count)
+      lm_input.make_eval_batches(
+          lm_input.resolve_spec(config), 'validation', process_index=p, process_count=process_count
+      )
       for p in range(process_count)
   ]
   assert len({len(b) for b in per_process}) == 1
@@ -355,13 +373,19 @@ def test_eval_batches_reproduce_split(corpus_dir, process_count):
 
 def test_eval_max_bytes_and_short_split(corpus_dir):
   config = _config(corpus_dir, eval_max_bytes=1000)
-  batches = lm_input.make_eval_batches(config, 'test', process_index=0, process_count=1)
+  batches = lm_input.make_eval_batches(
+      lm_input.resolve_spec(config), 'test', process_index=0, process_count=1
+  )
   assert batches.num_predicted_bytes == 999
   assert sum(b['weights'].sum() for b in batches) == 999
   assert len(list(batches)) == len(batches)  # Re-iterable.
   config = _config(corpus_dir, eval_max_bytes=100)
-  (batch,) = list(lm_input.make_eval_batches(config, 'test', process_index=0, process_count=1))
-  data = lm_input.load_split(config, 'test').read(0, 100)
+  (batch,) = list(
+      lm_input.make_eval_batches(
+          lm_input.resolve_spec(config), 'test', process_index=0, process_count=1
+      )
+  )
+  data = lm_input.load_split(lm_input.resolve_spec(config), 'test').read(0, 100)
   np.testing.assert_array_equal(batch['tokens'][0, :100], data)
   assert not batch['tokens'][0, 100:].any()
   assert batch['weights'][0].sum() == 99 and batch['weights'][1:].sum() == 0
@@ -386,20 +410,24 @@ def test_bad_config_raises_value_error_naming_field(corpus_dir, field, value):
   config = ml_collections.ConfigDict(values)
   with pytest.raises(ValueError, match=field):
     if field.startswith('eval'):
-      lm_input.make_eval_batches(config, 'validation', process_index=0, process_count=2)
+      lm_input.make_eval_batches(
+          lm_input.resolve_spec(config), 'validation', process_index=0, process_count=2
+      )
     else:
-      lm_input.make_train_dataset(config, process_index=0, process_count=1)
+      lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=1)
 
 
 def test_bad_batch_size_and_process_arguments(corpus_dir):
   config = _config(corpus_dir)
   config.batch_size = 6
   with pytest.raises(ValueError, match='config.batch_size'):
-    lm_input.make_train_dataset(config, process_index=0, process_count=4)
+    lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=0, process_count=4)
   with pytest.raises(ValueError, match='process_index'):
-    lm_input.make_train_dataset(config, process_index=2, process_count=2)
+    lm_input.make_train_dataset(lm_input.resolve_spec(config), process_index=2, process_count=2)
   with pytest.raises(ValueError, match='split'):
-    lm_input.make_eval_batches(config, 'valid', process_index=0, process_count=1)
+    lm_input.make_eval_batches(
+        lm_input.resolve_spec(config), 'valid', process_index=0, process_count=1
+    )
 
 
 def test_bits_per_byte():

@@ -98,7 +98,7 @@ def test_context_pool_decode_needs_causal():
 # ----------------------------------------------------------------------------
 
 from contextpool_jax.models import transformer as T  # pylint: disable=g-import-not-at-top
-from contextpool_jax.training import decoding  # pylint: disable=g-import-not-at-top
+from contextpool_jax.inference import decoding  # pylint: disable=g-import-not-at-top
 
 TINY = dict(vocab_size=13, num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
 MODEL_CASES = {
@@ -340,7 +340,7 @@ def test_decode_needs_a_1d_area_memory_and_no_mask():
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp'])
 @pytest.mark.slow
 def test_lm_sampler_same_tokens_with_and_without_cache(case):
-  from contextpool_jax import sample  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.inference import sampling  # pylint: disable=g-import-not-at-top
 
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
   prompt = jnp.array([[3, 4, 5], [6, 7, 8]], jnp.int32)
@@ -351,7 +351,7 @@ def test_lm_sampler_same_tokens_with_and_without_cache(case):
       dict(length=6, context=16, temperature=1.0, top_k=5, seed=3),
       dict(length=30, context=40, temperature=0),  # cached segments 16 and 32
   ):
-    cached = sample.sample_tokens(model, params, prompt, cache=True, **kw)
-    reference = sample.sample_tokens(model, params, prompt, cache=False, **kw)
+    cached = sampling.sample_tokens(model, params, prompt, cache=True, **kw)
+    reference = sampling.sample_tokens(model, params, prompt, cache=False, **kw)
     np.testing.assert_array_equal(cached, reference)
     chex.assert_shape(cached, (2, kw['length']))

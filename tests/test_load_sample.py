@@ -14,10 +14,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from contextpool_jax import config_fields
 from contextpool_jax import sample
+from contextpool_jax.inference import sampling, translation
 from contextpool_jax import viz
 from contextpool_jax.errors import ArgumentError
-from contextpool_jax.training import WorkdirError, export_params, load, tasks, trainer
+from contextpool_jax.training import trainer
+from contextpool_jax.workdirs import WorkdirError, export_params, load
 from test_training import tiny_config  # the small offline LM config
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
@@ -54,7 +57,7 @@ def test_load_restores_the_saved_params_and_gives_their_logits(workdir):
   saved = _saved_params(workdir, 4)
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, variables['params']), saved)
   assert set(variables) == {'params'}  # the LM has no other model state
-  reference = tasks.build_model(config).apply({'params': saved}, TOKENS)
+  reference = config_fields.build_model(config).apply({'params': saved}, TOKENS)
   chex.assert_trees_all_close(model.apply(variables, TOKENS), reference, atol=0, rtol=0)
   # An earlier step is another set of parameters.
   _, earlier, _ = load(workdir, step=2)
@@ -108,24 +111,24 @@ def test_a_missing_or_wrong_workdir_is_one_clear_error(workdir, tmp_path):
 def test_sample_has_the_requested_length_and_is_reproducible(workdir):
   model, variables, config = load(workdir)
   kw = dict(length=40, temperature=1.0, top_k=0)
-  a = sample.sample_text(model, variables, config, 'def ', seed=0, **kw)
-  b = sample.sample_text(model, variables, config, 'def ', seed=0, **kw)
-  c = sample.sample_text(model, variables, config, 'def ', seed=1, **kw)
+  a = sampling.sample_text(model, variables, config, 'def ', seed=0, **kw)
+  b = sampling.sample_text(model, variables, config, 'def ', seed=0, **kw)
+  c = sampling.sample_text(model, variables, config, 'def ', seed=1, **kw)
   assert a == b and a != c
-  ids = sample.sample_tokens(
+  ids = sampling.sample_tokens(
       model, variables, jnp.asarray([[100, 101, 102]]), length=40, context=32, seed=0
   )
   assert ids.shape == (1, 40) and ids.dtype == jnp.int32
   # top_k=1 is greedy whatever the seed.
-  greedy = sample.sample_tokens(model, variables, TOKENS, length=5, context=32, temperature=0)
-  top1 = sample.sample_tokens(model, variables, TOKENS, length=5, context=32, top_k=1, seed=7)
+  greedy = sampling.sample_tokens(model, variables, TOKENS, length=5, context=32, temperature=0)
+  top1 = sampling.sample_tokens(model, variables, TOKENS, length=5, context=32, top_k=1, seed=7)
   chex.assert_trees_all_equal(greedy, top1)
 
 
 def test_greedy_sampling_matches_a_step_by_step_reference_with_a_sliding_window(workdir):
   """The prompt (33 bytes) is longer than the context (32): every step slides the window."""
   model, variables, _ = load(workdir)
-  got = sample.sample_tokens(model, variables, TOKENS, length=4, context=32, temperature=0)
+  got = sampling.sample_tokens(model, variables, TOKENS, length=4, context=32, temperature=0)
   tokens = list(np.asarray(TOKENS[0]))
   for _ in range(4):
     logits = model.apply(variables, jnp.asarray([tokens[-32:]], jnp.int32))
@@ -136,15 +139,15 @@ def test_greedy_sampling_matches_a_step_by_step_reference_with_a_sliding_window(
 def test_sampling_rejects_bad_arguments(workdir):
   model, variables, config = load(workdir)
   with pytest.raises(ValueError, match='length=0 is not allowed; expected a positive int'):
-    sample.sample_tokens(model, variables, TOKENS, length=0, context=32)
+    sampling.sample_tokens(model, variables, TOKENS, length=0, context=32)
   with pytest.raises(ValueError, match='temperature=-1.0 is not allowed'):
-    sample.sample_tokens(model, variables, TOKENS, length=2, context=32, temperature=-1.0)
+    sampling.sample_tokens(model, variables, TOKENS, length=2, context=32, temperature=-1.0)
   with pytest.raises(
       ValueError, match='top_k=300 is not allowed; expected at most the ' 'vocabulary size 256'
   ):
-    sample.sample_tokens(model, variables, TOKENS, length=2, context=32, top_k=300)
+    sampling.sample_tokens(model, variables, TOKENS, length=2, context=32, top_k=300)
   with pytest.raises(ValueError, match="prompt='' is not allowed"):
-    sample.sample_text(model, variables, config, '')
+    sampling.sample_text(model, variables, config, '')
 
 
 def test_the_command_line_names_the_flag_a_language_model_workdir_needs(workdir):
@@ -176,7 +179,9 @@ def test_sample_command_line(workdir, tmp_path):
   )
   assert out.returncode == 0, out.stderr[-2000:]
   model, variables, config = load(workdir)
-  expected = 'def ' + sample.sample_text(model, variables, config, 'def ', length=30, temperature=0)
+  expected = 'def ' + sampling.sample_text(
+      model, variables, config, 'def ', length=30, temperature=0
+  )
   assert out.stdout == expected + '\n'
   bad = _run('contextpool_jax.sample', '--workdir', str(tmp_path / 'nowhere'), '--prompt', 'x')
   assert bad.returncode == 1
@@ -256,8 +261,10 @@ def translation_workdir(tmp_path_factory):
   (root / 'config.json').write_text(config.to_json_best_effort(indent=2))
   rng = np.random.default_rng(0)
   sentences = [' '.join(rng.choice(w, 6)) for _ in range(200) for w in (EN, DE)]
-  (root / ti.vocab_filename(config)).write_bytes(ti.train_sentencepiece(sentences, vocab_size=48))
-  model = tasks.build_model(config)
+  (root / ti.vocab_filename(ti.resolve_spec(config))).write_bytes(
+      ti.train_sentencepiece(sentences, vocab_size=48)
+  )
+  model = config_fields.build_model(config)
   ids = jnp.ones((1, 8), jnp.int32)
   params = model.init(jax.random.key(0), ids, ids)['params']
   state = dict(
@@ -270,10 +277,10 @@ def translation_workdir(tmp_path_factory):
 
 
 def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
-  from contextpool_jax.training import decoding
+  from contextpool_jax.inference import decoding
 
   model, variables, config = load(translation_workdir)
-  vocab = sample.load_vocab(translation_workdir, config)
+  vocab = translation.load_vocab(translation_workdir, config)
   sentences = ['the small cat sees a dog', 'old house']
   flags = types.SimpleNamespace(
       workdir=str(translation_workdir),
@@ -285,7 +292,7 @@ def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
       max_len=8,
   )
   greedy = sample.run(flags)
-  inputs = sample.encode_sentences(vocab, sentences, 16)
+  inputs = translation.encode_sentences(vocab, sentences, 16)
   assert inputs.shape[0] == 2 and all(int(row[row > 0][-1]) == 1 for row in inputs)  # EOS
   ids = decoding.greedy_decode(model, variables, inputs, max_len=8)
   assert greedy == [vocab.decode(row) for row in np.asarray(ids)]

@@ -11,7 +11,8 @@ import optax
 import pytest
 
 from contextpool_jax.models import transformer as T
-from contextpool_jax.models.common import count_params, make_context_pool
+from contextpool_jax.layers.context_pool import make_context_pool
+from contextpool_jax.models.common import count_params
 
 TINY = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
 KINDS = ('standard', 'local', 'area')

@@ -422,8 +422,9 @@ def _check_config(value: str, overrides: list[str]) -> None:
     return
   path, _, arg = value.partition(':')
   assert (REPO / path).is_file(), f'--config {value}: no file {path}'
-  module = importlib.import_module(pathlib.Path(path).with_suffix('').as_posix().replace('/', '.'))
-  config = module.get_config(arg) if arg else module.get_config()
+  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
+
+  config = command_line.load_config_file(str(REPO / value))  # what train.py starts from
   for key in overrides:
     node = config
     for part in key.split('.'):
@@ -786,7 +787,7 @@ def test_install_line_is_what_ci_runs():
 
 def test_doctests_are_found():
   names = set(doctests())
-  assert 'contextpool_jax.training.load' in names, names
+  assert 'contextpool_jax.workdirs' in names, names
   assert all(any(b.lang == 'doctest' and b.code == n for b in SESSION + ALONE) for n in names)
 
 

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from contextpool_jax.training.load import load_variables
+from contextpool_jax.workdirs import load_variables
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # training on several processes

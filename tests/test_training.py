@@ -218,14 +218,14 @@ def test_command_line_rejects_unknown_keys(tmp_path):
 _BROKEN_MODEL_DRIVER = r"""
 import runpy, sys
 import flax.linen as nn
-from contextpool_jax.training import tasks
+from contextpool_jax import config_fields
 
 class Broken(nn.Module):
   @nn.compact
   def __call__(self, tokens, train=False):
     raise ValueError('shape bug in a module the researcher edited')
 
-tasks.build_model = lambda config: Broken()
+config_fields.build_model = lambda config: Broken()
 script = sys.argv.pop(1)
 runpy.run_path(script, run_name='__main__')
 """

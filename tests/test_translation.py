@@ -25,9 +25,9 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.data import translation_input as ti
+from contextpool_jax.inference import decoding
 from contextpool_jax.models import transformer as T
 from contextpool_jax.training import bleu
-from contextpool_jax.training import decoding
 
 EN = 'the a house cat dog is small big green red sees runs and old new'.split()
 DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
@@ -81,7 +81,7 @@ CORPUS = _corpus()
 @pytest.fixture(scope='module')
 def vocab(tmp_path_factory):
   with _wmt({'train': CORPUS}):
-    return ti.get_vocab(_config(tmp_path_factory.mktemp('vocab')), process_index=0)
+    return ti.get_vocab(ti.resolve_spec(_config(tmp_path_factory.mktemp('vocab'))), process_index=0)
 
 
 def _take(it, n):
@@ -100,8 +100,8 @@ def _sentence_ids(vocab, batch, key='inputs'):
 def test_sentencepiece_is_trained_stored_and_reused(tmp_path, monkeypatch):
   config = _config(tmp_path)
   with _wmt({'train': CORPUS}):
-    vocab = ti.get_vocab(config, process_index=0)
-  path = tmp_path / ti.vocab_filename(config)
+    vocab = ti.get_vocab(ti.resolve_spec(config), process_index=0)
+  path = tmp_path / ti.vocab_filename(ti.resolve_spec(config))
   assert path.exists() and vocab.path == str(path)
   assert vocab.vocab_size == 48
   sp = vocab._sp  # pylint: disable=protected-access
@@ -114,13 +114,13 @@ def test_sentencepiece_is_trained_stored_and_reused(tmp_path, monkeypatch):
   # Reused from the workdir: no data, no training.
   monkeypatch.setattr(ti, 'train_sentencepiece', lambda *a, **k: pytest.fail('retrained'))
   monkeypatch.setattr(ti, '_open_split', lambda *a, **k: pytest.fail('read data'))
-  again = ti.get_vocab(config, process_index=0)
+  again = ti.get_vocab(ti.resolve_spec(config), process_index=0)
   assert again.encode(text) == ids
   # Processes > 0 never train: they load the file, or time out waiting for it.
-  assert ti.get_vocab(config, process_index=1).encode(text) == ids
+  assert ti.get_vocab(ti.resolve_spec(config), process_index=1).encode(text) == ids
   other = _config(tmp_path, vocab_size=40, vocab_wait_seconds=0.05)
   with pytest.raises(TimeoutError, match='process 0'):
-    ti.get_vocab(other, process_index=1, poll_seconds=0.01)
+    ti.get_vocab(ti.resolve_spec(other), process_index=1, poll_seconds=0.01)
   # Pickles (grain workers) as its model.
   import pickle
 
@@ -131,7 +131,7 @@ def test_sentencepiece_bpe_and_explicit_path(tmp_path):
   path = tmp_path / 'sub' / 'my.model'
   config = _config(tmp_path / 'unused', vocab_type='bpe', vocab_path=str(path))
   with _wmt({'train': CORPUS}):
-    vocab = ti.get_vocab(config, process_index=0)
+    vocab = ti.get_vocab(ti.resolve_spec(config), process_index=0)
   assert path.exists() and not (tmp_path / 'unused').exists()
   assert vocab.decode(vocab.encode(CORPUS[3]['en'])) == CORPUS[3]['en']
   with pytest.raises(ValueError, match='vocab_type'):
@@ -141,7 +141,7 @@ def test_sentencepiece_bpe_and_explicit_path(tmp_path):
 def test_missing_dataset_raises_one_clear_error(tmp_path):
   config = _config(tmp_path, data_dir=str(tmp_path / 'tfds'))
   with pytest.raises(DatasetNotFoundError) as e:
-    ti.make_train_dataset(config, process_index=0, process_count=1, vocab=object())
+    ti.make_train_dataset(ti.resolve_spec(config), process_index=0, process_count=1, vocab=object())
   message = str(e.value)
   assert 'wmt14_translate/de-en' in message and '--file_format=array_record' in message
   assert str(tmp_path / 'tfds') in message and 'data_dir' in message
@@ -156,9 +156,9 @@ def test_pipeline_on_mock_wmt14_shapes_buckets_and_padding(tmp_path):
   """Random mock records of the real wmt14 feature dict, through tfds.data_source."""
   config = _config(tmp_path, vocab_size=30, max_source_len=24, max_target_len=20)
   with tfds.testing.mock_data(num_examples=40, policy=tfds.testing.MockPolicy.USE_CODE):
-    ds = ti.make_train_dataset(config, process_index=0, process_count=1)
+    ds = ti.make_train_dataset(ti.resolve_spec(config), process_index=0, process_count=1)
     batches = _take(iter(ds), 12)
-  bounds = ti.bucket_boundaries(config)
+  bounds = ti.bucket_boundaries(ti.resolve_spec(config))
   assert bounds == [8, 16, 24]
   shapes = set()
   for batch in batches:
@@ -185,19 +185,35 @@ def test_every_example_once_per_epoch_disjoint_process_shards_and_seeded(tmp_pat
   with _wmt({'train': CORPUS}):
     seen = []
     for p in range(2):
-      it = iter(ti.make_train_dataset(config, process_index=p, process_count=2, vocab=vocab))
+      it = iter(
+          ti.make_train_dataset(
+              ti.resolve_spec(config), process_index=p, process_count=2, vocab=vocab
+          )
+      )
       assert next(
-          iter(ti.make_train_dataset(config, process_index=p, process_count=2, vocab=vocab))
+          iter(
+              ti.make_train_dataset(
+                  ti.resolve_spec(config), process_index=p, process_count=2, vocab=vocab
+              )
+          )
       )['inputs'].shape == (2, 96)
       first = [i for b in _take(it, 16) for i in _sentence_ids(vocab, b)]  # 32 = one epoch
       second = [i for b in _take(it, 16) for i in _sentence_ids(vocab, b)]
       assert sorted(first) == sorted(second) == list(range(p, 64, 2))
       assert first != second  # reshuffled every epoch
       seen.append(first)
-    again = iter(ti.make_train_dataset(config, process_index=0, process_count=2, vocab=vocab))
+    again = iter(
+        ti.make_train_dataset(
+            ti.resolve_spec(config), process_index=0, process_count=2, vocab=vocab
+        )
+    )
     assert [i for b in _take(again, 16) for i in _sentence_ids(vocab, b)] == seen[0]
     config.seed = 1
-    other = iter(ti.make_train_dataset(config, process_index=0, process_count=2, vocab=vocab))
+    other = iter(
+        ti.make_train_dataset(
+            ti.resolve_spec(config), process_index=0, process_count=2, vocab=vocab
+        )
+    )
     assert [i for b in _take(other, 16) for i in _sentence_ids(vocab, b)] != seen[0]
   # Targets are the translations of the inputs (same pair).
   b = next(iter(again))
@@ -211,11 +227,19 @@ def test_too_long_pairs_are_dropped_or_truncated(tmp_path, vocab):
   assert long_ids
   with _wmt({'train': CORPUS}):
     config = _config(tmp_path, max_source_len=cap, max_target_len=96, bucket_boundaries=[96])
-    it = iter(ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab))
+    it = iter(
+        ti.make_train_dataset(
+            ti.resolve_spec(config), process_index=0, process_count=1, vocab=vocab
+        )
+    )
     got = [i for b in _take(it, 20) for i in _sentence_ids(vocab, b)]
     assert not long_ids & set(got) and set(got) == set(range(64)) - long_ids
     config.dataset.truncate = True
-    it = iter(ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab))
+    it = iter(
+        ti.make_train_dataset(
+            ti.resolve_spec(config), process_index=0, process_count=1, vocab=vocab
+        )
+    )
     batches = _take(it, 20)
     assert all(b['inputs'].shape[1] == cap for b in batches)
     rows = np.concatenate([b['inputs'] for b in batches])
@@ -226,7 +250,9 @@ def test_too_long_pairs_are_dropped_or_truncated(tmp_path, vocab):
 def test_iterator_state_round_trips_with_examples_held_in_buckets(tmp_path, vocab):
   config = _config(tmp_path, bucket_boundaries=[12, 20, 32], max_source_len=32, max_target_len=32)
   with _wmt({'train': CORPUS}):
-    ds = ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab)
+    ds = ti.make_train_dataset(
+        ti.resolve_spec(config), process_index=0, process_count=1, vocab=vocab
+    )
     it = iter(ds)
     _take(it, 7)
     state = it.get_state()
@@ -234,7 +260,11 @@ def test_iterator_state_round_trips_with_examples_held_in_buckets(tmp_path, voca
     assert held.shape == (3, 4) and (held >= 0).any()  # fixed shape, some pairs held
     state = json.loads(json.dumps(state))  # checkpointable as JSON
     want = _take(it, 25)
-    restored = iter(ti.make_train_dataset(config, process_index=0, process_count=1, vocab=vocab))
+    restored = iter(
+        ti.make_train_dataset(
+            ti.resolve_spec(config), process_index=0, process_count=1, vocab=vocab
+        )
+    )
     restored.set_state(state)
     got = _take(restored, 25)
   for w, g in zip(want, got):
@@ -249,7 +279,9 @@ def test_eval_batches_fixed_shape_mask_index_and_process_split(tmp_path, vocab):
   )
   with _wmt({'test': records}):
     shards = [
-        ti.make_eval_batches(config, 'test', process_index=p, process_count=2, vocab=vocab)
+        ti.make_eval_batches(
+            ti.resolve_spec(config), 'test', process_index=p, process_count=2, vocab=vocab
+        )
         for p in range(2)
     ]
     batches = [list(s) for s in shards]
@@ -507,7 +539,7 @@ def test_decode_and_score_on_eval_batches(tmp_path, vocab, beam_size):
   config = _config(tmp_path, batch_size=4)
   with _wmt({'validation': copy}):
     batches = ti.make_eval_batches(
-        config, 'validation', process_index=0, process_count=1, vocab=vocab
+        ti.resolve_spec(config), 'validation', process_index=0, process_count=1, vocab=vocab
     )
     scored = bleu.decode_and_score(
         CopyToy(vocab.vocab_size), {}, batches, vocab, beam_size=beam_size

@@ -1,13 +1,16 @@
 """Input pipelines: TFDS (read through ``tfds.data_source`` + grain, no TensorFlow).
 
-Contract with the trainer (``contextpool_jax/training``):
+Contract with the trainer (``contextpool_jax/training``): each data module reads
+and checks ``config.dataset`` (and ``config.seed``, ``config.batch_size``) once,
+``resolve_spec(config) -> spec`` (the task registry calls it); its pipeline
+functions receive that spec, never the config.
 
-* ``make_train_dataset(config, *, process_index, process_count) -> grain.IterDataset``
+* ``make_train_dataset(spec, *, process_index, process_count) -> grain.IterDataset``
   yields *per-process* batches (``config.batch_size // process_count`` examples)
   as dicts of numpy arrays, forever (repeated), deterministically from
   ``config.seed``. Its iterator's state (``get_state``/``set_state``) is saved in
   every checkpoint, so a resumed run continues at the exact data position.
-* ``make_eval_batches(config, split, *, process_index, process_count)`` returns a
+* ``make_eval_batches(spec, split, *, process_index, process_count)`` returns a
   finite, deterministic iterable of per-process batches, padded to a fixed batch
   size with a per-example ``'mask'``/``'weights'`` so every batch has one shape.
 

@@ -1,12 +1,12 @@
 """Image classification input: CIFAR-10, ImageNet (ILSVRC-2012) and digits through TFDS + grain.
 
-Implements the contract of :mod:`contextpool_jax.data` for ``config.task ==
-'classification'``:
+Implements the contract of :mod:`contextpool_jax.data` for image classification,
+over the spec :func:`resolve_spec` reads from the config:
 
-* ``make_train_dataset(config, *, process_index, process_count)`` -> an infinite
+* ``make_train_dataset(spec, *, process_index, process_count)`` -> an infinite
   ``grain.IterDataset`` of ``{'image': float32 [b, s, s, 3], 'label': int32 [b]}``
   with ``b = config.batch_size // process_count``;
-* ``make_eval_batches(config, split=None, *, process_index, process_count)`` ->
+* ``make_eval_batches(spec, split=None, *, process_index, process_count)`` ->
   a finite, re-iterable ``grain.IterDataset`` of the same batches plus
   ``'mask'`` (bool [b]; False for padding rows), every batch of size
   ``config.dataset.eval_batch_size // process_count``.
@@ -31,7 +31,7 @@ import grain
 import numpy as np
 from PIL import Image
 
-from contextpool_jax import checks
+from contextpool_jax import checks, config_readers
 from contextpool_jax.data import image_builders, randaugment, tfds_splits
 from contextpool_jax.errors import ConfigError
 
@@ -72,7 +72,9 @@ CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 
 @dataclasses.dataclass(frozen=True)
 class ImageInputSpec:
-  """The validated ``config.dataset`` fields (docs/data.md#image-classification-input)."""
+  """The validated ``config.dataset`` fields (docs/data.md#image-classification-input),
+  with ``config.seed`` and ``config.batch_size`` (checked against the process count
+  where it is divided)."""
 
   name: str
   data_dir: Optional[str]
@@ -98,6 +100,8 @@ class ImageInputSpec:
   mixup_alpha: float = 0.0
   cutmix_alpha: float = 0.0
   mixup_switch_prob: float = 0.5
+  seed: int = 0
+  batch_size: Any = None  # global training rows
 
 
 def _bad(field: str, value: Any, expected: str) -> ConfigError:
@@ -105,7 +109,7 @@ def _bad(field: str, value: Any, expected: str) -> ConfigError:
 
 
 def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -> tuple:
-  v = checks.lookup(config, f'dataset.{field}', default)
+  v = config_readers.lookup(config, f'dataset.{field}', default)
   try:
     t = tuple(float(x) for x in v)
   except (TypeError, ValueError):
@@ -119,28 +123,28 @@ def _triple(config: Any, field: str, default: Sequence[float], positive: bool) -
 
 def resolve_spec(config: Any) -> ImageInputSpec:
   """Reads and validates ``config.dataset``; ConfigError names a bad entry."""
-  checks.lookup(config, 'dataset')
-  name = checks.read_choice(config, 'dataset.name', DATASETS)
+  config_readers.lookup(config, 'dataset')
+  name = config_readers.read_choice(config, 'dataset.name', DATASETS)
   dd = _DATASET_DEFAULTS[name]
-  integer = lambda field, default, minimum: checks.read_int(
+  integer = lambda field, default, minimum: config_readers.read_int(
       config, f'dataset.{field}', minimum=minimum, default=default
   )
-  number = lambda field, default, lo, hi, lo_open=False: checks.read_float(
+  number = lambda field, default, lo, hi, lo_open=False: config_readers.read_float(
       config, f'dataset.{field}', lo=lo, hi=hi, lo_open=lo_open, default=default
   )
   mean, std = NORMALIZATION[name]
   return ImageInputSpec(
       name=name,
-      data_dir=checks.read_dir(config, 'dataset.data_dir'),
+      data_dir=config_readers.read_dir(config, 'dataset.data_dir'),
       image_size=integer('image_size', dd['image_size'], 1),
-      train_split=checks.read_str(config, 'dataset.train_split', default='train'),
-      eval_split=checks.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
+      train_split=config_readers.read_str(config, 'dataset.train_split', default='train'),
+      eval_split=config_readers.read_str(config, 'dataset.eval_split', default=dd['eval_split']),
       eval_batch_size=integer('eval_batch_size', dd['eval_batch_size'], 1),
       crop_padding=integer('crop_padding', dd.get('crop_padding', 4), 0),
-      flip=checks.read_bool(config, 'dataset.flip', default=dd.get('flip', True)),
+      flip=config_readers.read_bool(config, 'dataset.flip', default=dd.get('flip', True)),
       crop_area_min=number('crop_area_min', 0.08, 0.0, 1.0, lo_open=True),
       eval_crop_fraction=number('eval_crop_fraction', 0.875, 0.0, 1.0, lo_open=True),
-      interpolation=checks.read_choice(
+      interpolation=config_readers.read_choice(
           config, 'dataset.interpolation', _INTERPOLATION, default='bilinear'
       ),
       randaugment_num_ops=integer('randaugment_num_ops', 0, 0),
@@ -155,12 +159,13 @@ def resolve_spec(config: Any) -> ImageInputSpec:
       mixup_alpha=number('mixup_alpha', 0.0, 0.0, math.inf),
       cutmix_alpha=number('cutmix_alpha', 0.0, 0.0, math.inf),
       mixup_switch_prob=number('mixup_switch_prob', 0.5, 0.0, math.inf),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63), default=0),
+      batch_size=config_readers.lookup(config, 'batch_size', None),
   )
 
 
-def _seed(config: Any, process_index: int, salt: int) -> int:
-  seed = checks.read_int(config, 'seed', minimum=-(2**63), default=0)
-  state = np.random.SeedSequence([seed % 2**63, process_index, salt]).generate_state(1)
+def _seed(spec: ImageInputSpec, process_index: int, salt: int) -> int:
+  state = np.random.SeedSequence([spec.seed % 2**63, process_index, salt]).generate_state(1)
   return int(state[0])
 
 
@@ -401,20 +406,24 @@ def _maybe_workers(ds: grain.IterDataset, spec: ImageInputSpec) -> grain.IterDat
 
 
 def make_train_dataset(
-    config: Any, *, process_index: int, process_count: int, source: Optional[Sequence[dict]] = None
+    spec: ImageInputSpec,
+    *,
+    process_index: int,
+    process_count: int,
+    source: Optional[Sequence[dict]] = None,
 ) -> grain.IterDataset:
   """Infinite per-process training batches (see the module docstring).
 
   Args:
-    config: with ``dataset`` (fields above), ``batch_size`` (global), ``seed``.
+    spec: the resolved ``config.dataset`` (:func:`resolve_spec`), with the global
+      ``batch_size`` and the ``seed``.
     process_index, process_count: this process and the number of processes;
       each reads the examples ``process_index::process_count``.
     source: a random-access sequence of ``{'image': uint8 [h, w, 3], 'label'}``
       used instead of ``tfds.data_source`` (tests, custom data).
   """
-  spec = resolve_spec(config)
   process_index, process_count = checks.check_process(process_index, process_count)
-  batch = checks.per_process(config, 'batch_size', process_count)
+  batch = config_readers.share(spec.batch_size, process_count, 'batch_size')
   if source is None:
     source = open_source(spec, spec.train_split, f'config.dataset.train_split={spec.train_split!r}')
   shard = grain.MapDataset.source(source)[process_index::process_count]
@@ -424,9 +433,9 @@ def make_train_dataset(
         f'process {process_index} of {process_count}.'
     )
   ds = (
-      shard.shuffle(seed=_seed(config, process_index, 0))
+      shard.shuffle(seed=_seed(spec, process_index, 0))
       .repeat(None)
-      .random_map(_TrainTransform(spec), seed=_seed(config, process_index, 1))
+      .random_map(_TrainTransform(spec), seed=_seed(spec, process_index, 1))
       .to_iter_dataset(_read_options(spec))
       .batch(batch, drop_remainder=True)
   )
@@ -439,7 +448,7 @@ def num_eval_batches(num_examples: int, local_batch: int, process_count: int) ->
 
 
 def make_eval_batches(
-    config: Any,
+    spec: ImageInputSpec,
     split: Optional[str] = None,
     *,
     process_index: int,
@@ -449,8 +458,8 @@ def make_eval_batches(
   """Finite per-process eval batches with ``'mask'``; the same count on every process.
 
   Args:
-    config: as for :func:`make_train_dataset` (``dataset.eval_batch_size`` is
-      the global eval batch size).
+    spec: as for :func:`make_train_dataset` (``eval_batch_size`` is the global
+      eval batch size).
     split: a TFDS split; ``None`` = ``config.dataset.eval_split``.
     process_index, process_count: as for :func:`make_train_dataset`.
     source: replaces ``tfds.data_source`` (tests, custom data).
@@ -460,9 +469,8 @@ def make_eval_batches(
   (so a split smaller than one batch gives one batch, mostly padding). A
   split with no examples raises ValueError naming it.
   """
-  spec = resolve_spec(config)
   process_index, process_count = checks.check_process(process_index, process_count)
-  batch = checks.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
+  batch = config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
   split, setting = _eval_setting(spec, split)
   if source is None:
     source = open_source(spec, split, setting)

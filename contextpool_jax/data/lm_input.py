@@ -6,7 +6,9 @@ batches are ``{'tokens': int32 [b, n + 1], 'weights': float32 [b, n]}`` with
 byte values 0..255 as tokens (vocabulary :data:`VOCAB_SIZE` = 256).
 
 Config (``ml_collections.ConfigDict``; :func:`default_dataset_config` returns
-``config.dataset`` with these defaults):
+``config.dataset`` with these defaults), read and checked once by
+:func:`resolve_spec` into an :class:`LMDataSpec`, which every pipeline function
+receives (never the config):
 
 * ``config.seed`` (int): seeds the training order (shuffle and window phase).
 * ``config.batch_size`` (int): global training batch size; each of the
@@ -95,7 +97,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from contextpool_jax import checks
+from contextpool_jax import checks, config_readers
 from contextpool_jax.data import text_builders
 from contextpool_jax.data import text_splits
 from contextpool_jax.errors import ConfigError, DataError
@@ -149,7 +151,8 @@ def bits_per_byte(nll_sum_nats, count):
 
 @dataclasses.dataclass(frozen=True)
 class LMDataSpec:
-  """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated."""
+  """``config.dataset`` (and ``config.seed``, ``config.batch_size``), validated
+  (``batch_size`` is checked against the process count where it is divided)."""
 
   name: str
   data_dir: Optional[str]
@@ -169,6 +172,7 @@ class LMDataSpec:
   read_threads: int
   prefetch: int
   seed: int  # config.seed as 64 bits
+  batch_size: Any = None  # config.batch_size: global training rows
 
   @property
   def builder_kwargs(self) -> dict[str, Any]:
@@ -199,7 +203,7 @@ class LMDataSpec:
 
 
 def _files(config) -> tuple[str, ...]:
-  files = checks.lookup(config, 'dataset.files', _opt('files'))
+  files = config_readers.lookup(config, 'dataset.files', _opt('files'))
   if isinstance(files, str):
     files = (files,)  # '' stays an (invalid) empty pattern, not the default.
   if not isinstance(files, (tuple, list)) or not all(isinstance(f, str) for f in files):
@@ -212,7 +216,7 @@ def _files(config) -> tuple[str, ...]:
 
 def _split_bytes(config) -> tuple[int, ...]:
   """enwik8/text8 with non-standard split sizes (tests on small files); () = standard."""
-  split_bytes = checks.lookup(config, 'dataset.split_bytes', _opt('split_bytes'))
+  split_bytes = config_readers.lookup(config, 'dataset.split_bytes', _opt('split_bytes'))
   if not split_bytes:
     return ()
   split_bytes = tuple(split_bytes)
@@ -230,39 +234,46 @@ def _opt(entry: str) -> Any:
 
 def resolve_spec(config) -> LMDataSpec:
   """Reads and checks every LM data setting; ConfigError names a bad one."""
-  context = checks.read_int(config, 'dataset.eval_context', minimum=1)
-  step = checks.read_int(config, 'dataset.eval_step', minimum=1)
+  context = config_readers.read_int(config, 'dataset.eval_context', minimum=1)
+  step = config_readers.read_int(config, 'dataset.eval_step', minimum=1)
   if step > context:
     raise ConfigError(
         f'config.dataset.eval_step={step} must be <=' f' config.dataset.eval_context={context}.'
     )
-  eval_max_bytes = checks.read_int(config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes'))
+  eval_max_bytes = config_readers.read_int(
+      config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes')
+  )
   if eval_max_bytes == 1:
     raise ConfigError(
         'config.dataset.eval_max_bytes=1 must be 0 (the whole'
         ' split) or >= 2 (a single byte is only context).'
     )
   return LMDataSpec(
-      name=checks.read_choice(config, 'dataset.name', DATASET_NAMES),
-      data_dir=checks.read_dir(config, 'dataset.data_dir'),
-      manual_dir=checks.read_dir(config, 'dataset.manual_dir'),
+      name=config_readers.read_choice(config, 'dataset.name', DATASET_NAMES),
+      data_dir=config_readers.read_dir(config, 'dataset.data_dir'),
+      manual_dir=config_readers.read_dir(config, 'dataset.manual_dir'),
       files=_files(config),
-      allow_binary=checks.read_bool(config, 'dataset.allow_binary', default=_opt('allow_binary')),
-      max_bytes=checks.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
-      split_block_bytes=checks.read_int(
+      allow_binary=config_readers.read_bool(
+          config, 'dataset.allow_binary', default=_opt('allow_binary')
+      ),
+      max_bytes=config_readers.read_int(config, 'dataset.max_bytes', default=_opt('max_bytes')),
+      split_block_bytes=config_readers.read_int(
           config, 'dataset.split_block_bytes', default=_opt('split_block_bytes')
       ),
-      split_seed=checks.read_int(config, 'dataset.split_seed', default=_opt('split_seed')),
+      split_seed=config_readers.read_int(config, 'dataset.split_seed', default=_opt('split_seed')),
       split_bytes=_split_bytes(config),
-      download=checks.read_bool(config, 'dataset.download', default=_opt('download')),
-      seq_len=checks.read_int(config, 'dataset.seq_len', minimum=1),
+      download=config_readers.read_bool(config, 'dataset.download', default=_opt('download')),
+      seq_len=config_readers.read_int(config, 'dataset.seq_len', minimum=1),
       eval_context=context,
       eval_step=step,
-      eval_batch_size=checks.read_int(config, 'dataset.eval_batch_size', minimum=1),
+      eval_batch_size=config_readers.read_int(config, 'dataset.eval_batch_size', minimum=1),
       eval_max_bytes=eval_max_bytes,
-      read_threads=checks.read_int(config, 'dataset.read_threads', default=_opt('read_threads')),
-      prefetch=checks.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
-      seed=checks.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
+      read_threads=config_readers.read_int(
+          config, 'dataset.read_threads', default=_opt('read_threads')
+      ),
+      prefetch=config_readers.read_int(config, 'dataset.prefetch', default=_opt('prefetch')),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63)) % 2**64,
+      batch_size=config_readers.lookup(config, 'batch_size', None),
   )
 
 
@@ -270,7 +281,7 @@ def trained_context(config) -> int:
   """The window a model of ``config`` was trained on (``config.dataset.seq_len``), or
   0 when the config has none (an export of a config without a dataset section).
   Read alone, not through :func:`resolve_spec`: sampling needs no other data setting."""
-  return checks.read_int(config, 'dataset.seq_len', minimum=0, default=0)
+  return config_readers.read_int(config, 'dataset.seq_len', minimum=0, default=0)
 
 
 def _prepare(spec: LMDataSpec) -> Mapping[str, Any]:
@@ -305,16 +316,12 @@ def _check_splits(spec: LMDataSpec, sizes: Mapping[str, int]) -> None:
       )
 
 
-def load_split(config, split: str) -> text_builders.ByteSplit:
-  """Prepares ``config.dataset`` if needed; returns one split's bytes.
+def load_split(spec: LMDataSpec, split: str) -> text_builders.ByteSplit:
+  """Prepares the dataset of ``spec`` if needed; returns one split's bytes.
 
   Checks every split first (:func:`_check_splits`), so bad data or settings
   fail here, whichever split is asked for.
   """
-  return _load_split(resolve_spec(config), split)
-
-
-def _load_split(spec: LMDataSpec, split: str) -> text_builders.ByteSplit:
   if split not in EVAL_SPLITS:
     raise ValueError(f'split must be one of {EVAL_SPLITS}, got {split!r}.')
   sources = _prepare(spec)
@@ -363,7 +370,7 @@ class _TrainWindow:
 
 
 def train_window_starts(
-    config, num_bytes: int, *, process_index: int = 0, process_count: int = 1
+    spec: LMDataSpec, num_bytes: int, *, process_index: int = 0, process_count: int = 1
 ) -> grain.MapDataset:
   """The start offsets of this process's training windows, in order.
 
@@ -371,7 +378,7 @@ def train_window_starts(
   for inspection and tests.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  ds, fn = _train_index_dataset(resolve_spec(config), num_bytes, None, process_index, process_count)
+  ds, fn = _train_index_dataset(spec, num_bytes, None, process_index, process_count)
   return ds.map(fn.start_of)
 
 
@@ -389,19 +396,20 @@ def _train_index_dataset(spec: LMDataSpec, num_bytes, corpus, process_index, pro
   return ds, window
 
 
-def make_train_dataset(config, *, process_index: int, process_count: int) -> grain.IterDataset:
+def make_train_dataset(
+    spec: LMDataSpec, *, process_index: int, process_count: int
+) -> grain.IterDataset:
   """Infinite per-process training batches (see the module docstring).
 
   Returns:
     A ``grain.IterDataset`` of ``{'tokens': int32 [b, seq_len + 1],
     'weights': float32 [b, seq_len] (all ones)}`` with
-    ``b = config.batch_size // process_count``; its iterator's
+    ``b = spec.batch_size // process_count``; its iterator's
     ``get_state()``/``set_state()`` restore the exact position.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  rows = checks.per_process(config, 'batch_size', process_count)
-  spec = resolve_spec(config)
-  corpus = _load_split(spec, 'train')
+  rows = config_readers.share(spec.batch_size, process_count, 'batch_size')
+  corpus = load_split(spec, 'train')
   ds, window = _train_index_dataset(spec, len(corpus), corpus, process_index, process_count)
   ds = ds.map(window)
   ds = ds.batch(rows, drop_remainder=True)
@@ -498,7 +506,9 @@ class EvalBatches:
     return iter(self._batches.to_iter_dataset(self._read_options))
 
 
-def make_eval_batches(config, split: str, *, process_index: int, process_count: int) -> EvalBatches:
+def make_eval_batches(
+    spec: LMDataSpec, split: str, *, process_index: int, process_count: int
+) -> EvalBatches:
   """Per-process BPC evaluation batches of ``split`` (module docstring).
 
   Every process yields the same number of batches, each
@@ -507,9 +517,8 @@ def make_eval_batches(config, split: str, *, process_index: int, process_count: 
   ``p`` holds rows ``[p * b, (p + 1) * b)`` of each global batch.
   """
   process_index, process_count = checks.check_process(process_index, process_count)
-  checks.per_process(config, 'dataset.eval_batch_size', process_count)
-  spec = resolve_spec(config)
-  corpus = _load_split(spec, split)
+  config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
+  corpus = load_split(spec, split)
   num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
   return corpus_eval_batches(spec, corpus, num_bytes, process_index, process_count)
 

@@ -71,7 +71,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 from contextpool_jax.data import tfds_splits
 from contextpool_jax.errors import ConfigError, DataError
 
@@ -104,7 +104,8 @@ _DEFAULTS = dict(
 @dataclasses.dataclass(frozen=True)
 class TranslationDataSpec:
   """``config.dataset`` of a translation config, read and checked once (defaults:
-  ``_DEFAULTS``); plus ``config.seed`` and ``config.workdir`` when present."""
+  ``_DEFAULTS``); plus ``config.seed``, ``config.workdir`` and ``config.batch_size``
+  when present. Every function of this module receives it, never the config."""
 
   name: str
   data_dir: Optional[str]
@@ -126,6 +127,7 @@ class TranslationDataSpec:
   eval_batch_size: Optional[int]
   seed: int
   workdir: Optional[str]
+  batch_size: Any = None  # config.batch_size: global training examples
 
 
 def resolve_spec(config) -> TranslationDataSpec:
@@ -133,45 +135,52 @@ def resolve_spec(config) -> TranslationDataSpec:
   d = lambda entry: f'dataset.{entry}'
   opt_int = lambda entry: (
       None
-      if checks.lookup(config, d(entry), None) is None
-      else checks.read_int(config, d(entry), minimum=1)
+      if config_readers.lookup(config, d(entry), None) is None
+      else config_readers.read_int(config, d(entry), minimum=1)
   )
-  boundaries = checks.lookup(config, d('bucket_boundaries'), None)
+  boundaries = config_readers.lookup(config, d('bucket_boundaries'), None)
   return TranslationDataSpec(
-      name=checks.read_str(config, d('name'), default=_DEFAULTS['name']),
-      data_dir=checks.read_dir(config, d('data_dir')),
-      source_lang=checks.read_str(config, d('source_lang'), default=_DEFAULTS['source_lang']),
-      target_lang=checks.read_str(config, d('target_lang'), default=_DEFAULTS['target_lang']),
-      train_split=checks.read_str(config, d('train_split'), default=_DEFAULTS['train_split']),
-      vocab_size=checks.read_int(
+      name=config_readers.read_str(config, d('name'), default=_DEFAULTS['name']),
+      data_dir=config_readers.read_dir(config, d('data_dir')),
+      source_lang=config_readers.read_str(
+          config, d('source_lang'), default=_DEFAULTS['source_lang']
+      ),
+      target_lang=config_readers.read_str(
+          config, d('target_lang'), default=_DEFAULTS['target_lang']
+      ),
+      train_split=config_readers.read_str(
+          config, d('train_split'), default=_DEFAULTS['train_split']
+      ),
+      vocab_size=config_readers.read_int(
           config, d('vocab_size'), minimum=4, default=_DEFAULTS['vocab_size']
       ),
-      vocab_type=checks.read_choice(
+      vocab_type=config_readers.read_choice(
           config, d('vocab_type'), ('unigram', 'bpe'), default=_DEFAULTS['vocab_type']
       ),
-      vocab_max_chars=checks.read_int(
+      vocab_max_chars=config_readers.read_int(
           config, d('vocab_max_chars'), minimum=1, default=_DEFAULTS['vocab_max_chars']
       ),
-      vocab_path=checks.lookup(config, d('vocab_path'), None) or None,
-      vocab_wait_seconds=checks.read_float(
+      vocab_path=config_readers.lookup(config, d('vocab_path'), None) or None,
+      vocab_wait_seconds=config_readers.read_float(
           config, d('vocab_wait_seconds'), lo=0, default=_DEFAULTS['vocab_wait_seconds']
       ),
-      max_source_len=checks.read_int(
+      max_source_len=config_readers.read_int(
           config, d('max_source_len'), minimum=2, default=_DEFAULTS['max_source_len']
       ),
-      max_target_len=checks.read_int(
+      max_target_len=config_readers.read_int(
           config, d('max_target_len'), minimum=2, default=_DEFAULTS['max_target_len']
       ),
-      truncate=checks.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
+      truncate=config_readers.read_bool(config, d('truncate'), default=_DEFAULTS['truncate']),
       bucket_boundaries=None if boundaries is None else tuple(boundaries),
       max_eval_source_len=opt_int('max_eval_source_len'),
       max_eval_target_len=opt_int('max_eval_target_len'),
-      eval_sort_by_length=checks.read_bool(
+      eval_sort_by_length=config_readers.read_bool(
           config, d('eval_sort_by_length'), default=_DEFAULTS['eval_sort_by_length']
       ),
       eval_batch_size=opt_int('eval_batch_size'),
-      seed=checks.read_int(config, 'seed', minimum=-(2**63), default=0),
-      workdir=checks.lookup(config, 'workdir', None),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63), default=0),
+      workdir=config_readers.lookup(config, 'workdir', None),
+      batch_size=config_readers.lookup(config, 'batch_size', None),
   )
 
 
@@ -232,9 +241,8 @@ class SentencePieceVocab:
     self.__init__(state['proto'], state['path'])
 
 
-def vocab_filename(config) -> str:
+def vocab_filename(spec: TranslationDataSpec) -> str:
   """The file name ``get_vocab`` uses inside the workdir (when ``vocab_path`` is unset)."""
-  spec = resolve_spec(config)
   name = str(spec.name).replace('/', '-')
   return (
       f'spm_{name}_{spec.source_lang}-{spec.target_lang}_'
@@ -242,8 +250,7 @@ def vocab_filename(config) -> str:
   )
 
 
-def _vocab_path(config, workdir) -> epath.Path:
-  spec = resolve_spec(config)
+def _vocab_path(spec: TranslationDataSpec, workdir) -> epath.Path:
   explicit = spec.vocab_path
   if explicit:
     return epath.Path(explicit)
@@ -253,11 +260,15 @@ def _vocab_path(config, workdir) -> epath.Path:
         'translation_input: no place for the SentencePiece model; set '
         'config.dataset.vocab_path or config.workdir, or pass workdir=/vocab=.'
     )
-  return epath.Path(workdir) / vocab_filename(config)
+  return epath.Path(workdir) / vocab_filename(spec)
 
 
 def get_vocab(
-    config, workdir=None, *, process_index: Optional[int] = None, poll_seconds: float = 5.0
+    spec: TranslationDataSpec,
+    workdir=None,
+    *,
+    process_index: Optional[int] = None,
+    poll_seconds: float = 5.0,
 ) -> SentencePieceVocab:
   """Loads the SentencePiece model from the workdir, training it first if absent.
 
@@ -266,7 +277,7 @@ def get_vocab(
   character_coverage=1.0, nmt_nfkc normalisation) is trained on source and
   target sentences of a random sample (``config.seed``) of the training split
   capped at ``vocab_max_chars`` characters, and written to
-  ``config.dataset.vocab_path`` or ``<workdir>/<vocab_filename(config)>``
+  ``config.dataset.vocab_path`` or ``<workdir>/<vocab_filename(spec)>``
   (via a temporary name and a rename, so nobody reads a half-written file).
   An existing file is re-used as is.
 
@@ -276,14 +287,13 @@ def get_vocab(
   ``TimeoutError``). This needs the workdir on storage all hosts see (as
   checkpoints do); a host-local workdir on several hosts would wait forever.
   """
-  spec = resolve_spec(config)
-  path = _vocab_path(config, workdir)
+  path = _vocab_path(spec, workdir)
   if not path.exists():
     if process_index is None:
       process_index = jax.process_index()
     if process_index == 0:
       proto = train_sentencepiece(
-          _sample_training_text(config),
+          _sample_training_text(spec),
           vocab_size=int(spec.vocab_size),
           model_type=str(spec.vocab_type),
       )
@@ -333,10 +343,9 @@ def train_sentencepiece(
   return out.getvalue()
 
 
-def _sample_training_text(config) -> list[str]:
+def _sample_training_text(spec: TranslationDataSpec) -> list[str]:
   """Source and target sentences of random training pairs, up to ``vocab_max_chars``."""
-  spec = resolve_spec(config)
-  source = _train_split(config)
+  source = _train_split(spec)
   src, tgt = spec.source_lang, spec.target_lang
   budget = int(spec.vocab_max_chars)
   order = np.random.default_rng(spec.seed).permutation(len(source))
@@ -371,14 +380,13 @@ def _how_to_prepare(name: str, data_dir: Optional[str], split: str) -> str:
   )
 
 
-def _open_split(config, split: str, setting: Optional[str] = None):
+def _open_split(spec: TranslationDataSpec, split: str, setting: Optional[str] = None):
   """``tfds.data_source`` for one split; a clear error if it cannot be read.
 
   DatasetNotFoundError (saying how to prepare it) if the dataset is not
   prepared; ValueError naming ``setting`` (default ``split=...``) if the split
   is not one of the prepared ones or selects no example (see ``tfds_splits``).
   """
-  spec = resolve_spec(config)
   name, data_dir = str(spec.name), spec.data_dir or None
   # Builders whose module imports TensorFlow at registration time are not
   # registered without TF; import the WMT builder module directly (it does not
@@ -406,10 +414,9 @@ def _open_split(config, split: str, setting: Optional[str] = None):
   return source
 
 
-def _train_split(config):
-  spec = resolve_spec(config)
+def _train_split(spec: TranslationDataSpec):
   split = spec.train_split
-  return _open_split(config, split, f'config.dataset.train_split={split!r}')
+  return _open_split(spec, split, f'config.dataset.train_split={split!r}')
 
 
 def _text(record, lang: str) -> str:
@@ -459,9 +466,8 @@ class _TokenizePair:
 # ----------------------------------------------------------------------------
 
 
-def bucket_boundaries(config) -> list[int]:
+def bucket_boundaries(spec: TranslationDataSpec) -> list[int]:
   """Sorted bucket lengths; the last is ``max(max_source_len, max_target_len)``."""
-  spec = resolve_spec(config)
   longest = max(int(spec.max_source_len), int(spec.max_target_len))
   given = spec.bucket_boundaries
   if given is None:
@@ -607,7 +613,7 @@ class BucketBatchDataset(grain.IterDataset):
 
 
 def make_train_dataset(
-    config,
+    spec: TranslationDataSpec,
     *,
     process_index: int,
     process_count: int,
@@ -619,14 +625,13 @@ def make_train_dataset(
 
   ``B = config.batch_size // process_count``; ``Ls, Lt`` are the bucket length
   capped at ``max_source_len``/``max_target_len`` (see the module docstring).
-  The vocabulary is ``vocab`` or ``get_vocab(config, workdir)``. Deterministic
+  The vocabulary is ``vocab`` or ``get_vocab(spec, workdir)``. Deterministic
   from ``config.seed``; ``iter(ds).get_state()/set_state()`` round-trip.
   """
-  spec = resolve_spec(config)
-  batch = checks.per_process(config, 'batch_size', process_count)
-  vocab = vocab or get_vocab(config, workdir, process_index=process_index)
+  batch = config_readers.share(spec.batch_size, process_count, 'batch_size')
+  vocab = vocab or get_vocab(spec, workdir, process_index=process_index)
   max_src, max_tgt = int(spec.max_source_len), int(spec.max_target_len)
-  shard = grain.MapDataset.source(_train_split(config))[process_index::process_count]
+  shard = grain.MapDataset.source(_train_split(spec))[process_index::process_count]
   if not len(shard):
     raise ConfigError(
         f'config.dataset.train_split={spec.train_split!r} has no '
@@ -643,7 +648,7 @@ def make_train_dataset(
   )
   return BucketBatchDataset(
       examples,
-      boundaries=bucket_boundaries(config),
+      boundaries=bucket_boundaries(spec),
       batch_size=batch,
       max_source_len=max_src,
       max_target_len=max_tgt,
@@ -746,7 +751,7 @@ class EvalBatches:
 
 
 def make_eval_batches(
-    config,
+    spec: TranslationDataSpec,
     split: str,
     *,
     process_index: int,
@@ -759,16 +764,15 @@ def make_eval_batches(
 
   ``B = config.dataset.eval_batch_size (default config.batch_size) // process_count``.
   """
-  spec = resolve_spec(config)
   batch = (
-      checks.per_process(config, 'dataset.eval_batch_size', process_count)
+      config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
       if spec.eval_batch_size
-      else checks.per_process(config, 'batch_size', process_count)
+      else config_readers.share(spec.batch_size, process_count, 'batch_size')
   )
-  vocab = vocab or get_vocab(config, workdir, process_index=process_index)
+  vocab = vocab or get_vocab(spec, workdir, process_index=process_index)
   max_src = int(spec.max_eval_source_len or spec.max_source_len)
   max_tgt = int(spec.max_eval_target_len or spec.max_target_len)
-  source = _open_split(config, split, f'the evaluation split {split!r} (config.eval_splits)')
+  source = _open_split(spec, split, f'the evaluation split {split!r} (config.eval_splits)')
   return EvalBatches(
       source,
       vocab,

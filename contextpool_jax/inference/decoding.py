@@ -32,7 +32,7 @@ results up to float rounding (tests/test_decoding_cache.py):
   for the segment's width (:func:`cache_prefix`): a step before ``width``
   reads ``width`` cached positions, not ``max_len``, so the whole decode
   reads about 2/3 of what one ``max_len`` segment would (a decision,
-  measured in ``benchmarks/results/decoding_cpu.md``). This needs the one
+  measured in ``benchmarks/results/decoding_speed_cpu.md``). This needs the one
   property every cache here has: the cache for ``w`` positions is the
   leading slice of the cache for ``max_len >= w`` (positions stored at their
   index, tables computed per row); tests/test_decoding_cache.py checks it.
@@ -75,15 +75,22 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contextpool_jax.numerics import NEG_INF
+
 Array = jax.Array
 
-NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic NaN-free
 # The first segment's width (module docstring): short outputs compile one small
 # loop; longer ones double the width, so a step reads under twice its position.
 MIN_SEGMENT = 16
 # The beam search defaults everywhere (Vaswani et al., 2017: beam 4, length penalty 0.6).
 BEAM_SIZE = 4
 BEAM_ALPHA = 0.6
+
+
+def is_encoder_decoder(model) -> bool:
+  """Whether ``model`` has the interface these decoders use: ``encode`` and ``decode``
+  methods (the translation Transformer)."""
+  return callable(getattr(model, 'encode', None)) and callable(getattr(model, 'decode', None))
 
 
 def length_penalty(length, alpha: float):

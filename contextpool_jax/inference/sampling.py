@@ -1,7 +1,7 @@
 """Sampling text from a trained byte-level language model.
 
 The command line (``python -m contextpool_jax.sample``) is
-:mod:`contextpool_jax.inference.cli`; translation is
+:mod:`contextpool_jax.sample`; translation is
 :mod:`contextpool_jax.inference.translation`.
 
 Language models (byte-level: the prompt is UTF-8 encoded,
@@ -34,10 +34,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from contextpool_jax.byte_text import decode_bytes, encode_bytes
-from contextpool_jax.checks import check_argument as _check
+from contextpool_jax.checks import check_argument
 from contextpool_jax.inference import decoding
 
 Array = jax.Array
+
+
+def is_language_model(model) -> bool:
+  """Whether ``model`` is a language model these samplers continue: a token model
+  (``vocab_size``) without an encoder, called on the tokens alone (``TransformerLM``)."""
+  return hasattr(model, 'vocab_size') and not decoding.is_encoder_decoder(model)
 
 
 def next_token_logits(model, variables: dict, window: Array, position: Array) -> Array:
@@ -157,16 +163,18 @@ def sample_tokens(
       docstring); the same tokens as ``cache=False``.
   """
   prompt = jnp.asarray(prompt)
-  _check(
+  check_argument(
       'prompt',
       prompt.shape,
       prompt.ndim == 2 and prompt.shape[1] >= 1,
       'expected int token ids [batch, prompt_len] with prompt_len >= 1',
   )
-  _check('length', length, isinstance(length, int) and length > 0, 'a positive int')
-  _check('context', context, isinstance(context, int) and context > 0, 'a positive int')
-  _check('temperature', temperature, temperature >= 0, '0 (greedy) or a positive float')
-  _check('top_k', top_k, isinstance(top_k, int) and top_k >= 0, '0 (all tokens) or a positive int')
+  check_argument('length', length, isinstance(length, int) and length > 0, 'a positive int')
+  check_argument('context', context, isinstance(context, int) and context > 0, 'a positive int')
+  check_argument('temperature', temperature, temperature >= 0, '0 (greedy) or a positive float')
+  check_argument(
+      'top_k', top_k, isinstance(top_k, int) and top_k >= 0, '0 (all tokens) or a positive int'
+  )
   # A closure, not static arguments: modules with dict fields are not hashable.
   fn = jax.jit(
       functools.partial(
@@ -199,7 +207,7 @@ def sample_text(
   # The data modules need the train extra; this module imports without it.
   from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
 
-  _check('prompt', prompt, bool(prompt), 'a non-empty string (the LM has no start token)')
+  check_argument('prompt', prompt, bool(prompt), 'a non-empty string (the LM has no start token)')
   ids = encode_bytes(prompt, model.vocab_size)
   context = lm_input.trained_context(config) or len(ids) + length
   out = sample_tokens(

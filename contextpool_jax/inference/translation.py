@@ -3,7 +3,7 @@
 :func:`translate` encodes the sentences with the workdir's SentencePiece model
 (:func:`load_vocab`) and decodes with :mod:`contextpool_jax.inference.decoding`
 (beam search, or greedy for ``beam_size=1``). The command line is
-:mod:`contextpool_jax.inference.cli` (``python -m contextpool_jax.sample
+:mod:`contextpool_jax.sample` (``python -m contextpool_jax.sample
 --sentence ...``).
 """
 
@@ -15,7 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.checks import check_argument as _check
+from contextpool_jax.checks import check_argument
 from contextpool_jax.inference import decoding
 
 Array = jax.Array
@@ -24,18 +24,18 @@ Array = jax.Array
 def load_vocab(workdir, config):
   """The SentencePiece model a translation workdir trained with (never trains one).
 
-  ``config.dataset.vocab_path`` if set, else ``<workdir>/<vocab_filename(config)>``.
+  ``config.dataset.vocab_path`` if set, else ``<workdir>/<vocab_filename(spec)>``.
   For an export (``export_params``) pass ``vocab_path`` in the config or copy the
   ``.model`` file next to it.
   """
   # The data modules need the train extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
-  explicit = translation_input.resolve_spec(config).vocab_path
+  spec = translation_input.resolve_spec(config)
   path = (
-      pathlib.Path(explicit)
-      if explicit
-      else pathlib.Path(workdir) / translation_input.vocab_filename(config)
+      pathlib.Path(spec.vocab_path)
+      if spec.vocab_path
+      else pathlib.Path(workdir) / translation_input.vocab_filename(spec)
   )
   if not path.is_file():
     raise FileNotFoundError(
@@ -72,19 +72,19 @@ def translate(
   # The data modules need the train extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
-  _check(
+  check_argument(
       'sentences',
       sentences,
       len(sentences) > 0 and all(sentences),
       'at least one non-empty sentence',
   )
-  _check(
+  check_argument(
       'beam_size',
       beam_size,
       isinstance(beam_size, int) and beam_size >= 1,
       'a positive int (1: greedy)',
   )
-  _check(
+  check_argument(
       'max_len',
       max_len,
       isinstance(max_len, int) and max_len >= 0,

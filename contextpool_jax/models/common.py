@@ -1,25 +1,15 @@
-"""Pieces shared by the model files: config fields, ContextPool insertion, small helpers."""
+"""Pieces shared by the model files: their fields (one config dataclass per family) and
+small helpers. A model inserts ContextPool from its ``context_pool`` field with
+:func:`~contextpool_jax.layers.context_pool.make_context_pool`."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
-
-from contextpool_jax.errors import ConfigError
-from contextpool_jax.layers.context_pool import ContextPool
-
-Dtype = Any
-
-# ContextPool fields that the model inserting it sets (make_context_pool's
-# ``defaults``: a decoder's ``causal`` and ``decode``, a ResNet's ``strides``; the
-# model's ``dtype`` and ``param_dtype``), and ``window_shape``, which only places
-# the centres of a strided pool. A config does not offer them
-# (contextpool_jax.training.config_fields); every other field is a config entry.
-CONTEXT_POOL_MODEL_FIELDS = ('causal', 'decode', 'strides', 'window_shape', 'dtype', 'param_dtype')
 
 
 def module_fields(config_cls: type) -> type[nn.Module]:
@@ -59,46 +49,6 @@ def module_fields(config_cls: type) -> type[nn.Module]:
       ),
   }
   return type(name, (nn.Module,), namespace)
-
-
-def make_context_pool(
-    context_pool: Optional[Mapping[str, Any]],
-    *,
-    dtype: Optional[Dtype],
-    param_dtype: Dtype,
-    name: Optional[str] = None,
-    **defaults: Any,
-) -> Optional[ContextPool]:
-  """A ContextPool built from a model's ``context_pool`` field, or None.
-
-  Convention used by every model: ``context_pool=None`` means no ContextPool;
-  a mapping (possibly empty) means "insert ContextPool" with those field
-  overrides on top of ``defaults`` (e.g. ``causal=True`` set by a decoder; a
-  user override of a default the model needs, like ``causal``, raises).
-
-  Raises:
-    ValueError: for an unknown ContextPool field or a conflicting override.
-  """
-  if context_pool is None:
-    return None
-  overrides = dict(context_pool)
-  fields = set(ContextPool.__dataclass_fields__) - {'parent', 'name'}
-  unknown = sorted(set(overrides) - fields)
-  if unknown:
-    raise ConfigError(
-        f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
-        f'{", ".join(sorted(fields))}.'
-    )
-  for key, value in defaults.items():
-    if key in overrides and overrides[key] != value:
-      raise ConfigError(
-          f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
-          f'which needs {key}={value!r}.'
-      )
-  kwargs = {**defaults, **overrides}
-  kwargs.setdefault('dtype', dtype)
-  kwargs.setdefault('param_dtype', param_dtype)
-  return ContextPool(name=name, **kwargs)
 
 
 def count_params(params: Any) -> int:

@@ -46,9 +46,9 @@ from contextpool_jax import checks
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
 from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
+from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.layers.lambda_layer import POSITIONS as LAMBDA_POSITIONS
-from contextpool_jax.models.common import make_context_pool
 from contextpool_jax.models.common import module_fields
 
 Array = jax.Array

@@ -62,8 +62,9 @@ from contextpool_jax import checks
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
-from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models.common import module_fields
+from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
 Dtype = Any
@@ -498,12 +499,12 @@ def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array) -> A
   """One decoding step's attention: ``q [batch, 1, heads, head_dim]`` over the
   heads-major cache ``keys`` / ``values`` ``[batch, heads, len, head_dim]``
   where ``allowed`` (bool, broadcastable to ``[batch, heads, 1, len]``);
-  float32 logits and softmax, masked logits filled with a finite ``-1e30``
+  float32 logits and softmax, masked logits filled with the finite ``NEG_INF``
   (``jax.nn.dot_product_attention`` also fills finitely, so a row with
   nothing allowed, an all-padding source, gets the same uniform average),
   output ``[batch, 1, heads, head_dim]``."""
   logits = jnp.einsum('bqhd,bhkd->bhqk', q, keys, preferred_element_type=jnp.float32)
-  logits = jnp.where(allowed, logits / math.sqrt(q.shape[-1]), -1e30)
+  logits = jnp.where(allowed, logits / math.sqrt(q.shape[-1]), NEG_INF)
   p = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
   return jnp.einsum('bhqk,bhkd->bqhd', p, values)
 
@@ -519,7 +520,7 @@ def _attention_with_dropout(q, k, val, mask, window, rate, rng):
     allowed = (j >= i - window[0]) & (j <= i + window[1])
   if mask is not None:
     allowed = allowed & mask
-  logits = jnp.where(allowed, logits, -1e30)
+  logits = jnp.where(allowed, logits, NEG_INF)
   p = jax.nn.softmax(logits, axis=-1)
   keep = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
   p = jnp.where(keep, p / (1.0 - rate), 0.0).astype(val.dtype)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks
-from contextpool_jax.models.common import make_context_pool
+from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models.common import module_fields
 
 Array = jax.Array

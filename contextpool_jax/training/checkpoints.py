@@ -34,12 +34,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from contextpool_jax import config_fields, storage, workdirs
 from contextpool_jax.errors import CheckpointError, ConfigError
-from contextpool_jax.training import config_fields, steps, storage
+from contextpool_jax.training import steps
 
-# A training workdir: CONFIG_FILE (write_config) and CHECKPOINTS_DIR/<step>/.
-CONFIG_FILE = 'config.json'
-CHECKPOINTS_DIR = 'checkpoints'
+# Where a damaged checkpoint is moved (next to workdirs.CHECKPOINTS_DIR).
 DAMAGED_DIR = 'damaged_checkpoints'
 # Config fields a resumed run must share with the saved one: they fix the
 # structure and meaning of the saved state. Everything else (steps, rates,
@@ -131,22 +130,11 @@ def config_differences(
   ]
 
 
-def write_config(directory: epath.PathLike, config: ml_collections.ConfigDict) -> epath.Path:
-  """Writes ``config`` as ``directory/CONFIG_FILE``, atomically: to a unique
-  temporary file, then renamed over it. On a resume, the other processes read
-  this file (:func:`check_resume_config`) while process 0 rewrites it. A plain
-  write truncates first, so a reader could see an empty file and stop with a
-  JSON error, leaving process 0 at its next barrier."""
-  return storage.write_atomic(
-      epath.Path(directory) / CONFIG_FILE, config.to_json_best_effort(indent=2)
-  )
-
-
 def _completed(saved: dict) -> dict:
-  """A saved config with its ``model`` completed as a config is
+  """A saved config with its ``model``'s absent fields at their defaults
   (:func:`config_fields.complete_model`), in JSON form: a ``config.json`` written
-  before its model's fields were filled in compares on the values that run used
-  (the fields' defaults), not as absent."""
+  before a field existed (or before the fields were filled in) compares on the values
+  that run used (the fields' defaults), not as absent."""
   model = saved.get('model')
   if not isinstance(model, dict):
     return saved
@@ -168,10 +156,11 @@ def _loss_scale_difference(saved: dict, config: ml_collections.ConfigDict) -> li
 
 
 def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """Raises CheckpointError if ``config`` differs from the saved one in ``RESUME_KEYS``
-  (both with every model field, :mod:`config_fields`) or in whether ``dtype`` is
-  float16 (:func:`_loss_scale_difference`)."""
-  path = workdir / CONFIG_FILE
+  """Raises CheckpointError if ``config`` (the trainer's, with every model field:
+  :func:`config_fields.complete`) differs from the saved one in ``RESUME_KEYS`` (its
+  absent model fields at their defaults: :func:`_completed`) or in whether ``dtype``
+  is float16 (:func:`_loss_scale_difference`)."""
+  path = workdir / workdirs.CONFIG_FILE
   if not path.exists():
     return
   try:
@@ -179,9 +168,9 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
   except json.JSONDecodeError as e:
     raise CheckpointError(
         f'{path} is not valid JSON ({e}); it records the config the '
-        f'checkpoints in {workdir / CHECKPOINTS_DIR} were trained with.'
+        f'checkpoints in {workdir / workdirs.CHECKPOINTS_DIR} were trained with.'
     ) from e
-  diffs = config_differences(_completed(saved), config_fields.complete(config))
+  diffs = config_differences(_completed(saved), config)
   diffs += _loss_scale_difference(saved, config)
   if diffs:
     raise CheckpointError(
@@ -260,8 +249,8 @@ def restore_params(path: str, target: Any) -> Any:
   restore), so the other run's state may differ in the rest: float16 or not
   (:class:`steps.ScaledTrainState`), another optimizer."""
   directory = epath.Path(path)
-  if (directory / CHECKPOINTS_DIR).exists():
-    directory = directory / CHECKPOINTS_DIR
+  if (directory / workdirs.CHECKPOINTS_DIR).exists():
+    directory = directory / workdirs.CHECKPOINTS_DIR
   item = {'params': target.params, 'model_state': target.model_state}
   restore = lambda: ocp.args.Composite(
       state=ocp.args.PyTreeRestore(

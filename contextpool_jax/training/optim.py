@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 from contextpool_jax.errors import ConfigError
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
@@ -60,19 +60,19 @@ class OptimizerSpec:
 def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
   """Reads and checks ``config.optimizer`` (``cfg``); ConfigError names a bad entry."""
   root = {'optimizer': cfg}
-  number = lambda field, **kw: checks.read_float(root, f'optimizer.{field}', **kw)
-  schedule = checks.read_choice(root, 'optimizer.schedule', SCHEDULES)
-  warmup = checks.read_int(root, 'optimizer.warmup_steps')
+  number = lambda field, **kw: config_readers.read_float(root, f'optimizer.{field}', **kw)
+  schedule = config_readers.read_choice(root, 'optimizer.schedule', SCHEDULES)
+  warmup = config_readers.read_int(root, 'optimizer.warmup_steps')
   boundaries, factor = (), 0.1
   if schedule == 'piecewise':
-    boundaries = tuple(checks.lookup(root, 'optimizer.boundaries'))
+    boundaries = tuple(config_readers.lookup(root, 'optimizer.boundaries'))
     factor = number('decay_factor', lo=0.0)
     if not all(isinstance(b, int) and b > warmup for b in boundaries):
       raise ConfigError(
           f'config.optimizer.boundaries={boundaries!r} must be steps > ' f'warmup_steps={warmup}.'
       )
   return OptimizerSpec(
-      name=checks.read_choice(root, 'optimizer.name', OPTIMIZERS),
+      name=config_readers.read_choice(root, 'optimizer.name', OPTIMIZERS),
       learning_rate=number('learning_rate', lo=0.0, lo_open=True),
       schedule=schedule,
       warmup_steps=warmup,
@@ -83,7 +83,7 @@ def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
       weight_decay=number('weight_decay', lo=0.0),
       grad_clip_norm=number('grad_clip_norm', lo=0.0),
       momentum=number('momentum', lo=0.0, hi=1.0),
-      nesterov=checks.read_bool(root, 'optimizer.nesterov'),
+      nesterov=config_readers.read_bool(root, 'optimizer.nesterov'),
       boundaries=boundaries,
       decay_factor=factor,
   )

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import jax
 from etils import epath
 
-from contextpool_jax import checks
+from contextpool_jax import config_readers
 
 PROFILE_DIR = 'profile'
 
@@ -44,9 +44,9 @@ class ProfileSpec:
 def resolve_spec(config: Any) -> ProfileSpec:
   """Reads and checks ``config.profile`` (absent: off); ConfigError names a bad field."""
   return ProfileSpec(
-      start_step=checks.read_int(config, 'profile.start_step', minimum=1, default=10),
-      num_steps=checks.read_int(config, 'profile.num_steps', minimum=0, default=0),
-      all_processes=checks.read_bool(config, 'profile.all_processes', default=False),
+      start_step=config_readers.read_int(config, 'profile.start_step', minimum=1, default=10),
+      num_steps=config_readers.read_int(config, 'profile.num_steps', minimum=0, default=0),
+      all_processes=config_readers.read_bool(config, 'profile.all_processes', default=False),
   )
 
 

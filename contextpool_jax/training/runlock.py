@@ -73,8 +73,8 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
+from contextpool_jax import storage
 from contextpool_jax.errors import WorkdirLockedError
-from contextpool_jax.training import storage
 
 LOCK_FILE = 'run.lock'
 DEFAULT_STALE_SECONDS = 600

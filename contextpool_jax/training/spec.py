@@ -14,23 +14,18 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from contextpool_jax import checks
+from contextpool_jax import config_fields, config_readers
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import runlock, sharding
-
-TASKS = ('lm', 'translation', 'classification')
-# float16: with a dynamic loss scale in the train state (steps.uses_loss_scaling).
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+from contextpool_jax.training import runlock, sharding, tasks
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """What the loop needs from the top level of a config (see ``configs/common.py``)."""
+  """What the loop needs from the top level of a config (see ``configs/common.py``).
+  ``config.task`` is the task registry's (:func:`tasks.kind_of` checks it)."""
 
-  task: str
   seed: int
   num_train_steps: int
   batch_size: int  # global, over all processes and devices
@@ -52,11 +47,6 @@ class RunSpec:
   lock_stale_seconds: int  # run.lock of another machine: stale after this long without heartbeat
 
 
-def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
-  """``(compute dtype, remat)``: the run-level fields the model is built with."""
-  return DTYPES[checks.read_choice(config, 'dtype', DTYPES)], checks.read_bool(config, 'remat')
-
-
 def resolve_spec(
     config: ml_collections.ConfigDict,
     *,
@@ -69,19 +59,19 @@ def resolve_spec(
   per gradient-accumulation micro-batch, into the devices (defaults: this
   run's ``jax.process_count()`` and ``jax.device_count()``).
   """
-  read_int = lambda field, minimum=1: checks.read_int(config, field, minimum=minimum)
-  flag = lambda field: checks.read_bool(config, field)
-  checks.read_str(config, 'model.name')  # the registry name; the model checks the rest
+  read_int = lambda field, minimum=1: config_readers.read_int(config, field, minimum=minimum)
+  flag = lambda field: config_readers.read_bool(config, field)
+  config_readers.read_str(config, 'model.name')  # the registry name; the model checks the rest
   for section in ('optimizer', 'dataset'):
-    checks.lookup(config, section)
-  dtype, remat = model_settings(config)
-  splits = checks.lookup(config, 'eval_splits')
+    config_readers.lookup(config, section)
+  dtype, remat = config_fields.model_settings(config)
+  splits = config_readers.lookup(config, 'eval_splits')
   splits = (splits,) if isinstance(splits, str) else tuple(splits)
   if not splits or not all(isinstance(s, str) and s for s in splits):
     raise ConfigError(f'config.eval_splits={splits!r} is invalid; expected split names.')
+  tasks.kind_of(config)  # an unknown task: ConfigError naming the kinds
   spec = RunSpec(
-      task=checks.read_choice(config, 'task', TASKS),
-      seed=checks.read_int(config, 'seed', minimum=-(2**63)),
+      seed=config_readers.read_int(config, 'seed', minimum=-(2**63)),
       num_train_steps=read_int('num_train_steps'),
       batch_size=read_int('batch_size'),
       grad_accum_steps=read_int('grad_accum_steps'),
@@ -89,23 +79,23 @@ def resolve_spec(
       eval_every_steps=read_int('eval_every_steps'),
       checkpoint_every_steps=read_int('checkpoint_every_steps'),
       keep_checkpoints=read_int('keep_checkpoints'),
-      keep_checkpoint_period=checks.read_int(config, 'keep_checkpoint_period', default=0),
+      keep_checkpoint_period=config_readers.read_int(config, 'keep_checkpoint_period', default=0),
       async_checkpointing=flag('async_checkpointing'),
       nan_check_every_steps=read_int('nan_check_every_steps', minimum=0),
       eval_splits=splits,
       dtype=dtype,
       remat=remat,
-      param_sharding=checks.read_choice(config, 'param_sharding', sharding.PARAM_SHARDINGS),
-      init_from=checks.lookup(config, 'init_from', ''),
+      param_sharding=config_readers.read_choice(config, 'param_sharding', sharding.PARAM_SHARDINGS),
+      init_from=config_readers.lookup(config, 'init_from', ''),
       progress_bar=flag('progress_bar'),
       log_pool_sizes=flag('log_pool_sizes'),
-      lock_stale_seconds=checks.read_int(
+      lock_stale_seconds=config_readers.read_int(
           config, 'lock_stale_seconds', minimum=1, default=runlock.DEFAULT_STALE_SECONDS
       ),
   )
   processes = jax.process_count() if process_count is None else process_count
   devices = jax.device_count() if device_count is None else device_count
-  checks.share(spec.batch_size, processes, 'batch_size')
+  config_readers.share(spec.batch_size, processes, 'batch_size')
   micro, rest = divmod(spec.batch_size, spec.grad_accum_steps)
   if rest or micro % devices:
     raise ConfigError(

@@ -1,8 +1,8 @@
 """The task registry: each kind of experiment (``config.task``) and everything it decides.
 
 ``make_task(config, workdir)`` returns a :class:`Task`: the model from the
-registry (:func:`build_model`), the :class:`TaskKind` of ``config.task`` and
-what that kind builds from its resolved settings:
+registry (:func:`contextpool_jax.config_fields.build_model`), the :class:`TaskKind`
+of ``config.task`` and what that kind builds from its resolved settings:
 
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
   which never see the data pipeline;
@@ -12,9 +12,10 @@ what that kind builds from its resolved settings:
   the loop runs besides training (:mod:`contextpool_jax.training.evaluators`).
 
 This module is the one place that tells the kinds apart (:data:`KINDS`,
-keyed by ``config.task``); nothing else compares ``config.task``. A new kind
-of experiment is a :class:`TaskKind` here (an objective, a pipeline over its
-data module, its evaluators), not a change to the loop. Log hooks ask the
+keyed by ``config.task``); nothing else in the repository decides by
+``config.task`` (``tests/test_code_shape.py``). A new kind of experiment is a
+:class:`TaskKind` here (an objective, a pipeline over its data module, its
+evaluators), not a change to the loop. Log hooks ask the
 built model what it contains (:func:`has_context_pool`), never the config.
 """
 
@@ -29,19 +30,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from contextpool_jax import checks, models
+from contextpool_jax import config_fields, config_readers
 from contextpool_jax.data import image_input, lm_input, translation_input
 from contextpool_jax.inference import decoding
-from contextpool_jax.training import evaluators, objectives, spec as spec_lib
-
-
-def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  """``models.create(config.model.name, **config.model minus name, dtype, remat)``."""
-  dtype, remat = spec_lib.model_settings(config)
-  overrides = config.model.to_dict()
-  name = overrides.pop('name')
-  return models.create(name, **overrides, dtype=dtype, remat=remat)
-
+from contextpool_jax.training import evaluators, objectives
 
 # ----------------------------------------------------------------------------
 # Data pipelines: one per kind, over the kind's data module and resolved spec.
@@ -74,14 +66,14 @@ class DataPipeline:
   def train_dataset(self, process_index: int, process_count: int):
     """This process's infinite training batches (a grain dataset with state)."""
     return self.data_module.make_train_dataset(
-        self.config, process_index=process_index, process_count=process_count
+        self.spec, process_index=process_index, process_count=process_count
     )
 
   def eval_batches(self, split: str, process_index: int, process_count: int) -> Iterable[dict]:
     """This process's evaluation batches of ``split`` (padded, the same number on
     every process)."""
     return self.data_module.make_eval_batches(
-        self.config, split, process_index=process_index, process_count=process_count
+        self.spec, split, process_index=process_index, process_count=process_count
     )
 
   def init_batch(self) -> dict[str, np.ndarray]:
@@ -95,7 +87,7 @@ class LanguageModelData(DataPipeline):
   data_module = lm_input
 
   def prepare(self):
-    lm_input.load_split(self.config, 'train')  # prepares and checks every split
+    lm_input.load_split(self.spec, 'train')  # prepares and checks every split
 
   def init_batch(self):
     n = self.spec.seq_len
@@ -110,14 +102,14 @@ class TranslationData(DataPipeline):
 
   @functools.cached_property
   def vocab(self):
-    return translation_input.get_vocab(self.config, self.workdir)
+    return translation_input.get_vocab(self.spec, self.workdir)
 
   def prepare(self):
     self.vocab  # trains the SentencePiece model into the workdir if it is not there
 
   def train_dataset(self, process_index, process_count):
     return translation_input.make_train_dataset(
-        self.config,
+        self.spec,
         process_index=process_index,
         process_count=process_count,
         vocab=self.vocab,
@@ -126,7 +118,7 @@ class TranslationData(DataPipeline):
 
   def eval_batches(self, split, process_index, process_count):
     return translation_input.make_eval_batches(
-        self.config,
+        self.spec,
         split,
         process_index=process_index,
         process_count=process_count,
@@ -195,15 +187,15 @@ class BleuSpec:
   @classmethod
   def resolve(cls, config: ml_collections.ConfigDict) -> BleuSpec:
     return cls(
-        enabled=checks.read_bool(config, 'eval_bleu', default=cls.enabled),
-        beam_size=checks.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
-        alpha=checks.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
-        max_batches=checks.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
+        enabled=config_readers.read_bool(config, 'eval_bleu', default=cls.enabled),
+        beam_size=config_readers.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
+        alpha=config_readers.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
+        max_batches=config_readers.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
     )
 
 
 def _label_smoothing(config: ml_collections.ConfigDict) -> float:
-  return checks.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
+  return config_readers.read_float(config, 'label_smoothing', lo=0.0, hi=1.0, default=0.0)
 
 
 class TaskKind:
@@ -282,12 +274,11 @@ class ClassificationKind(TaskKind):
 KINDS: dict[str, TaskKind] = {
     k.name: k for k in (LanguageModelKind(), TranslationKind(), ClassificationKind())
 }
-assert tuple(KINDS) == spec_lib.TASKS, (tuple(KINDS), spec_lib.TASKS)
 
 
 def kind_of(config: ml_collections.ConfigDict) -> TaskKind:
   """The :class:`TaskKind` of ``config.task`` (ConfigError for an unknown one)."""
-  return KINDS[checks.read_choice(config, 'task', KINDS)]
+  return KINDS[config_readers.read_choice(config, 'task', KINDS)]
 
 
 @dataclasses.dataclass
@@ -311,7 +302,7 @@ class Task:
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   """The task of ``config``: its kind's pipeline and objective around the model."""
   kind = kind_of(config)
-  model = build_model(config)
+  model = config_fields.build_model(config)
   data = kind.pipeline(config, workdir)
   objective = kind.objective(config, data, model)
   return Task(model=model, objective=objective, data=data, kind=kind, config=config)

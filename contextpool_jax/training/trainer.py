@@ -40,7 +40,7 @@ same workdir stops with :class:`WorkdirLockedError` naming the holder. A file
 that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
 ``config.json``: a full disk, a file-size limit) stops the run with one
 :class:`WriteError` naming the path, the cause and the checkpoint a rerun
-resumes from (:mod:`.storage`). A resumed run first cuts ``metrics.jsonl``
+resumes from (:mod:`contextpool_jax.storage`). A resumed run first cuts ``metrics.jsonl``
 back to its start step, so a killed run's lines after its last checkpoint are
 logged once, by the rerun.
 
@@ -67,11 +67,12 @@ import tqdm
 from etils import epath
 from jax.experimental import multihost_utils
 
+from contextpool_jax import config_fields, storage, workdirs
 from contextpool_jax.errors import NonFiniteLossError, WriteError
-from contextpool_jax.training import checkpoints, config_fields, evaluators, optim, runlock
+from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
-from contextpool_jax.training import profiling, steps, storage, tasks, writers
+from contextpool_jax.training import profiling, steps, tasks, writers
 
 METRICS_FILE = writers.METRICS_FILE
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
@@ -427,7 +428,7 @@ def _train(
 ) -> dict[str, Any]:
   """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
-  directory = workdir / checkpoints.CHECKPOINTS_DIR
+  directory = workdir / workdirs.CHECKPOINTS_DIR
   with storage.writing(directory):
     manager = checkpoints.manager(
         directory,
@@ -441,7 +442,7 @@ def _train(
     if manager.latest_step() is not None:
       checkpoints.check_resume_config(workdir, config)
     if is_main:
-      checkpoints.write_config(workdir, config)
+      workdirs.write_config(workdir, config)
     setup = _set_up(config, run, workdir)
     start, state = _initial_state(setup, run, manager, saver, directory)
     profiler = profiling.StepProfiler(profile, workdir, start, run.num_train_steps)

@@ -29,7 +29,7 @@ anything is compiled.
 Resuming: ``metrics.jsonl`` is cut back to the step the run resumes from and
 the TensorBoard file of a rerun starts with a ``SessionLog.START`` there, so
 the lines a killed run logged after its last checkpoint are logged once
-(:mod:`.storage`). A W&B or MLflow run continues the same tracker run (its id
+(:mod:`contextpool_jax.storage`). A W&B or MLflow run continues the same tracker run (its id
 is kept in ``<workdir>/wandb/run_id``, ``<workdir>/mlruns/run_id``); the trackers
 keep what they were sent, so those steps show twice there. A write that fails
 raises WriteError from the loop (jsonl, TensorBoard).
@@ -50,9 +50,8 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from contextpool_jax import checks, console
+from contextpool_jax import config_readers, console, storage
 from contextpool_jax.errors import ConfigError
-from contextpool_jax.training import storage
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
@@ -123,7 +122,7 @@ def check(config: Any) -> tuple[str, ...]:
     ConfigError: an unknown or repeated name, or a writer whose package is not
       installed (naming the writer, the package and the pip extra).
   """
-  names = checks.lookup(config, 'writers', DEFAULT_WRITERS)
+  names = config_readers.lookup(config, 'writers', DEFAULT_WRITERS)
   names = (names,) if isinstance(names, str) else names
   if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
     raise ConfigError(
@@ -269,14 +268,14 @@ WANDB_MODES = ('', 'online', 'offline', 'disabled')
 def _check_strings(config: Any, section: str, keys: Sequence[str]) -> None:
   """``config.<section>.<key>`` is a string (or absent) for each key."""
   for key in keys:
-    value = checks.lookup(config, f'{section}.{key}', '')
+    value = config_readers.lookup(config, f'{section}.{key}', '')
     if not isinstance(value, str):
       raise ConfigError(f'config.{section}.{key}={value!r} is invalid; expected a string.')
 
 
 def _check_wandb(config: Any) -> None:
   _check_strings(config, 'wandb', ('project', 'entity', 'name'))
-  checks.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
+  config_readers.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
 
 
 def kept_run_id(path: epath.Path, make: Callable[[], str]) -> str:
@@ -311,7 +310,7 @@ class WandbWriter:
     import wandb  # pylint: disable=g-import-not-at-top
 
     self._wandb = wandb
-    get = lambda key, default='': checks.lookup(run.config, f'wandb.{key}', default)
+    get = lambda key, default='': config_readers.lookup(run.config, f'wandb.{key}', default)
     self.run = wandb.init(
         project=get('project') or PROJECT,
         entity=get('entity') or None,
@@ -418,7 +417,7 @@ class MlflowWriter:
     from mlflow import entities, tracking  # pylint: disable=g-import-not-at-top
 
     self._entities = entities
-    get = lambda key: checks.lookup(run.config, f'mlflow.{key}', '')
+    get = lambda key: config_readers.lookup(run.config, f'mlflow.{key}', '')
     uri, artifacts = mlflow_store(run.workdir, get('tracking_uri'))
     with console.library_logs('mlflow.store.db.utils', 'alembic'):
       self.client = tracking.MlflowClient(tracking_uri=uri)  # a new store creates its tables
@@ -433,7 +432,7 @@ class MlflowWriter:
         if found is not None
         else self.client.create_experiment(experiment, artifact_location=artifacts)
     )
-    name = checks.lookup(run.config, 'mlflow.run_name', '') or run.workdir.name
+    name = config_readers.lookup(run.config, 'mlflow.run_name', '') or run.workdir.name
     make = lambda: self.client.create_run(experiment_id, run_name=name).info.run_id
     path = run.workdir / MLFLOW_DIR / 'run_id'
     run_id = kept_run_id(path, make)

@@ -16,14 +16,14 @@ items, and ordinary dot-product attention runs over the areas.
   Key modes named as in tensor2tensor's ``area_attention.py`` compute what
   they compute there (some without sigma); see :class:`AreaAttention`.
 
-Which areas exist, in which order, and their features (sums and means from
-summed area tables, Eq. 10-11; stds by pairwise merges instead of Eq. 12;
-maxima) are :mod:`contextpool_jax.layers.areas`, whose public names
-are importable from here too. In this package (a change belongs in one file):
+In this package (a change belongs in one file):
 
+* :mod:`.areas`: which areas exist, in which order, and their features (sums
+  and means from summed area tables, Eq. 10-11; stds by pairwise merges instead
+  of Eq. 12; maxima); its public names are importable from here too.
 * :mod:`.keys`: the key and value modes, a key mode's base feature.
-* :mod:`.validate`: every check of the function's and the modules' settings
-  and inputs.
+* :mod:`.validate`: the settings both entry points share (:class:`~.validate.AreaSettings`)
+  and every check of the function's and the modules' settings and inputs.
 * :mod:`.masks`: :func:`area_attention_mask`, item-level mask and causality ->
   area-level mask.
 * :mod:`.attend`: :func:`attend_to_areas`, softmax attention of queries over
@@ -35,7 +35,7 @@ are importable from here too. In this package (a change belongs in one file):
 * :mod:`.key_encoder`: :class:`AreaKeyEncoder`, the learned area key of Eq. 9
   (Linen).
 * :mod:`.module`: :class:`AreaAttention`, multi-head area attention (Linen);
-  :mod:`.decoding`: its ``decode=True`` cache and step.
+  :mod:`.streaming`: its ``decode=True`` cache and step.
 
 The function and the module check their settings and memory with the same two
 functions (:func:`~.validate.check_config`, :func:`~.validate.check_memory`)
@@ -55,7 +55,12 @@ order, the std and the tables' precision in :mod:`.areas`):
   compute dtype.
 """
 
-from contextpool_jax.layers.area_attention.attend import attend
+from contextpool_jax.layers.area_attention.areas import FEATURE_NAMES
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_features
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import num_areas
 from contextpool_jax.layers.area_attention.attend import attend_to_areas
 from contextpool_jax.layers.area_attention.core import dot_product_area_attention
 from contextpool_jax.layers.area_attention.key_encoder import AreaKeyEncoder
@@ -64,22 +69,7 @@ from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import PARAMETER_FREE_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import VALUE_MODES
 from contextpool_jax.layers.area_attention.masks import area_attention_mask
-from contextpool_jax.layers.area_attention.masks import area_mask
 from contextpool_jax.layers.area_attention.module import AreaAttention
-from contextpool_jax.layers.area_attention.through_items import QUERY_BLOCK
-from contextpool_jax.layers.area_attention.through_items import attend_through_items
-from contextpool_jax.layers.areas import FEATURE_NAMES
-from contextpool_jax.layers.areas import AreaFeatures
-from contextpool_jax.layers.areas import AreaLayout
-from contextpool_jax.layers.areas import area_features
-from contextpool_jax.layers.areas import area_layout
-from contextpool_jax.layers.areas import num_areas
-
-# Private names this package had as one module (tests call them).
-_QUERY_BLOCK = QUERY_BLOCK
-_area_mask = area_mask
-_attend = attend
-_attend_through_items = attend_through_items
 
 __all__ = [
     'KEY_MODES',
@@ -91,7 +81,7 @@ __all__ = [
     'area_attention_mask',
     'attend_to_areas',
     'dot_product_area_attention',
-    # From areas, importable here as before the split.
+    # The areas and their features (areas.py).
     'FEATURE_NAMES',
     'AreaFeatures',
     'AreaLayout',

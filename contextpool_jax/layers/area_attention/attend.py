@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax import checks
-from contextpool_jax.layers._softmax import masked_softmax
+from contextpool_jax.numerics import masked_softmax
 
 Array = jax.Array
 

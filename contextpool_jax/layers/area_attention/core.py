@@ -7,17 +7,17 @@ from typing import Callable
 
 import jax
 
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import compute_area_features
 from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.keys import base_area_key
 from contextpool_jax.layers.area_attention.keys import is_linear_in_items
 from contextpool_jax.layers.area_attention.keys import key_features
 from contextpool_jax.layers.area_attention.masks import area_mask
-from contextpool_jax.layers.area_attention.settings import AreaSettings
 from contextpool_jax.layers.area_attention.through_items import attend_through_items
+from contextpool_jax.layers.area_attention.validate import AreaSettings
 from contextpool_jax.layers.area_attention.validate import check_function_call
 from contextpool_jax.layers.area_attention.validate import needs_rng
-from contextpool_jax.layers.areas import AreaFeatures
-from contextpool_jax.layers.areas import compute_area_features
 
 Array = jax.Array
 

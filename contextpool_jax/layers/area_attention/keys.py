@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
 
 Array = jax.Array
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import area_sums
+from contextpool_jax.layers.area_attention.areas import check_area_options
 from contextpool_jax.layers.area_attention.validate import check_memory
-from contextpool_jax.layers.areas import AreaLayout
-from contextpool_jax.layers.areas import area_layout
-from contextpool_jax.layers.areas import area_sums
-from contextpool_jax.layers.areas import check_area_options
 
 Array = jax.Array
 

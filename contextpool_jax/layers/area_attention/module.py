@@ -10,17 +10,17 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
 from contextpool_jax.layers.area_attention.core import area_attention
-from contextpool_jax.layers.area_attention.decoding import DecodingMixin
 from contextpool_jax.layers.area_attention.key_encoder import AreaKeyEncoder
 from contextpool_jax.layers.area_attention.keys import LEARNED_KEYS
 from contextpool_jax.layers.area_attention.keys import key_base
-from contextpool_jax.layers.area_attention.settings import AreaSettings
+from contextpool_jax.layers.area_attention.streaming import StreamingMixin
+from contextpool_jax.layers.area_attention.validate import AreaSettings
 from contextpool_jax.layers.area_attention.validate import check_decode
 from contextpool_jax.layers.area_attention.validate import check_head_dim
 from contextpool_jax.layers.area_attention.validate import check_module_fields
 from contextpool_jax.layers.area_attention.validate import check_module_inputs
-from contextpool_jax.layers.areas import AreaFeatures
 
 Array = jax.Array
 Dtype = Any
@@ -30,7 +30,7 @@ LearnedKeyFn = Callable[[Array, AreaFeatures], Array]
 _OWNER = 'AreaAttention'
 
 
-class AreaAttention(DecodingMixin, nn.Module):
+class AreaAttention(StreamingMixin, nn.Module):
   """Multi-head area attention (Li et al., 2019), self- or cross-attention, 1D or 2D.
 
   Queries, keys and values are projected per head (``DenseGeneral`` named

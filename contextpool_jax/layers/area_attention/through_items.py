@@ -13,15 +13,15 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers._softmax import masked_softmax
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import pad_areas
+from contextpool_jax.layers.area_attention.areas import padded_area_sums
+from contextpool_jax.layers.area_attention.areas import padded_area_sums_transpose
+from contextpool_jax.layers.area_attention.areas import padded_area_valid
 from contextpool_jax.layers.area_attention.attend import dropout
 from contextpool_jax.layers.area_attention.attend import dropout_keep
 from contextpool_jax.layers.area_attention.attend import logit_scale
-from contextpool_jax.layers.areas import AreaLayout
-from contextpool_jax.layers.areas import pad_areas
-from contextpool_jax.layers.areas import padded_area_sums
-from contextpool_jax.layers.areas import padded_area_sums_transpose
-from contextpool_jax.layers.areas import padded_area_valid
+from contextpool_jax.numerics import masked_softmax
 
 Array = jax.Array
 

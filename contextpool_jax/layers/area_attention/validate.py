@@ -1,5 +1,7 @@
-"""The checks of area attention's entry points: the function
-(:func:`~.core.dot_product_area_attention`), the mask helper and the modules.
+"""The settings area attention's entry points share (:class:`AreaSettings`: the
+function's arguments, the module's fields) and the checks of those entry points:
+the function (:func:`~.core.dot_product_area_attention`), the mask helper and the
+modules.
 
 Settings and memories are checked by the same functions everywhere
 (:func:`check_config`, :func:`check_memory`); each raises a
@@ -10,23 +12,57 @@ the value and what is allowed, or a ValueError for a bad array.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from contextpool_jax import checks
 from contextpool_jax.errors import ConfigError
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import check_area_options
+from contextpool_jax.layers.area_attention.areas import check_memory_length
 from contextpool_jax.layers.area_attention.keys import KEY_MODES
-from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import LEARNED_KEYS
+from contextpool_jax.layers.area_attention.keys import LEARNED_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import PARAMETER_FREE_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import VALUE_MODES
-from contextpool_jax.layers.area_attention.settings import AreaSettings
-from contextpool_jax.layers.areas import check_area_options
-from contextpool_jax.layers.areas import check_memory_length
 
 Array = jax.Array
+
+
+class AreaSettings(NamedTuple):
+  """What areas exist and how they are attended (checked by :func:`check_config`).
+
+  Attributes:
+    max_area_width: largest area width.
+    max_area_height: largest area height.
+    memory_height: rows of the memory grid (stored row-major).
+    key_mode: one of ``KEY_MODES`` (:mod:`.keys`).
+    value_mode: ``'sum'``, ``'mean'`` or ``'max'``.
+    causal: also mask items ``j > i`` (raster order in 2D, top-left aligned).
+    dropout_rate: dropout on the attention probabilities.
+    std_epsilon: variance floor inside the area std.
+  """
+
+  max_area_width: Any
+  max_area_height: Any
+  memory_height: Any
+  key_mode: Any
+  value_mode: Any
+  causal: Any
+  dropout_rate: Any
+  std_epsilon: Any
+
+  def layout(self, kv_len: int) -> AreaLayout:
+    """The areas of a memory of ``kv_len`` items (:func:`area_layout`)."""
+    return area_layout(
+        kv_len,
+        max_area_width=self.max_area_width,
+        max_area_height=self.max_area_height,
+        memory_height=self.memory_height,
+    )
 
 
 def check_config(owner: str, settings: AreaSettings) -> None:

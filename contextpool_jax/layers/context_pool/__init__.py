@@ -16,20 +16,14 @@ the paper leaves open: docs/context_pool.md; which module of this package holds
 what: docs/architecture.md#where-a-change-belongs.
 """
 
-from contextpool_jax.layers.context_pool.blocks import key_block_ranges
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import blockwise_visits
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
-from contextpool_jax.layers.context_pool.config import ACTIVATIONS
-from contextpool_jax.layers.context_pool.config import AUTO_BLOCKWISE_THRESHOLD
-from contextpool_jax.layers.context_pool.config import IMPLEMENTATIONS
-from contextpool_jax.layers.context_pool.config import LOCALITIES
-from contextpool_jax.layers.context_pool.config import MAPPINGS
-from contextpool_jax.layers.context_pool.config import SIZE_NORMS
-from contextpool_jax.layers.context_pool.config import WEIGHTS
 from contextpool_jax.layers.context_pool.geometry import pool_centres
 from contextpool_jax.layers.context_pool.geometry import squared_distances
+from contextpool_jax.layers.context_pool.module import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool.module import ContextPool
+from contextpool_jax.layers.context_pool.module import make_context_pool
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolBlock
@@ -39,21 +33,21 @@ from contextpool_jax.layers.context_pool.pool import masked_pool
 from contextpool_jax.layers.context_pool.pool import pool_block
 from contextpool_jax.layers.context_pool.pool import pool_dense
 from contextpool_jax.layers.context_pool.pool import pool_weights
-from contextpool_jax.layers.context_pool.randomness import dropout_keep
 from contextpool_jax.layers.context_pool.sizes import DEFAULT_RATIO
 from contextpool_jax.layers.context_pool.sizes import normalised_size
 from contextpool_jax.layers.context_pool.sizes import pooling_sigma
-
-# The names this package had as one module, private ones included (tests and
-# benchmarks call them).
-_dropout_keep = dropout_keep
-_key_block_ranges = key_block_ranges
-_pool_blockwise = pool_blockwise
-_pool_dense = pool_dense
+from contextpool_jax.layers.context_pool.validate import ACTIVATIONS
+from contextpool_jax.layers.context_pool.validate import AUTO_BLOCKWISE_THRESHOLD
+from contextpool_jax.layers.context_pool.validate import IMPLEMENTATIONS
+from contextpool_jax.layers.context_pool.validate import LOCALITIES
+from contextpool_jax.layers.context_pool.validate import MAPPINGS
+from contextpool_jax.layers.context_pool.validate import SIZE_NORMS
+from contextpool_jax.layers.context_pool.validate import WEIGHTS
 
 __all__ = [
     'ACTIVATIONS',
     'AUTO_BLOCKWISE_THRESHOLD',
+    'CONTEXT_POOL_MODEL_FIELDS',
     'DEFAULT_RATIO',
     'GAUSSIAN_SKIP_NATS',
     'IMPLEMENTATIONS',
@@ -68,6 +62,7 @@ __all__ = [
     'PoolInputs',
     'PoolRule',
     'blockwise_visits',
+    'make_context_pool',
     'masked_pool',
     'normalised_size',
     'pool_block',

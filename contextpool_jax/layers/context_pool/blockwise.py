@@ -31,13 +31,13 @@ from contextpool_jax.layers.context_pool.blocks import support_reach
 from contextpool_jax.layers.context_pool.blocks import take_slice
 from contextpool_jax.layers.context_pool.blocks import unless_skipped
 from contextpool_jax.layers.context_pool.blocks import visit_table
-from contextpool_jax.layers.context_pool.numerics import NEG
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolInputs
 from contextpool_jax.layers.context_pool.pool import PoolRule
 from contextpool_jax.layers.context_pool.pool import drop
 from contextpool_jax.layers.context_pool.pool import pool_block
+from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
 
@@ -185,7 +185,7 @@ def _forward_query_block(spec: BlockSpec, inputs: PoolInputs, visits: _Visits, q
 
   batch, features = centres.valid.shape[0], context.x.shape[-1]
   init = (
-      jnp.full((batch, bq), NEG, jnp.float32),
+      jnp.full((batch, bq), NEG_INF, jnp.float32),
       jnp.zeros((batch, bq), jnp.float32),
       jnp.zeros((batch, bq, features), jnp.float32),
       visited,
@@ -206,11 +206,11 @@ def _visit_key_block(spec: BlockSpec, q: Centres, context: Context, dropout_seed
   # Forward values: the hard window is exactly in_window (the STE only
   # changes gradients), so the support is allowed & in_window.
   support = block.allowed if block.in_window is None else block.allowed & block.in_window
-  new_max = jnp.maximum(row_max, jnp.max(jnp.where(support, block.logits, NEG), axis=-1))
+  new_max = jnp.maximum(row_max, jnp.max(jnp.where(support, block.logits, NEG_INF), axis=-1))
   # min(., 0): XLA may evaluate the logits twice, with different rounding,
   # for the max and for the exponent; a huge transient max (a tiny sigma,
   # before the block holding the centre) must not overflow exp.
-  e = jnp.exp(jnp.where(support, jnp.minimum(block.logits - new_max[..., None], 0.0), NEG))
+  e = jnp.exp(jnp.where(support, jnp.minimum(block.logits - new_max[..., None], 0.0), NEG_INF))
   rescale = jnp.exp(row_max - new_max)
   row_sum = row_sum * rescale + jnp.sum(e, axis=-1)
   e = drop(e, block.keep, spec.rule.dropout_rate)
@@ -335,7 +335,7 @@ def _block_grads(spec: BlockSpec, q: Centres, k: Context, rows: _Rows, dropout_s
   # the support logits <= max, so min(., 0) only changes rounding there;
   # outside the hard window it is masked_pool's clamp.
   shifted = jnp.minimum(logits - rows.row_max[..., None], 0.0)
-  ex = jnp.exp(jnp.where(allowed, shifted, NEG))
+  ex = jnp.exp(jnp.where(allowed, shifted, NEG_INF))
   e = ex if in_window is None else jnp.where(in_window, ex, 0.0)
   p = drop(e / rows.denom[..., None], keep, rate)
   dp = drop(

@@ -1,17 +1,18 @@
 """The ContextPool module: its fields, the mapping m(X), and the whole-sequence call.
 
-``__call__`` checks the fields and inputs (:mod:`.config`), runs the mapping
+``__call__`` checks the fields and inputs (:mod:`.validate`), runs the mapping
 (:meth:`ContextPool._mapping`), turns its outputs into Eq. 4's terms
 (:meth:`ContextPool._mapping_outputs`, shared with the decoding step), pools
 (:func:`~.pool.pool_dense` or :func:`~.blockwise.pool_blockwise`) and combines
 the pooled features with the input (:meth:`ContextPool._combine`, also shared).
-The ``decode=True`` step and its cache are :mod:`.streaming`.
+The ``decode=True`` step and its cache are :mod:`.streaming`. :func:`make_context_pool`
+builds ContextPool from a model's ``context_pool`` field.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
@@ -19,13 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax import checks
+from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
-from contextpool_jax.layers.context_pool.config import ACTIVATIONS
-from contextpool_jax.layers.context_pool.config import AUTO_BLOCKWISE_THRESHOLD
-from contextpool_jax.layers.context_pool.config import OWNER
-from contextpool_jax.layers.context_pool.config import check_fields
-from contextpool_jax.layers.context_pool.config import check_inputs
 from contextpool_jax.layers.context_pool.geometry import pool_centres
 from contextpool_jax.layers.context_pool.geometry import query_indices
 from contextpool_jax.layers.context_pool.pool import Centres
@@ -46,11 +43,23 @@ from contextpool_jax.layers.context_pool.sizes import pooling_sigma
 from contextpool_jax.layers.context_pool.sizes import step_sizes
 from contextpool_jax.layers.context_pool.sizes import uses_size
 from contextpool_jax.layers.context_pool.streaming import StreamingMixin
+from contextpool_jax.layers.context_pool.validate import ACTIVATIONS
+from contextpool_jax.layers.context_pool.validate import AUTO_BLOCKWISE_THRESHOLD
+from contextpool_jax.layers.context_pool.validate import OWNER
+from contextpool_jax.layers.context_pool.validate import check_fields
+from contextpool_jax.layers.context_pool.validate import check_inputs
 
 Array = jax.Array
 Dtype = Any
 
 _ZEROS = nn.initializers.zeros_init()
+
+# ContextPool fields that the model inserting it sets (make_context_pool's
+# ``defaults``: a decoder's ``causal`` and ``decode``, a ResNet's ``strides``; the
+# model's ``dtype`` and ``param_dtype``), and ``window_shape``, which only places
+# the centres of a strided pool. A config does not offer them
+# (contextpool_jax.config_fields); every other field is a config entry.
+CONTEXT_POOL_MODEL_FIELDS = ('causal', 'decode', 'strides', 'window_shape', 'dtype', 'param_dtype')
 
 
 class MappingOutputs(NamedTuple):
@@ -477,3 +486,43 @@ class ContextPool(StreamingMixin, nn.Module):
       )
       return x + g.astype(x.dtype) * (pooled - x)
     return pooled
+
+
+def make_context_pool(
+    context_pool: Optional[Mapping[str, Any]],
+    *,
+    dtype: Optional[Dtype],
+    param_dtype: Dtype,
+    name: Optional[str] = None,
+    **defaults: Any,
+) -> Optional[ContextPool]:
+  """A ContextPool built from a model's ``context_pool`` field, or None.
+
+  Convention used by every model: ``context_pool=None`` means no ContextPool;
+  a mapping (possibly empty) means "insert ContextPool" with those field
+  overrides on top of ``defaults`` (e.g. ``causal=True`` set by a decoder; a
+  user override of a default the model needs, like ``causal``, raises).
+
+  Raises:
+    ValueError: for an unknown ContextPool field or a conflicting override.
+  """
+  if context_pool is None:
+    return None
+  overrides = dict(context_pool)
+  fields = set(ContextPool.__dataclass_fields__) - {'parent', 'name'}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ConfigError(
+        f'context_pool has unknown field(s) {unknown}; ContextPool fields: '
+        f'{", ".join(sorted(fields))}.'
+    )
+  for key, value in defaults.items():
+    if key in overrides and overrides[key] != value:
+      raise ConfigError(
+          f'context_pool.{key}={overrides[key]!r} conflicts with this model, '
+          f'which needs {key}={value!r}.'
+      )
+  kwargs = {**defaults, **overrides}
+  kwargs.setdefault('dtype', dtype)
+  kwargs.setdefault('param_dtype', param_dtype)
+  return ContextPool(name=name, **kwargs)

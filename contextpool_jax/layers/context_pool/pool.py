@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax.layers._softmax import masked_softmax
 from contextpool_jax.layers.context_pool.geometry import grid_coordinates
 from contextpool_jax.layers.context_pool.geometry import squared_distances
-from contextpool_jax.layers.context_pool.numerics import MIN_TWO_VARIANCE
-from contextpool_jax.layers.context_pool.numerics import NEG
 from contextpool_jax.layers.context_pool.randomness import dropout_keep
 from contextpool_jax.layers.context_pool.randomness import random_support
+from contextpool_jax.numerics import MIN_TWO_VARIANCE
+from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.numerics import masked_softmax
 
 Array = jax.Array
 
@@ -255,14 +255,14 @@ def masked_pool(
   if in_window is None and window_ste is None:
     return masked_softmax(logits, allowed)
   support = allowed if in_window is None else allowed & in_window
-  row_max = jnp.max(jnp.where(support, logits, NEG), axis=-1, keepdims=True)
+  row_max = jnp.max(jnp.where(support, logits, NEG_INF), axis=-1, keepdims=True)
   row_max = jax.lax.stop_gradient(row_max)
   shifted = logits - row_max
   if in_window is not None:
     # Outside the window the forward value is multiplied by 0; clamping the
     # exponent at 0 keeps exp() finite there (the max was taken inside).
     shifted = jnp.where(in_window, shifted, jnp.minimum(shifted, 0.0))
-  e = jnp.exp(jnp.where(allowed, shifted, NEG))
+  e = jnp.exp(jnp.where(allowed, shifted, NEG_INF))
   if window_ste is not None:
     e = e * window_ste
   denom = jnp.sum(e, axis=-1, keepdims=True)

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers.context_pool.numerics import NEG
+from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
 
@@ -60,8 +60,8 @@ def log_weights(raw: Optional[Array], weights: str) -> Optional[Array]:
 
 
 def _size_logits(raw_size: Array, valid: Array) -> Array:
-  """The raw sizes as float32, ``NEG`` at padded positions (no weight in a softmax)."""
-  return jnp.where(valid, raw_size.astype(jnp.float32), NEG)
+  """The raw sizes as float32, ``NEG_INF`` at padded positions (no weight in a softmax)."""
+  return jnp.where(valid, raw_size.astype(jnp.float32), NEG_INF)
 
 
 def normalised_size(raw_size: Array, valid: Array, *, size_norm: str, causal: bool) -> Array:

@@ -15,8 +15,6 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.layers.context_pool.config import check_step
-from contextpool_jax.layers.context_pool.numerics import NEG
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolInputs
@@ -26,6 +24,8 @@ from contextpool_jax.layers.context_pool.pool import valid_positions
 from contextpool_jax.layers.context_pool.sizes import SizePrefix
 from contextpool_jax.layers.context_pool.sizes import uses_size
 from contextpool_jax.layers.context_pool.sizes import uses_weight
+from contextpool_jax.layers.context_pool.validate import check_step
+from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
 Dtype = Any
@@ -68,7 +68,7 @@ class StreamingMixin:
     if uses_size(self.locality):
       names['count'] = zeros((), jnp.float32)
       if self.size_norm == 'softmax':
-        names['size_lse'] = lambda: jnp.full((batch,), NEG, jnp.float32)
+        names['size_lse'] = lambda: jnp.full((batch,), NEG_INF, jnp.float32)
     if self.mapping == 'cnn':
       names['conv_inputs'] = zeros((self.kernel_size - 1, features), dtype)
       names['conv_hidden'] = zeros((self.kernel_size - 1, self.hidden_features), dtype)

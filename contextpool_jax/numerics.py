@@ -1,4 +1,6 @@
-"""The masked softmax shared by the layers: float32, max-subtracted, memory-lean."""
+"""The package's numerical conventions, each defined once: the finite minus infinity
+of masked logits, the variance floor of Gaussian exponents, and the masked softmax
+the layers share (float32, max-subtracted, memory-lean)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-_NEG = -1e30  # stands in for -inf: exp() of it is exactly 0, never NaN
+# A finite "minus infinity" for masked logits and impossible scores: exp() of it is
+# exactly 0 in float32 and, unlike -inf, it never gives inf - inf = NaN in a forward
+# or backward pass.
+NEG_INF = -1e30
+# Added to 2 sigma^2 so that sigma -> 0 gives a finite (huge) Gaussian exponent.
+MIN_TWO_VARIANCE = 1e-12
 
 
 def masked_softmax(logits: Array, allowed: Array | None) -> Array:
@@ -30,8 +37,8 @@ def masked_softmax(logits: Array, allowed: Array | None) -> Array:
 
 @jax.custom_jvp
 def _masked_softmax(logits: Array, allowed: Array) -> Array:
-  row_max = jnp.max(jnp.where(allowed, logits, _NEG), axis=-1, keepdims=True)
-  e = jnp.exp(jnp.where(allowed, logits - row_max, _NEG))
+  row_max = jnp.max(jnp.where(allowed, logits, NEG_INF), axis=-1, keepdims=True)
+  e = jnp.exp(jnp.where(allowed, logits - row_max, NEG_INF))
   denom = jnp.sum(e, axis=-1, keepdims=True)
   return e / jnp.where(denom > 0, denom, 1.0)
 

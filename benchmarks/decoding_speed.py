@@ -16,8 +16,8 @@ The uncached path is skipped above ``--uncached_max`` (it grows cubically).
 Targets (issue 14): at 256 tokens cached >= 10x faster than uncached; cached
 1024 tokens at most ~5x the time of 256.
 
-Usage: python -m benchmarks.decoding [--lengths 64,256,1024] [--repeats 5]
-       [--uncached_max 256] [--out benchmarks/results/decoding_cpu.md]
+Usage: python -m benchmarks.decoding_speed [--lengths 64,256,1024] [--repeats 5]
+       [--uncached_max 256] [--out benchmarks/results/decoding_speed_cpu.md]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main(argv=None):
   lines = [
       f'Greedy decoding, tiny Transformer (2 layers, 128 hidden), batch {args.batch}, '
       f'source length {args.source_len}, {jax.default_backend()}, medians of '
-      f'{args.repeats} interleaved runs (`python -m benchmarks.decoding`).',
+      f'{args.repeats} interleaved runs (`python -m benchmarks.decoding_speed`).',
       '',
       '| decoder | max_len | cached ms | uncached ms | uncached / cached | cached / previous length |',
       '|---|---|---|---|---|---|',

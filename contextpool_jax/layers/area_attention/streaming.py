@@ -1,6 +1,6 @@
-"""Incremental decoding of :class:`~.module.AreaAttention` (``decode=True``):
-the cache of causal self-attention and its one-query step, and the cached
-memory of cross-attention."""
+"""Streaming AreaAttention (``decode=True``, incremental decoding): the cache of
+causal self-attention and its one-query step, and the cached memory of
+cross-attention."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import area_layout
+from contextpool_jax.layers.area_attention.areas import compute_area_features
 from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.keys import base_area_key
 from contextpool_jax.layers.area_attention.keys import is_linear_in_items
 from contextpool_jax.layers.area_attention.keys import key_features
 from contextpool_jax.layers.area_attention.through_items import attend_through_items
-from contextpool_jax.layers.areas import AreaFeatures
-from contextpool_jax.layers.areas import area_layout
-from contextpool_jax.layers.areas import compute_area_features
 
 Array = jax.Array
 
 
-class DecodingMixin:
+class StreamingMixin:
   """The ``decode=True`` half of :class:`~.module.AreaAttention` (a mixin: it
   reads the module's fields)."""
 

@@ -8,7 +8,7 @@ and computes their features without ever gathering an area's items:
 
 * :func:`area_layout` / :func:`num_areas`: the areas (Section 3, Fig. 1-2).
 * :func:`area_sums`: the sum of every area from a summed area table (integral
-  image, Eq. 10-11, Algorithm 1); also how :mod:`.area_attention` counts the
+  image, Eq. 10-11, Algorithm 1); also how area attention (:mod:`.masks`) counts the
   masked items of every area.
 * :func:`padded_area_sums` (and its transpose, :func:`padded_area_valid`,
   :func:`pad_areas`): weighted sums of every area by direct window sums, in a
@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks
+from contextpool_jax.errors import ConfigError
 
 Array = jax.Array
 

@@ -1,21 +1,32 @@
-"""Load a trained workdir back for use, and export its parameters.
+"""A run's workdir: its layout, its config, and loading it back for use.
 
 A workdir written by ``train.py`` / :func:`contextpool_jax.training.trainer.train_and_evaluate`
-holds ``config.json`` and orbax checkpoints ``checkpoints/<step>/`` with the items
-``'state'`` (step, params, opt_state, model_state, bad_step) and ``'data'`` (the grain
-iterator). :func:`load` reads the config, builds the model with
-:func:`contextpool_jax.training.tasks.build_model` and restores only ``params`` and
-``model_state`` (e.g. BatchNorm statistics) of one step: no optimizer state, no data
-iterator, no dataset.
+holds ``config.json`` (:func:`write_config`) and orbax checkpoints ``checkpoints/<step>/``
+with the items ``'state'`` (step, params, opt_state, model_state, bad_step) and ``'data'``
+(the grain iterator). :func:`load` reads the config, builds the model with
+:func:`contextpool_jax.config_fields.build_model` (as the trainer does) and restores only
+``params`` and ``model_state`` (e.g. BatchNorm statistics) of one step: no optimizer state,
+no data iterator, no dataset.
 
 :func:`export_params` writes a params-only export, a directory with ``config.json`` and
 ``variables.msgpack`` (``flax.serialization`` msgpack of the variables dict);
 :func:`load` reads it back like a workdir, so an export can be shared without the
 optimizer state (about a third of the size with Adam) and without orbax.
 
-The public names are re-exported by :mod:`contextpool_jax.training` and by the
-module ``contextpool_jax.training.load`` (whose docstring has the examples);
-this module is named for what it reads so that no function shadows it.
+This module sits below both the trainer and inference: both use it, neither is used by it.
+
+With ``/tmp/cp`` a workdir of ``python train.py --config configs/default.py --workdir /tmp/cp``
+(tests/test_readme.py runs these examples against a short run of it):
+
+  >>> import jax.numpy as jnp
+  >>> from contextpool_jax.workdirs import export_params, load
+  >>> model, variables, config = load('/tmp/cp')           # the latest step
+  >>> tokens = jnp.asarray([list(b'def main():')], jnp.int32)
+  >>> model.apply(variables, tokens).shape                  # [batch, length, 256]
+  (1, 11, 256)
+  >>> export_params('/tmp/cp', '/tmp/cp_params')
+  PosixPath('/tmp/cp_params')
+  >>> model, variables, config = load('/tmp/cp_params')    # an export loads like a workdir
 """
 
 from __future__ import annotations
@@ -32,15 +43,17 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from contextpool_jax import config_fields, storage
 from contextpool_jax.errors import WorkdirError
-from contextpool_jax.training import checkpoints, storage
 
 PathLike = Union[str, pathlib.Path]
 
-# A training workdir's layout (written by the trainer).
-CONFIG_FILE = checkpoints.CONFIG_FILE
-CHECKPOINTS_DIR = checkpoints.CHECKPOINTS_DIR
+# A training workdir's layout (written by the trainer): CONFIG_FILE (write_config) and
+# CHECKPOINTS_DIR/<step>/; an export's: CONFIG_FILE and EXPORT_FILE.
+CONFIG_FILE = 'config.json'
+CHECKPOINTS_DIR = 'checkpoints'
 EXPORT_FILE = 'variables.msgpack'
 STATE_ITEM = 'state'
 # What load restores from a checkpoint's 'state' item (TrainState fields).
@@ -92,6 +105,18 @@ def _tuples(value: Any) -> Any:
   if isinstance(value, dict):
     return {k: _tuples(v) for k, v in value.items()}
   return value
+
+
+def write_config(directory: epath.PathLike, config: ml_collections.ConfigDict) -> epath.Path:
+  """Writes ``config`` as ``directory/CONFIG_FILE``, atomically: to a unique
+  temporary file, then renamed over it. On a resume, the other processes read
+  this file (:func:`~contextpool_jax.training.checkpoints.check_resume_config`)
+  while process 0 rewrites it. A plain write truncates first, so a reader could
+  see an empty file and stop with a JSON error, leaving process 0 at its next
+  barrier."""
+  return storage.write_atomic(
+      epath.Path(directory) / CONFIG_FILE, config.to_json_best_effort(indent=2)
+  )
 
 
 def read_config(workdir: PathLike) -> ml_collections.ConfigDict:
@@ -211,7 +236,7 @@ def load(
   """Loads a trained model: ``(model, variables, config)``.
 
   Works for any config (every task and model): the model is
-  ``tasks.build_model(config)`` from ``<workdir>/config.json``; ``variables`` is
+  ``config_fields.build_model(config)`` from ``<workdir>/config.json``; ``variables`` is
   the Flax variables dict ``{'params': ..., **model_state}`` (e.g. ``'batch_stats'``)
   of checkpoint ``step`` (None: the latest), so ``model.apply(variables, ...,
   train=False)`` runs it. Only parameters and model state are restored (not the
@@ -223,13 +248,9 @@ def load(
       ``config.json``, no checkpoints, or no checkpoint ``step``; the message names
       the directory and what it holds.
   """
-  # Imported on use: the task registry pulls in every data module (TFDS), which
-  # reading a checkpoint does not need.
-  from contextpool_jax.training import tasks  # pylint: disable=g-import-not-at-top
-
   config = read_config(workdir)
   variables, _ = load_variables(workdir, step)
-  return tasks.build_model(config), variables, config
+  return config_fields.build_model(config), variables, config
 
 
 def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = None) -> pathlib.Path:
@@ -257,6 +278,6 @@ def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = No
   with storage.writing(out):
     out.mkdir(parents=True, exist_ok=True)
   state = jax.tree.map(np.asarray, variables)
-  checkpoints.write_config(out, config)
+  write_config(out, config)
   storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
   return out
