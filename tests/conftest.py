@@ -1,5 +1,8 @@
 """Shared pytest set-up, applied before JAX is imported.
 
+One persistent compilation cache per run, shared by the workers and subprocesses
+(:func:`_share_compilation_cache`).
+
 Tests check the mathematics, not the speed of the generated code, so XLA's
 backend optimisation is turned off: compilation is ~2x faster on CPU and
 results only change at float rounding level (the tolerances allow for it).
@@ -7,14 +10,35 @@ Benchmarks (``python -m benchmarks``) run with the default optimisation.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 _flags = os.environ.get('XLA_FLAGS', '')
 if '--xla_backend_optimization_level' not in _flags:
   os.environ['XLA_FLAGS'] = f'{_flags} --xla_backend_optimization_level=0'.strip()
 
+
+def _share_compilation_cache() -> bool:
+  """Points JAX's persistent compilation cache at a directory of this run, so the
+  xdist workers and the processes the tests start (which inherit the environment)
+  compile each program once between them instead of once each: most programs
+  (a model's init and step at the tests' tiny shapes) recur across workers and
+  subprocesses. A cache the caller set (``JAX_COMPILATION_CACHE_DIR``) is used as is.
+  Returns whether this process made the directory (and so removes it at the end)."""
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return False
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='contextpool-jax-xla-cache-')
+  # Programs compiled in under 0.1 s are not stored: a file each for little gain.
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.1')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  return True
+
+
+_OWN_CACHE = _share_compilation_cache()
+
 import importlib
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -39,6 +63,44 @@ def corpus(tmp_path_factory):
   for i, path in enumerate(sorted((REPO / 'contextpool_jax').rglob('*.py'))[:12]):
     (root / f'{i:02d}.txt').write_bytes(path.read_bytes())
   return root
+
+
+def pytest_unconfigure(config):
+  """Removes the run's compilation cache (in the process that made it)."""
+  del config
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
+
+# A test that takes longer says why in its docstring (CONTRIBUTING.md, "The tests").
+EXPLAIN_SECONDS = 60
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Records on the report whether the test function has a docstring (the report,
+  unlike the item, reaches the xdist controller that prints the summary)."""
+  report = yield
+  if call.when == 'call':
+    explained = bool(getattr(getattr(item, 'function', None), '__doc__', None))
+    report.user_properties.append(('explained', explained))
+  return report
+
+
+def pytest_terminal_summary(terminalreporter):
+  """Names every test over ``EXPLAIN_SECONDS`` (set-up, call and tear-down) whose
+  function has no docstring saying why it takes that long."""
+  seconds, explained = {}, {}
+  for reports in terminalreporter.stats.values():
+    for r in reports:
+      if isinstance(r, pytest.TestReport):
+        seconds[r.nodeid] = seconds.get(r.nodeid, 0.0) + r.duration
+        explained.update({r.nodeid: v for k, v in r.user_properties if k == 'explained'})
+  unexplained = [n for n, t in seconds.items() if t > EXPLAIN_SECONDS and not explained.get(n)]
+  if unexplained:
+    terminalreporter.section(f'over {EXPLAIN_SECONDS} s without a docstring saying why')
+    for n in sorted(unexplained, key=seconds.get, reverse=True):
+      terminalreporter.write_line(f'{seconds[n]:7.1f} s  {n}')
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks set here
