@@ -101,9 +101,7 @@ def main(argv=None) -> None:
     )
   ratio = baseline / results['LambdaLayer global']['temp_bytes']
   verdict = 'holds' if ratio >= 10 else 'does NOT hold'
-  print(
-      f'\nTarget (global lambda temp memory >= 10x below global MHA): {verdict} ' f'({ratio:.1f}x).'
-  )
+  print(f'\nTarget (global lambda temp memory >= 10x below global MHA): {verdict} ({ratio:.1f}x).')
 
 
 if __name__ == '__main__':

@@ -59,9 +59,7 @@ def verdicts(table: tables_lib.Table, rows: Sequence[Mapping[str, Any]]) -> list
       lines.append(f'- {t.label}: not measured (target <= {t.limit:.2f}x{paper}).')
       continue
     verdict = 'met' if value <= t.limit else 'MISSED'
-    lines.append(
-        f'- {t.label}: {value:.3f}x baseline, target <= {t.limit:.2f}x{paper}: ' f'{verdict}.'
-    )
+    lines.append(f'- {t.label}: {value:.3f}x baseline, target <= {t.limit:.2f}x{paper}: {verdict}.')
   return lines
 
 

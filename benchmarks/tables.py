@@ -81,7 +81,7 @@ class Sizes:
       key = key.strip()
       if key not in fields or not value:
         raise ValueError(
-            f'--sizes: {item!r} is not "<field>=<value>"; fields: ' f'{", ".join(fields)}.'
+            f'--sizes: {item!r} is not "<field>=<value>"; fields: {", ".join(fields)}.'
         )
       changes[key] = value.strip() if key == 'dtype' else int(value)
     if changes.get('dtype', self.dtype) not in DTYPES:
@@ -633,9 +633,7 @@ def resolve(names: Sequence[str]) -> list[str]:
     elif n in TABLES:
       wanted.add(n)
     else:
-      raise ValueError(
-          f'--tables: unknown table {n!r}; allowed: ' f'{", ".join([*GROUPS, *TABLES])}.'
-      )
+      raise ValueError(f'--tables: unknown table {n!r}; allowed: {", ".join([*GROUPS, *TABLES])}.')
   return [n for n in TABLES if n in wanted]
 
 

@@ -67,9 +67,7 @@ def check_positive(
     ok = value >= 0 if allow_zero else value > 0
   if not ok:
     extra = ' or None' if allow_none else ''
-    raise ConfigError(
-        f'{owner}.{field}={value!r} is invalid; expected a {kind} ' f'{bound}{extra}.'
-    )
+    raise ConfigError(f'{owner}.{field}={value!r} is invalid; expected a {kind} {bound}{extra}.')
 
 
 def check_finite(owner: str, field: str, value: Any) -> None:

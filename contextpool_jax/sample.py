@@ -35,7 +35,7 @@ def _sample_lm(flag_values, model, variables, config) -> list[str]:
     )
   if flag_values.prompt is None:
     raise ArgumentError(
-        f'--prompt is required for a language model workdir ' f'({flag_values.workdir}).'
+        f'--prompt is required for a language model workdir ({flag_values.workdir}).'
     )
   text = sample_text(
       model,

@@ -221,7 +221,7 @@ def load_variables(workdir: PathLike, step: Optional[int] = None) -> tuple[dict[
   if _is_export(path):
     if step is not None:
       raise WorkdirError(
-          f'{path} is a params-only export (one set of parameters); ' f'step={step!r} must be None.'
+          f'{path} is a params-only export (one set of parameters); step={step!r} must be None.'
       )
     state = flax.serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
     return jax.tree.map(jax.numpy.asarray, state), -1

@@ -238,7 +238,7 @@ def resolve_spec(config) -> LMDataSpec:
   step = config_readers.read_int(config, 'dataset.eval_step', minimum=1)
   if step > context:
     raise ConfigError(
-        f'config.dataset.eval_step={step} must be <=' f' config.dataset.eval_context={context}.'
+        f'config.dataset.eval_step={step} must be <= config.dataset.eval_context={context}.'
     )
   eval_max_bytes = config_readers.read_int(
       config, 'dataset.eval_max_bytes', default=_opt('eval_max_bytes')

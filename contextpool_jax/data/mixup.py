@@ -68,9 +68,7 @@ def mixup_cutmix(
       ('switch_prob', switch_prob, 1.0),
   ):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-      raise ValueError(
-          f'mixup_cutmix: {field}={v!r} is invalid; expected a number in ' f'[0, {hi}].'
-      )
+      raise ValueError(f'mixup_cutmix: {field}={v!r} is invalid; expected a number in [0, {hi}].')
   labels = labels_onehot.astype(jnp.float32)
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels

@@ -501,11 +501,11 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
   paths = set()
   for pattern in patterns:
     if not pattern.strip():
-      raise DataError(f'local_text: {setting} has an empty pattern;' f' {_EXPECTED_FILES}.')
+      raise DataError(f'local_text: {setting} has an empty pattern; {_EXPECTED_FILES}.')
     matched, why = _match(pattern)
     if not matched:
       raise DatasetNotFoundError(
-          f'local_text: {setting}: {pattern!r} names no file ({why});' f' {_EXPECTED_FILES}.'
+          f'local_text: {setting}: {pattern!r} names no file ({why}); {_EXPECTED_FILES}.'
       )
     paths.update(os.path.abspath(p) for p in matched)
   return sorted(paths)

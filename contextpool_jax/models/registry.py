@@ -52,7 +52,7 @@ def create(name: str, **overrides: Any) -> nn.Module:
     close = difflib.get_close_matches(name, table, n=3)
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
     raise ConfigError(
-        f'model={name!r} is not registered.{hint} Available: ' f'{", ".join(sorted(table))}.'
+        f'model={name!r} is not registered.{hint} Available: {", ".join(sorted(table))}.'
     )
   factory = table[name]
   try:

@@ -204,7 +204,7 @@ class TransformerConfig:
     checks.check_probability(owner, 'attention_dropout_rate', self.attention_dropout_rate)
     if self.emb_dim % self.num_heads:
       raise ConfigError(
-          f'{owner}.num_heads={self.num_heads!r} does not divide ' f'emb_dim={self.emb_dim!r}.'
+          f'{owner}.num_heads={self.num_heads!r} does not divide emb_dim={self.emb_dim!r}.'
       )
 
   def context_pool_layers(self) -> range:

@@ -69,7 +69,7 @@ def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
     factor = number('decay_factor', lo=0.0)
     if not all(isinstance(b, int) and b > warmup for b in boundaries):
       raise ConfigError(
-          f'config.optimizer.boundaries={boundaries!r} must be steps > ' f'warmup_steps={warmup}.'
+          f'config.optimizer.boundaries={boundaries!r} must be steps > warmup_steps={warmup}.'
       )
   return OptimizerSpec(
       name=config_readers.read_choice(root, 'optimizer.name', OPTIMIZERS),

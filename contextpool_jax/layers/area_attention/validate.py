@@ -227,7 +227,7 @@ def check_module_inputs(owner: str, module: Any, inputs_q: Any, inputs_kv: Any, 
   checks.check_rank(owner, 'inputs_kv', inputs_kv, (3, 4), layouts)
   if inputs_kv.shape[0] != inputs_q.shape[0]:
     raise ValueError(
-        f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch ' f'{inputs_kv.shape[0]}.'
+        f'{owner}: inputs_q batch {inputs_q.shape[0]} != inputs_kv batch {inputs_kv.shape[0]}.'
     )
   memory_height = module.memory_height
   if inputs_kv.ndim == 4:
@@ -260,7 +260,7 @@ def check_head_dim(owner: str, module: Any, features: int) -> int:
   fits the head dim); returns the head dim."""
   if features % module.num_heads:
     raise ConfigError(
-        f'{owner}.qkv_features={features!r} is not divisible by ' f'num_heads={module.num_heads!r}.'
+        f'{owner}.qkv_features={features!r} is not divisible by num_heads={module.num_heads!r}.'
     )
   head_dim = features // module.num_heads
   learned = LEARNED_KEYS.get(module.key_mode)
