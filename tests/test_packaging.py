@@ -200,6 +200,15 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
   code = 'import contextpool_jax, contextpool_jax.configs as c; print(contextpool_jax.__file__, c.__file__)'
   for where in run('python', '-c', code).split():  # from the wheel, not this environment
     assert pathlib.Path(where).resolve().is_relative_to((tmp_path / 'venv').resolve()), where
+  # A user's own config file, outside any package, shares the package's common.py.
+  (away / 'mine.py').write_text(
+      'from contextpool_jax.configs import common\n\n\ndef get_config():\n'
+      '  c = common.base_config()\n  c.model.name = "transformer_lm"\n  return c\n'
+  )
+  code = (
+      'from contextpool_jax.training import command_line as c; print(c.load_config_file("mine.py"))'
+  )
+  assert 'transformer_lm' in run('python', '-c', code)
   tiny = {
       'num_train_steps': 4,
       'batch_size': 4,
