@@ -17,7 +17,7 @@ sinusoidal positions, which do not extrapolate beyond the trained length.
 
 import ml_collections
 
-from configs import common
+from . import common
 
 STAGES = {  # stage: (sequence length, batch size, steps, learning rate)
     'stage1': (2048, 32, 430_000, 2.5e-4),

@@ -12,7 +12,7 @@ learning rate 0.1 divided by 10 at 32k and 48k iterations, 64k iterations;
 
 import ml_collections
 
-from configs import common
+from . import common
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 46, 56))
 

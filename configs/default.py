@@ -22,7 +22,7 @@ Every field of the model and of its ContextPool can be overridden so
 
 import ml_collections
 
-from configs import common
+from . import common
 
 ARGS = ('', 'baseline')  # every argument get_config takes
 

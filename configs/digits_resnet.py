@@ -16,7 +16,7 @@ learning rate 0.05 with 100 warm-up steps and a cosine decay over 2,000 steps
 
 import ml_collections
 
-from configs import common
+from . import common
 
 ARGS = tuple(f'{p}resnet{d}' for p in ('', 'cp_') for d in (20, 32, 44, 56))
 

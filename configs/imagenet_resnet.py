@@ -19,7 +19,7 @@ schedule (cosine decay, 5 warm-up epochs, label smoothing 0.1, Nesterov, batch
 
 import ml_collections
 
-from configs import common
+from . import common
 
 _TRAIN_IMAGES = 1_281_167
 ARGS = (

@@ -13,7 +13,7 @@ error message says where the tar files go).
 
 import ml_collections
 
-from configs import common
+from . import common
 
 _TRAIN_IMAGES = 1_281_167
 

@@ -9,7 +9,7 @@ Target: ContextPool Table 5, CP-Transformer (12), 39M parameters: text8 dev
 The recipe and what the paper leaves open: configs/char_lm.py.
 """
 
-from configs import char_lm
+from . import char_lm
 
 ARGS = char_lm.ARGS
 

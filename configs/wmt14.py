@@ -23,7 +23,7 @@ steps (Big: ~16k tokens, 600k steps). We batch a fixed number of sentence pairs
 
 import ml_collections
 
-from configs import common
+from . import common
 
 SIZES = ('tiny', 'small', 'base', 'big')
 KINDS = ('standard', 'local', 'area', 'cp')

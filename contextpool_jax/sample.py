@@ -1,6 +1,6 @@
 r"""The sampling command line: text from a language-model workdir, translations from a
-translation workdir (``python -m contextpool_jax.sample``): its flags and what it does
-with them.
+translation workdir (``contextpool-sample``, or ``python -m contextpool_jax.sample``): its flags
+and what it does with them.
 
   python -m contextpool_jax.sample --workdir /tmp/cp --prompt "def " --length 200 \
       --temperature 0.8 --top_k 40 --seed 0
@@ -134,8 +134,13 @@ def define_flags():
   return flags.FLAGS
 
 
-if __name__ == '__main__':
+def command() -> None:
+  """The console script ``contextpool-sample`` (and ``python -m contextpool_jax.sample``)."""
   from absl import app  # pylint: disable=g-import-not-at-top  # train extra
 
   define_flags()
   app.run(main)
+
+
+if __name__ == '__main__':
+  command()

@@ -22,7 +22,7 @@ The numbers come from the ``'intermediates'`` a model sows
 (``apply(..., mutable=['intermediates'])``): :func:`pool_intermediates` turns
 that collection into ``{layer: {'pool_weights', 'pool_sigma'}}``.
 
-Command line (language-model workdirs)::
+Command line (language-model workdirs; installed, also ``contextpool-viz``)::
 
   python -m contextpool_jax.viz --workdir /tmp/cp --text "def main():" --out /tmp/figs
 """
@@ -568,8 +568,13 @@ def _define_flags():
   flags.mark_flags_as_required(['workdir', 'text', 'out'])
 
 
-if __name__ == '__main__':
-  from absl import app as _app  # pylint: disable=g-import-not-at-top  # train extra
+def command() -> None:
+  """The console script ``contextpool-viz`` (and ``python -m contextpool_jax.viz``)."""
+  from absl import app  # pylint: disable=g-import-not-at-top  # train extra
 
   _define_flags()
-  _app.run(main)
+  app.run(main)
+
+
+if __name__ == '__main__':
+  command()

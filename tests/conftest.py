@@ -44,7 +44,8 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# `configs/` lives at the repository root (not in the installed package).
+# `configs/` lives at the repository root (installed as `contextpool_jax.configs`); the tests
+# import it as the checkout's package `configs`, as `python train.py` does.
 sys.path.insert(0, str(REPO))
 
 # The pages users read: tests/test_readme.py runs their blocks and commands, tests/test_docs.py

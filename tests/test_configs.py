@@ -10,6 +10,8 @@ import contextlib
 import io
 import json
 import pathlib
+import shutil
+import sys
 import zipfile
 
 import ml_collections
@@ -59,6 +61,43 @@ def test_bad_config_argument_is_a_clear_error(name, arg):
   with pytest.raises(ConfigError, match=f'configs/{name}.py.*{arg!r}') as e:
     _load(name, arg)
   assert 'expected' in str(e.value) or 'allowed values' in str(e.value)
+
+
+def test_a_copied_config_directory_loads_its_own_common(tmp_path, monkeypatch):
+  """A config file in a package directory imports its siblings relatively (``from . import
+  common``): a copy of configs/ under another name, edited, reads its own common.py; a file
+  outside any package loads on its own."""
+  mine = tmp_path / 'my_configs'
+  shutil.copytree(REPO / 'configs', mine, ignore=shutil.ignore_patterns('__pycache__'))
+  common = (mine / 'common.py').read_text()
+  (mine / 'common.py').write_text(common.replace('c.seed = 0', 'c.seed = 7', 1))
+  monkeypatch.chdir(tmp_path)
+  try:
+    config = command_line.load_config_file('my_configs/default.py:baseline')
+  finally:  # the package it imported, from a directory that goes with tmp_path
+    for name in [m for m in sys.modules if m.split('.')[0] == 'my_configs']:
+      del sys.modules[name]
+  assert config.seed == 7 and config.model.name == 'transformer_lm'
+  assert _load('default', '').seed == 0  # the checkout's configs/ are untouched
+  (tmp_path / 'alone.py').write_text(
+      'import ml_collections\n\ndef get_config():\n'
+      '  return ml_collections.ConfigDict(dict(model=dict(name="transformer_lm")))\n'
+  )
+  assert command_line.load_config_file('alone.py').model.name == 'transformer_lm'
+
+
+def test_a_config_name_is_a_module_of_the_configs_package(monkeypatch):
+  """``--config default:baseline`` imports ``<CONFIGS_PACKAGE>.default`` (installed, that is
+  ``contextpool_jax.configs``; here the checkout's ``configs`` stands in); an unknown name
+  lists the names."""
+  monkeypatch.setattr(command_line, 'CONFIGS_PACKAGE', 'configs')
+  assert 'default' in command_line.config_names() and 'common' not in command_line.config_names()
+  assert command_line.load_config_file('default:baseline') == _load('default', 'baseline')
+  with pytest.raises(ConfigError, match='config defaults: not a config of configs .*wmt14'):
+    command_line.load_config_file('defaults')
+  monkeypatch.setattr(command_line, 'CONFIGS_PACKAGE', 'contextpool_jax.no_configs')
+  with pytest.raises(ConfigError, match='is not installed.*configs/default.py'):
+    command_line.load_config_file('default')
 
 
 def _shrink(config, workdir_steps=3):

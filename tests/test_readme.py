@@ -78,6 +78,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 
 import pytest
@@ -113,7 +114,10 @@ SKIPPED = {
 
 # Docstring commands skipped by design: (file, the command's first words) -> reason.
 DOCSTRING_SKIPS = {
-    ('train.py', 'python train.py --config configs/enwik8.py:stage1'): 'downloads enwik8',
+    (
+        'contextpool_jax/training/cli.py',
+        'python train.py --config configs/enwik8.py:stage1',
+    ): 'downloads enwik8',
     ('contextpool_jax/data/text_builders.py', 'python -c'): 'downloads enwik8',
 }
 
@@ -138,8 +142,16 @@ TINY_TRAIN = {
 }
 TINY_STEPS = 4  # a shrunk train.py command in the session first runs half of them, then resumes
 
+# The package's console scripts (pyproject.toml): program -> the module whose flags it takes.
+# Checked statically (they are installed by `pip install .`, not by requirements.txt).
+SCRIPTS = {
+    program: entry.split(':')[0]
+    for program, entry in tomllib.loads((REPO / 'pyproject.toml').read_text())['project'][
+        'scripts'
+    ].items()
+}
 # A code span that starts with one of these is a command.
-PROGRAMS = ('python', 'python3', 'pip', 'tensorboard', 'tfds', 'pyink', 'pytest')
+PROGRAMS = ('python', 'python3', 'pip', 'tensorboard', 'tfds', 'pyink', 'pytest', *SCRIPTS)
 LANGUAGES = ('python', 'bash', 'text')
 DIRECTIVES = ('skip', 'shrink', 'given', 'check')
 ABSL_FLAGS = {
@@ -399,6 +411,8 @@ def docstring_skip(block: Block) -> str | None:
 
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
+  if path == REPO / 'train.py':  # the checkout's entry point of the training command
+    path = REPO / 'contextpool_jax' / 'training' / 'cli.py'
   source = path.read_text()
   absl = re.findall(r'DEFINE_\w+\(\s*[\'"](\w+)[\'"]', source)
   argparse = re.findall(r'add_argument\(\s*[\'"]--([\w-]+)[\'"]', source)
@@ -421,10 +435,13 @@ def _check_config(value: str, overrides: list[str]) -> None:
   if re.search(r'[<\[$]', value):  # a placeholder
     return
   path, _, arg = value.partition(':')
+  if re.fullmatch(r'\w+', path):  # a config of the package by name: its source in configs/
+    path = f'configs/{path}.py'
   assert (REPO / path).is_file(), f'--config {value}: no file {path}'
   from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
 
-  config = command_line.load_config_file(str(REPO / value))  # what train.py starts from
+  # What train.py starts from.
+  config = command_line.load_config_file(str(REPO / path) + (f':{arg}' if ':' in value else ''))
   for key in overrides:
     node = config
     for part in key.split('.'):
@@ -484,6 +501,9 @@ def check_command(command: str) -> None:
     program = argv[0]
     if program not in PROGRAMS:
       continue  # a shell builtin or another machine's tool: only in skipped blocks
+    if program in SCRIPTS:
+      _check_flags(argv[1:], _project_file(SCRIPTS[program]), command)
+      continue
     found = shutil.which(program, path=f'{BIN}{os.pathsep}{os.environ.get("PATH", "")}')
     assert found, f'{command!r}: {program} is not installed (requirements.txt should install it)'
     if program not in ('python', 'python3') or len(argv) < 2:
@@ -850,12 +870,16 @@ def test_a_broken_snippet_fails(tmp_path):
 
 def test_a_broken_command_fails():
   check_command('python -m contextpool_jax.sample --workdir W --prompt "def " --seed 0')
+  check_command('contextpool-train --config default:baseline --workdir W --config.seed=1')
   for command, message in [
       ('python -m contextpool_jax.sample --workdir W --promt "def "', '--promt is not a flag'),
       ('python -m contextpool_jax.samples --workdir W', 'no such module'),
       ('python train.py --config configs/default.py --workdir W --config.model.nme=x', 'nme'),
       ('python train.py --config configs/defaults.py --workdir W', 'no file'),
       ('python trains.py --config configs/default.py', 'no script'),
+      ('contextpool-train --config default --workdir W --config.model.nme=x', 'nme'),
+      ('contextpool-train --config defaults --workdir W', 'no file configs/defaults.py'),
+      ('contextpool-sample --workdir W --promt "def "', '--promt is not a flag'),
       ('tensorboards --logdir W', None),  # not a program we know: not a command at all
       ('pip3 install x', None),
       (

@@ -13,6 +13,8 @@ import difflib
 import importlib.util
 import pathlib
 import re
+import sys
+import types
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from absl import flags
@@ -96,21 +98,104 @@ def command_line_config(
   return config_file, overrides
 
 
-def load_config_file(config_file: str) -> ml_collections.ConfigDict:
-  """The config ``FILE[:ARG]`` gives (its ``get_config(ARG)``), completed
-  (:func:`~contextpool_jax.config_fields.complete`): what the command line's
-  ``--config.<path>`` overrides apply to, so that they reach every field of the model.
+# The package of the configs a name chooses (``--config default``): the checkout's configs/,
+# installed (and mapped by the editable install) as this package.
+CONFIGS_PACKAGE = 'contextpool_jax.configs'
+
+
+def _package_configs_dir() -> Optional[pathlib.Path]:
+  """The directory of :data:`CONFIGS_PACKAGE`, or None if it is not installed (a checkout
+  run without ``pip install -e .``)."""
+  spec = importlib.util.find_spec(CONFIGS_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  return pathlib.Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def config_names() -> list[str]:
+  """The configs ``--config NAME`` takes: the modules of :data:`CONFIGS_PACKAGE` with a
+  ``get_config`` (not ``common``)."""
+  directory = _package_configs_dir()
+  if directory is None:
+    return []
+  return sorted(
+      p.stem for p in directory.glob('*.py') if 'def get_config' in p.read_text(encoding='utf-8')
+  )
+
+
+def _is_name(path: str) -> bool:
+  return bool(re.fullmatch(r'\w+', path)) and not pathlib.Path(path).is_file()
+
+
+def _package_of(directory: pathlib.Path) -> str:
+  """The package a directory of config files is imported as, so that their relative imports
+  (``from . import common``) work: :data:`CONFIGS_PACKAGE` for its own directory, else the
+  directory's name (``configs`` in a checkout), imported from that directory."""
+  if directory == _package_configs_dir():
+    return CONFIGS_PACKAGE
+  name = directory.name
+  loaded = sys.modules.get(name)
+  if loaded is not None:
+    paths = [pathlib.Path(p).resolve() for p in getattr(loaded, '__path__', [])]
+    if directory not in paths:
+      raise ConfigError(
+          f'config directory {directory}: a different package {name!r} is already imported '
+          f'(from {paths or loaded}); rename the directory.'
+      )
+    return name
+  spec = importlib.util.spec_from_file_location(
+      name, directory / '__init__.py', submodule_search_locations=[str(directory)]
+  )
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return name
+
+
+def config_module(config_file: str) -> types.ModuleType:
+  """The module of ``--config``'s value without its ``:ARG``: a name (``default``, a module of
+  :data:`CONFIGS_PACKAGE`) or a file. A file in a package directory (one with
+  ``__init__.py``, like ``configs/``) is imported as a module of that package
+  (:func:`_package_of`); any other file on its own.
 
   Raises:
-    ConfigError: the file does not exist, has no ``get_config``, or its
+    ConfigError: no such name or file.
+  """
+  if _is_name(config_file):
+    if config_file not in config_names():
+      names = config_names()
+      raise ConfigError(
+          f'config {config_file}: not a config of {CONFIGS_PACKAGE} (it has: '
+          f'{", ".join(names)}) nor a file.'
+          if names
+          else f'config {config_file}: {CONFIGS_PACKAGE} is not installed (pip install -e . '
+          f'in the checkout) and there is no such file; pass the path, configs/{config_file}.py.'
+      )
+    return importlib.import_module(f'{CONFIGS_PACKAGE}.{config_file}')
+  path = pathlib.Path(config_file)
+  if not path.is_file() or path.suffix != '.py':
+    raise ConfigError(f'config file {config_file}: {config_file} is not a Python file.')
+  path = path.resolve()
+  if (path.parent / '__init__.py').is_file():
+    return importlib.import_module(f'{_package_of(path.parent)}.{path.stem}')
+  spec = importlib.util.spec_from_file_location('config_file', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config_file(config_file: str) -> ml_collections.ConfigDict:
+  """The config ``NAME[:ARG]`` or ``FILE[:ARG]`` gives (its ``get_config(ARG)``: the module
+  :func:`config_module` finds), completed (:func:`~contextpool_jax.config_fields.complete`):
+  what the command line's ``--config.<path>`` overrides apply to, so that they reach every
+  field of the model.
+
+  Raises:
+    ConfigError: the name or file does not exist, has no ``get_config``, or its
       ``get_config`` raised a ValueError (a bad argument: its message says which).
   """
   path, has_argument, argument = config_file.partition(':')
-  spec = importlib.util.spec_from_file_location('config_file', path)
-  if spec is None or not pathlib.Path(path).is_file():
-    raise ConfigError(f'config file {config_file}: {path} is not a Python file.')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = config_module(path)
   if not callable(getattr(module, 'get_config', None)):
     raise ConfigError(f'config file {config_file}: {path} defines no get_config().')
   try:

@@ -3,7 +3,8 @@ r"""Starts N local training processes with D CPU devices each: multi-host on one
   python -m contextpool_jax.training.launch --num_processes 2 --devices_per_process 2 \
       -- --config configs/default.py --workdir /tmp/cp2x2
 
-Everything after ``--`` goes to every process's ``train.py``. Each process is a
+Everything after ``--`` goes to every process's training command (``train.py``,
+``contextpool-train``: ``python -m contextpool_jax.training.cli``). Each process is a
 real JAX process (``jax.distributed.initialize`` with a coordinator on
 127.0.0.1, gloo CPU collectives, ``--xla_force_host_platform_device_count=D``),
 so the run exercises exactly the code paths of a TPU pod or a GPU cluster: one
@@ -37,10 +38,13 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 2, 'Processes to start.',
 _DEVICES = flags.DEFINE_integer('devices_per_process', 1, 'CPU devices per process.', lower_bound=1)
 _PORT = flags.DEFINE_integer('port', 0, 'Coordinator port on 127.0.0.1 (0: a free one).')
 _SCRIPT = flags.DEFINE_string(
-    'script', None, "The training script (default: the repository's train.py)."
+    'script',
+    None,
+    'A training script (default: python -m contextpool_jax.training.cli, the training '
+    'command that train.py and contextpool-train run).',
 )
-
-_DEFAULT_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / 'train.py'
+# The module every process runs without --script.
+TRAINING_COMMAND = 'contextpool_jax.training.cli'
 
 
 def free_port() -> int:
@@ -63,12 +67,15 @@ def process_env(devices: int, base: dict[str, str] | None = None) -> dict[str, s
   return env
 
 
-def commands(script: str, args: Sequence[str], num_processes: int, port: int) -> list[list[str]]:
-  """One ``train.py`` command line per process."""
+def commands(
+    script: str | None, args: Sequence[str], num_processes: int, port: int
+) -> list[list[str]]:
+  """One training command line per process: ``script``, or the training command."""
+  program = [script] if script else ['-m', TRAINING_COMMAND]
   return [
       [
           sys.executable,
-          script,
+          *program,
           *args,
           f'--coordinator_address=127.0.0.1:{port}',
           f'--num_processes={num_processes}',
@@ -85,10 +92,14 @@ def _pump(stream: IO[str], prefix: str, out: IO[str]) -> None:
 
 
 def run(
-    script: str, args: Sequence[str], num_processes: int, devices_per_process: int, port: int = 0
+    script: str | None,
+    args: Sequence[str],
+    num_processes: int,
+    devices_per_process: int,
+    port: int = 0,
 ) -> int:
   """Starts the processes, waits for all; returns 0 or the first failing exit code."""
-  if not pathlib.Path(script).is_file():
+  if script and not pathlib.Path(script).is_file():
     raise app.UsageError(f'--script={script!r} is not a file; pass the path of train.py.')
   port = port or free_port()
   env = process_env(devices_per_process)
@@ -138,7 +149,7 @@ def main(argv: Sequence[str]) -> None:
     )
   sys.exit(
       run(
-          _SCRIPT.value or str(_DEFAULT_SCRIPT),
+          _SCRIPT.value,
           args,
           _NUM_PROCESSES.value,
           _DEVICES.value,
