@@ -535,7 +535,8 @@ def model_card(
       'from contextpool_jax.workdirs import load',
       '',
       "model, variables, config = load('path/to/this/directory')   # or load('hf://user/repo')",
-      'logits = model.apply(variables, tokens, train=False)',
+      'outputs = model.apply(variables, inputs, train=False)   # inputs as in training'
+      + (' (byte ids, int32 [batch, length])' if config.get('task') == 'lm' else ''),
       '```',
       '',
   ]
