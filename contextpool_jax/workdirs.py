@@ -8,10 +8,15 @@ with the items ``'state'`` (step, params, opt_state, model_state, bad_step) and 
 ``params`` and ``model_state`` (e.g. BatchNorm statistics) of one step: no optimizer state,
 no data iterator, no dataset.
 
-:func:`export_params` writes a params-only export, a directory with ``config.json`` and
-``variables.msgpack`` (``flax.serialization`` msgpack of the variables dict);
-:func:`load` reads it back like a workdir, so an export can be shared without the
-optimizer state (about a third of the size with Adam) and without orbax.
+:func:`export_params` writes a params-only export, a directory with ``config.json``,
+``model.safetensors`` (the variables dict, one tensor per nested path joined with ``/``:
+``params/decoder/layer_0/...``), ``variables.msgpack`` (the same dict, ``flax.serialization``
+msgpack, which 0.1.0 reads) and a model card ``README.md`` (model, config, data and split,
+metrics at export, how to load it). :func:`load` reads it back like a workdir, from
+either weights file (safetensors first), so an export can be shared without the optimizer
+state (about a third of the size with Adam) and without orbax. ``load('hf://user/repo')``
+(:func:`load_from_hub`) reads an export uploaded to a Hugging Face Hub model repo
+(``pip install 'contextpool-jax[hub]'``).
 
 This module sits below both the trainer and inference: both use it, neither is used by it.
 
@@ -35,6 +40,7 @@ import contextlib
 import json
 import logging
 import pathlib
+from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 import flax
@@ -46,15 +52,25 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from contextpool_jax import config_fields, storage
-from contextpool_jax.errors import WorkdirError
+from contextpool_jax.errors import ArgumentError, WorkdirError
+from contextpool_jax.models import common as model_common
 
 PathLike = Union[str, pathlib.Path]
 
-# A training workdir's layout (written by the trainer): CONFIG_FILE (write_config) and
-# CHECKPOINTS_DIR/<step>/; an export's: CONFIG_FILE and EXPORT_FILE.
+# A training workdir's layout (written by the trainer): CONFIG_FILE (write_config),
+# CHECKPOINTS_DIR/<step>/ and METRICS_FILE; an export's: CONFIG_FILE, SAFETENSORS_FILE,
+# EXPORT_FILE and CARD_FILE.
 CONFIG_FILE = 'config.json'
 CHECKPOINTS_DIR = 'checkpoints'
+METRICS_FILE = 'metrics.jsonl'
 EXPORT_FILE = 'variables.msgpack'
+SAFETENSORS_FILE = 'model.safetensors'
+CARD_FILE = 'README.md'
+# The files of an export: what load_from_hub downloads.
+EXPORT_FILES = (CONFIG_FILE, SAFETENSORS_FILE, EXPORT_FILE, CARD_FILE)
+# The weights files, in the order load reads them (the first present).
+WEIGHTS_FILES = (SAFETENSORS_FILE, EXPORT_FILE)
+HUB_PREFIX = 'hf://'
 STATE_ITEM = 'state'
 # What load restores from a checkpoint's 'state' item (TrainState fields).
 RESTORED_FIELDS = ('params', 'model_state')
@@ -95,7 +111,66 @@ def _contents(path: pathlib.Path, limit: int = 12) -> str:
 
 
 def _is_export(path: pathlib.Path) -> bool:
-  return (path / EXPORT_FILE).is_file() and not (path / CHECKPOINTS_DIR).exists()
+  return any((path / f).is_file() for f in WEIGHTS_FILES) and not (path / CHECKPOINTS_DIR).exists()
+
+
+def flatten_variables(variables: Any) -> dict[str, np.ndarray]:
+  """``{'params/decoder/layer_0/...': array}``: the leaves of a nested variables dict, keyed
+  by their paths joined with ``/`` (the keys of ``model.safetensors``), as numpy arrays.
+
+  Raises:
+    ArgumentError: a key is not a non-empty string without ``/`` (the path would not
+      read back).
+  """
+  flat = {}
+
+  def visit(prefix: tuple[str, ...], node: Any) -> None:
+    if isinstance(node, Mapping):
+      for key, value in node.items():
+        if not isinstance(key, str) or not key or '/' in key:
+          raise ArgumentError(
+              f'variables key {key!r} at {"/".join(prefix) or "the top"} cannot be a '
+              "safetensors path: keys must be non-empty strings without '/'."
+          )
+        visit(prefix + (key,), value)
+    else:
+      flat['/'.join(prefix)] = np.ascontiguousarray(np.asarray(node))
+
+  visit((), variables)
+  return flat
+
+
+def unflatten_variables(flat: dict[str, Any]) -> dict[str, Any]:
+  """The nested dict of :func:`flatten_variables`'s ``{'a/b/c': array}``."""
+  nested: dict[str, Any] = {}
+  for key in sorted(flat):
+    node = nested
+    *parents, leaf = key.split('/')
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = flat[key]
+  return nested
+
+
+def _safetensors_numpy():
+  """``safetensors.numpy``, imported on first use (a train dependency since exports
+  carry ``model.safetensors``; an environment installed before may lack it)."""
+  try:
+    import safetensors.numpy  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError(
+        f'{SAFETENSORS_FILE} is read and written with the safetensors package, not installed '
+        f"here: pip install safetensors (or pip install 'contextpool-jax[train]') ({e})."
+    ) from e
+  return safetensors.numpy
+
+
+def _read_export(path: pathlib.Path) -> dict[str, Any]:
+  """The variables of an export, from ``model.safetensors`` or else ``variables.msgpack``."""
+  if (path / SAFETENSORS_FILE).is_file():
+    data = (path / SAFETENSORS_FILE).read_bytes()
+    return unflatten_variables(_safetensors_numpy().load(data))
+  return flax.serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
 
 
 def _tuples(value: Any) -> Any:
@@ -131,7 +206,7 @@ def read_config(workdir: PathLike) -> ml_collections.ConfigDict:
     raise WorkdirError(
         f'{path} is not a training workdir: no {CONFIG_FILE} ({_contents(path)}). A workdir '
         f'written by train.py holds {CONFIG_FILE} and {CHECKPOINTS_DIR}/<step>/; an export by '
-        f'export_params holds {CONFIG_FILE} and {EXPORT_FILE}.'
+        f'export_params holds {CONFIG_FILE} and {SAFETENSORS_FILE} (or {EXPORT_FILE}).'
     )
   try:
     data = json.loads(config_path.read_text())
@@ -223,8 +298,7 @@ def load_variables(workdir: PathLike, step: Optional[int] = None) -> tuple[dict[
       raise WorkdirError(
           f'{path} is a params-only export (one set of parameters); step={step!r} must be None.'
       )
-    state = flax.serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
-    return jax.tree.map(jax.numpy.asarray, state), -1
+    return jax.tree.map(jax.numpy.asarray, _read_export(path)), -1
   step = _resolve_step(path, step)
   restored = _restore_checkpoint(path, step)
   return _variables(restored['params'], restored['model_state']), step
@@ -241,28 +315,250 @@ def load(
   of checkpoint ``step`` (None: the latest), so ``model.apply(variables, ...,
   train=False)`` runs it. Only parameters and model state are restored (not the
   optimizer state nor the data iterator), and the dataset is never needed.
-  ``workdir`` may also be a directory written by :func:`export_params`.
+  ``workdir`` may also be a directory written by :func:`export_params` (its
+  ``model.safetensors``, or else ``variables.msgpack``), or ``'hf://user/repo'``
+  (``'hf://user/repo@revision'``): such an export uploaded to the Hugging Face Hub
+  (:func:`load_from_hub`).
 
   Raises:
     WorkdirError: (a ``FileNotFoundError``) the directory does not exist, has no
       ``config.json``, no checkpoints, or no checkpoint ``step``; the message names
       the directory and what it holds.
+    ImportError: an ``hf://`` path without huggingface_hub installed.
   """
+  if isinstance(workdir, str) and workdir.startswith(HUB_PREFIX):
+    repo_id, _, revision = workdir[len(HUB_PREFIX) :].partition('@')
+    workdir = hub_snapshot(repo_id, revision=revision or None)
   config = read_config(workdir)
   variables, _ = load_variables(workdir, step)
   return config_fields.build_model(config), variables, config
 
 
-def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = None) -> pathlib.Path:
+def _huggingface_hub():
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError(
+        'loading from the Hugging Face Hub needs huggingface_hub, not installed here: '
+        f"pip install 'contextpool-jax[hub]' ({e})."
+    ) from e
+  return huggingface_hub
+
+
+def hub_snapshot(
+    repo_id: str,
+    revision: Optional[str] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    local_files_only: bool = False,
+) -> pathlib.Path:
+  """The local directory of an export in Hugging Face Hub model repo ``repo_id``
+  (``'user/repo'``) at ``revision`` (a branch, tag or commit; None: the default branch):
+  ``huggingface_hub.snapshot_download`` of the export's files only (``EXPORT_FILES``)
+  into the Hub cache (``cache_dir``; None: ``$HF_HUB_CACHE``, by default
+  ``~/.cache/huggingface/hub``). ``local_files_only=True`` (or ``HF_HUB_OFFLINE=1``)
+  reads the cache without the network.
+
+  Raises:
+    ImportError: huggingface_hub is not installed (``pip install 'contextpool-jax[hub]'``).
+  """
+  hub = _huggingface_hub()
+  path = hub.snapshot_download(
+      repo_id,
+      revision=revision,
+      cache_dir=None if cache_dir is None else str(cache_dir),
+      local_files_only=local_files_only,
+      allow_patterns=list(EXPORT_FILES),
+      library_name='contextpool-jax',
+  )
+  return pathlib.Path(path)
+
+
+def load_from_hub(
+    repo_id: str,
+    revision: Optional[str] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    local_files_only: bool = False,
+) -> tuple[nn.Module, dict[str, Any], ml_collections.ConfigDict]:
+  """:func:`load` of an export in Hugging Face Hub model repo ``repo_id`` (uploaded
+  from a directory of :func:`export_params`); the arguments are :func:`hub_snapshot`'s.
+  ``load('hf://user/repo@revision')`` is the same with the default cache.
+
+  Raises:
+    ImportError: huggingface_hub is not installed (``pip install 'contextpool-jax[hub]'``).
+    WorkdirError: as :func:`load`, e.g. the repo holds no export.
+  """
+  return load(
+      hub_snapshot(repo_id, revision, cache_dir=cache_dir, local_files_only=local_files_only)
+  )
+
+
+# The int fields of config.model a card lists (the model's sizes) come from the config; these
+# top-level fields are the run's.
+_CARD_RUN_FIELDS = ('task', 'seed', 'num_train_steps', 'batch_size', 'dtype')
+
+
+def _latest_eval(workdir: pathlib.Path, step: int) -> tuple[Optional[int], dict[str, dict]]:
+  """``(step, {split: metrics})``: the evaluation records (``split`` ``eval_*``) of
+  ``metrics.jsonl`` at the last step <= ``step`` that has any, or ``(None, {})``."""
+  path = workdir / METRICS_FILE
+  if not path.is_file():
+    return None, {}
+  records = []
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a line cut by a crash
+    if (
+        isinstance(record, dict)
+        and str(record.get('split', '')).startswith('eval')
+        and isinstance(record.get('step'), int)
+        and (step < 0 or record['step'] <= step)
+    ):
+      records.append(record)
+  if not records:
+    return None, {}
+  last = max(r['step'] for r in records)
+  out = {}
+  for r in records:
+    if r['step'] == last:
+      out[r['split']] = {k: v for k, v in r.items() if k not in ('step', 'split')}
+  return last, out
+
+
+def _value(v: Any) -> str:
+  if isinstance(v, float):
+    return f'{v:.6g}'
+  return f'`{json.dumps(v)}`' if not isinstance(v, str) else f'`{v}`'
+
+
+def model_card(
+    config: ml_collections.ConfigDict,
+    variables: dict[str, Any],
+    step: int,
+    metrics: tuple[Optional[int], dict[str, dict]] = (None, {}),
+    source: str = '',
+) -> str:
+  """The ``README.md`` of an export: a Hugging Face model card (YAML front matter) with the
+  model (name, size fields, parameter count), the run's key config fields, the data and
+  its split, the evaluation metrics at export (``metrics``: :func:`_latest_eval`'s) and
+  how to load it."""
+  model = config.model
+  name = model.get('name', '?')
+  params = variables.get('params', {})
+  n = model_common.count_params(params)
+  sizes = [
+      (k, v) for k, v in sorted(model.items()) if isinstance(v, int) and not isinstance(v, bool)
+  ]
+  state = sorted(k for k in variables if k != 'params')
+  lines = [
+      '---',
+      'library_name: contextpool-jax',
+      'tags: [jax, flax, contextpool-jax, ' + name + ']',
+      '---',
+      '',
+      f'# {name}',
+      '',
+      f'A `{name}` model of contextpool-jax, exported by '
+      '`contextpool_jax.workdirs.export_params`'
+      + (f' from step {step}' if step >= 0 else '')
+      + (f' of `{source}`' if source else '')
+      + f': parameters and model state only (no optimizer state), in `{SAFETENSORS_FILE}` '
+      f'(keys: the nested paths joined with `/`, e.g. `params/...`) and `{EXPORT_FILE}`.',
+      '',
+      '## Model',
+      '',
+      f'- name: `{name}`',
+      f'- parameters: {n:,}' + (f' (model state: {", ".join(state)})' if state else ''),
+  ]
+  lines += [f'- {k}: {_value(v)}' for k, v in sizes]
+  lines += [
+      '',
+      '## Config',
+      '',
+      f'The full config is `{CONFIG_FILE}` beside this file (what `load` builds the model '
+      'from). Key fields:',
+      '',
+  ]
+  lines += [f'- {k}: {_value(config[k])}' for k in _CARD_RUN_FIELDS if k in config]
+  if 'optimizer' in config:
+    opt = config.optimizer
+    lines += [
+        f'- optimizer: {_value(opt.get("name"))}, learning_rate {_value(opt.get("learning_rate"))}'
+        f', schedule {_value(opt.get("schedule"))}'
+    ]
+  lines += ['', '## Data and split', '']
+  data = config.get('dataset', ml_collections.ConfigDict())
+  lines += [f'- dataset: {_value(data.get("name", "?"))}']
+  for k in ('files', 'data_dir', 'max_bytes', 'seq_len'):
+    if k in data:
+      lines += [f'- {k}: {_value(data[k])}']
+  if 'split_block_bytes' in data or 'split_seed' in data:
+    lines += [
+        f'- split: the seeded `local_text` rule (docs/data.md, `contextpool_jax/data/'
+        'text_splits.py`): files cut into blocks of `split_block_bytes` (0: whole files), one '
+        'block in 20 to validation and one to test (90/5/5%), by hashes seeded with '
+        f'`split_seed`; split_block_bytes: {_value(data.get("split_block_bytes"))}, '
+        f'split_seed: {_value(data.get("split_seed"))}'
+    ]
+  else:
+    lines += ["- split: the dataset's own train / validation / test splits"]
+  lines += ['', '## Metrics at export', '']
+  metric_step, splits = metrics
+  if not splits:
+    lines += [f"No evaluation metrics (no eval records in the run's `{METRICS_FILE}`)."]
+  else:
+    lines += [
+        f"From the run's `{METRICS_FILE}`, evaluation at step {metric_step}"
+        + (f' (the export is of step {step})' if metric_step != step and step >= 0 else '')
+        + ':',
+        '',
+        '| split | ' + ' | '.join(sorted({k for m in splits.values() for k in m})) + ' |',
+    ]
+    keys = sorted({k for m in splits.values() for k in m})
+    lines += ['| --- |' + ' --- |' * len(keys)]
+    for split in sorted(splits):
+      lines += [
+          f'| {split} | '
+          + ' | '.join(_value(splits[split][k]) if k in splits[split] else '' for k in keys)
+          + ' |'
+      ]
+  lines += [
+      '',
+      '## How to load',
+      '',
+      "With `pip install 'contextpool-jax[train]'` (and `[hub]` for the Hub):",
+      '',
+      '```python',
+      'from contextpool_jax.workdirs import load',
+      '',
+      "model, variables, config = load('path/to/this/directory')   # or load('hf://user/repo')",
+      'outputs = model.apply(variables, inputs, train=False)   # inputs as in training'
+      + (' (byte ids, int32 [batch, length])' if config.get('task') == 'lm' else ''),
+      '```',
+      '',
+  ]
+  return '\n'.join(lines)
+
+
+def export_params(
+    workdir: PathLike, out_dir: PathLike, step: Optional[int] = None, *, msgpack: bool = True
+) -> pathlib.Path:
   """Writes a params-only export of checkpoint ``step`` (None: latest) to ``out_dir``.
 
-  ``out_dir`` gets ``config.json`` (a copy) and ``variables.msgpack`` (the variables
-  dict: params and model state, no optimizer state; ``flax.serialization``
-  msgpack). ``load(out_dir)`` reads it back. Returns ``out_dir``.
+  ``out_dir`` gets ``config.json`` (a copy), ``model.safetensors`` (the variables dict:
+  params and model state, no optimizer state; keys are the nested paths joined with ``/``,
+  ``params/decoder/layer_0/...``), ``variables.msgpack`` (the same dict,
+  ``flax.serialization`` msgpack, as 0.1.0 wrote and reads; ``msgpack=False``: not
+  written) and ``README.md``, a model card (:func:`model_card`: the model, the config's
+  key fields, data and split, the workdir's latest evaluation metrics up to ``step``, how
+  to load it). ``load(out_dir)`` reads it back. The directory can be uploaded as a
+  Hugging Face Hub model repo as it is. Returns ``out_dir``.
 
-  Both files are written whole (a temporary file renamed), ``variables.msgpack``
-  last: an export that cannot be written (a full disk) leaves no file ``load``
-  would read as an export.
+  Each file is written whole (a temporary file renamed), the weights last: an export that
+  cannot be written (a full disk) leaves no file ``load`` would read as an export.
 
   Raises:
     WorkdirError: as :func:`load`.
@@ -271,13 +567,21 @@ def export_params(workdir: PathLike, out_dir: PathLike, step: Optional[int] = No
   """
   source = pathlib.Path(workdir)
   config = read_config(source)  # checks the workdir first
-  variables, _ = load_variables(source, step)
+  variables, exported_step = load_variables(source, step)
   out = pathlib.Path(out_dir)
-  if (out / EXPORT_FILE).exists():
-    raise FileExistsError(f'{out / EXPORT_FILE} exists; choose another out_dir.')
+  for name in WEIGHTS_FILES:
+    if (out / name).exists():
+      raise FileExistsError(f'{out / name} exists; choose another out_dir.')
+  state = jax.tree.map(np.asarray, variables)
+  tensors = _safetensors_numpy().save(flatten_variables(state), metadata={'format': 'flax'})
+  card = model_card(
+      config, state, exported_step, _latest_eval(source, exported_step), source=source.name
+  )
   with storage.writing(out):
     out.mkdir(parents=True, exist_ok=True)
-  state = jax.tree.map(np.asarray, variables)
   write_config(out, config)
-  storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
+  storage.write_atomic(out / CARD_FILE, card)
+  storage.write_atomic(out / SAFETENSORS_FILE, tensors)
+  if msgpack:
+    storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
   return out

@@ -72,7 +72,12 @@ def test_load_restores_the_saved_params_and_gives_their_logits(workdir):
 
 def test_export_params_loads_back(workdir, tmp_path):
   out = export_params(workdir, tmp_path / 'export')
-  assert sorted(p.name for p in out.iterdir()) == ['config.json', 'variables.msgpack']
+  assert sorted(p.name for p in out.iterdir()) == [
+      'README.md',
+      'config.json',
+      'model.safetensors',
+      'variables.msgpack',
+  ]
   model, variables, config = load(out)
   _, original, _ = load(workdir)
   chex.assert_trees_all_equal(variables, original)
@@ -80,7 +85,7 @@ def test_export_params_loads_back(workdir, tmp_path):
   chex.assert_trees_all_close(model.apply(variables, TOKENS), model.apply(original, TOKENS))
   with pytest.raises(WorkdirError, match='params-only export'):
     load(out, step=2)
-  with pytest.raises(FileExistsError, match='variables.msgpack exists'):
+  with pytest.raises(FileExistsError, match='model.safetensors exists'):
     export_params(workdir, out)
 
 

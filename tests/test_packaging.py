@@ -39,6 +39,8 @@ EXTRA_ONLY_MODULES = (
     'sqlalchemy',
     'alembic',
     'xprof',
+    'safetensors',
+    'huggingface_hub',
     'contextpool_jax.training',
     'contextpool_jax.data',
 )
@@ -87,9 +89,20 @@ def test_extras_and_the_pinned_requirements_agree():
   """CI installs requirements.txt only: it pins everything the tests need (the ``[test]``
   extra, which takes in the others but ``[profile]``, a viewer no test runs)."""
   extras = PROJECT['optional-dependencies']
-  assert set(extras) == {'train', 'notebook', 'wandb', 'mlflow', 'profile', 'docs', 'test', 'all'}
+  assert set(extras) == {
+      'train',
+      'notebook',
+      'wandb',
+      'mlflow',
+      'hub',
+      'profile',
+      'docs',
+      'test',
+      'all',
+  }
   assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
+  assert _extra_closure(extras, 'hub') >= {'huggingface-hub', 'safetensors'}
   assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
   pinned = {}
   for line in (REPO / 'requirements.txt').read_text().splitlines():

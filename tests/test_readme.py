@@ -106,6 +106,8 @@ SKIPPED = {
     'the documentation build itself: tests/test_docs.py runs this command '
     '(test_the_docs_build_strictly)': 'python -m sphinx -W',
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
+    'needs the Hugging Face Hub (the network); tests/test_export_weights.py loads an export '
+    'from an offline Hub cache': 'from huggingface_hub import upload_folder',
     'minutes of benchmarks (the full tables are for a GPU/TPU); tests/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',
     'rewrites the stored notebooks from real-size runs (minutes each); tests/test_notebooks.py '

@@ -50,10 +50,10 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from contextpool_jax import config_readers, console, storage
+from contextpool_jax import config_readers, console, storage, workdirs
 from contextpool_jax.errors import ConfigError
 
-METRICS_FILE = 'metrics.jsonl'
+METRICS_FILE = workdirs.METRICS_FILE  # the workdir's layout (the model card reads it)
 TENSORBOARD_DIR = 'tensorboard'
 WANDB_DIR = 'wandb'
 MLFLOW_DIR = 'mlruns'
