@@ -7,7 +7,7 @@ on ``[batch, n, features]`` float32 tokens, for both implementations, and
 prints a markdown table of XLA's ``memory_analysis().temp_size_in_bytes`` and
 ``cost_analysis()['flops']``. Then compiles (never runs) a full training step
 (forward, backward, AdamW update) of the 12-layer ``cp_transformer_lm``
-(``remat=True``, batch 1, n = 8192: enwik8's last stage) and prints its
+(``remat='full'``, batch 1, n = 8192: enwik8's last stage) and prints its
 compiled memory, to show that it fits in 24 GB.
 
 Target (issue): at n = 8192, blockwise temp memory at least 8x below dense.
@@ -97,7 +97,7 @@ def compile_lm_train_step(
   implementation 'auto'), else overrides them.
   """
   overrides = {} if context_pool is None else {'context_pool': context_pool}
-  model = models.create(name, remat=True, scan_layers=scan_layers, **overrides)
+  model = models.create(name, remat='full', scan_layers=scan_layers, **overrides)
 
   def make_batch(key):  # the model reads `length` tokens and predicts the next of each
     return {
@@ -173,7 +173,7 @@ def main(argv=None) -> None:
   if args.no_lm:
     return
   print(
-      f'\n12-layer LM AdamW train step (models.create(..., remat=True)), batch '
+      f'\n12-layer LM AdamW train step (models.create(..., remat="full")), batch '
       f'{args.batch}, n = {args.lm_length}; compiled, never run. Peak = temp + arguments + '
       'outputs - aliased (donated) buffers.\n'
   )

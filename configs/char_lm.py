@@ -46,7 +46,7 @@ def char_lm_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 5_000
   c.log_every_steps = 100
   c.eval_splits = ('validation',)
-  c.remat = True
+  c.remat = 'full'
   c.dtype = 'bfloat16'
   c.model = ml_collections.ConfigDict(
       dict(

@@ -18,6 +18,7 @@ them all in ``<workdir>/config.json``.
 from typing import Iterable, Sequence
 
 import ml_collections
+from ml_collections import config_dict
 
 # The W&B project and the MLflow experiment of every run (config.wandb.project,
 # config.mlflow.experiment).
@@ -45,7 +46,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_splits = ('validation',)
   c.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16' | 'float16' (params stay f32;
   # float16 adds a dynamic loss scale: docs/training.md#float16)
-  c.remat = False  # recompute activations in the backward pass
+  # What each block keeps for the backward pass: 'none' | 'full' (recompute everything
+  # from the block's input) | 'dots' (keep matmul and conv outputs) | 'dots_no_batch'
+  # (keep the projections' and MLPs' matmuls); docs/models.md#memory. Typed object: the
+  # booleans of older configs (True = 'full', False = 'none') still load.
+  c.remat = config_dict.FieldReference('none', field_type=object)
   c.param_sharding = 'replicated'  # 'replicated' | 'fsdp'
   c.init_from = ''  # a previous stage's workdir: start from its params
   c.progress_bar = True

@@ -52,6 +52,7 @@ from contextpool_jax import config_readers
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
+from contextpool_jax.models import common as model_common
 from contextpool_jax.models import registry
 
 # Model fields a config does not offer, and why.
@@ -182,10 +183,16 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------
 
 
-def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
-  """``(compute dtype, remat)``: the run-level fields the model is built with."""
+def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, str]:
+  """``(compute dtype, remat policy)``: the run-level fields the model is built with.
+
+  ``config.remat`` is a policy name of ``models.common.REMAT_POLICIES``; the bool
+  of configs and ``config.json`` files written before the policies is read as
+  ``'none'`` / ``'full'`` (:func:`~contextpool_jax.models.common.remat_policy`, the
+  one place that decides it). A ConfigError names any other value and the choices.
+  """
   dtype = DTYPES[config_readers.read_choice(config, 'dtype', DTYPES)]
-  return dtype, config_readers.read_bool(config, 'remat')
+  return dtype, model_common.remat_policy('config', config_readers.lookup(config, 'remat'))
 
 
 def build_model(config: ml_collections.ConfigDict) -> nn.Module:

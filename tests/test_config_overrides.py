@@ -61,9 +61,15 @@ def _representative_overrides(config):
   builds, none of them set by the config file (the defaults of the module)."""
   model = config.model
   kind = type(models.create(model.name)).__name__
-  out = {'keep_checkpoint_period': 7}  # a top-level field
+  out = {'keep_checkpoint_period': 7, 'remat': 'dots_no_batch'}  # top-level fields
   if kind in ('Transformer', 'TransformerLM'):
-    out.update({'model.attention_dropout_rate': 0.05, 'model.local_window': 17})
+    out.update(
+        {
+            'model.attention_dropout_rate': 0.05,
+            'model.local_window': 17,
+            'model.attention_implementation': 'xla',
+        }
+    )
     if model.attention == 'area':  # area attention's sizes and key / value modes
       out.update(
           {
@@ -123,6 +129,7 @@ def test_every_config_takes_an_override_of_each_model_field_family(name, arg):
     assert _lookup(config, path) == value, path
   assert trainer.validate_config(config).keep_checkpoint_period == 7
   model = config_fields.build_model(config)  # what the model received
+  assert model.remat == 'dots_no_batch'  # the run's config.remat
   for path, value in wanted.items():
     if path.startswith('model.context_pool.'):
       assert model.context_pool[path.split('.')[-1]] == value, path

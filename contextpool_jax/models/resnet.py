@@ -49,7 +49,7 @@ from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.layers.lambda_layer import POSITIONS as LAMBDA_POSITIONS
-from contextpool_jax.models.common import module_fields
+from contextpool_jax.models.common import module_fields, remat, remat_policy
 
 Array = jax.Array
 Dtype = Any
@@ -208,7 +208,12 @@ class ResNetConfig:
       ``jax.pmap`` / ``shard_map`` loop (every BatchNorm of the network,
       including the lambda layers'); None (default) = the local batch, which is
       right under ``jax.jit`` with sharded arrays (the trainer).
-    remat: rematerialise each residual block in the backward pass.
+    remat: what each residual block keeps for the backward pass, one of
+      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
+      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
+      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
+      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
+      ``'full'``.
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
   """
@@ -239,7 +244,7 @@ class ResNetConfig:
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
   bn_axis_name: Optional[str] = None
-  remat: bool = False
+  remat: str | bool = 'none'
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
@@ -297,8 +302,8 @@ class ResNetConfig:
     for name in ('aa_key_ratio', 'aa_value_ratio', 'bn_epsilon'):
       checks.check_positive(_OWNER, name, getattr(self, name))
     checks.check_probability(_OWNER, 'bn_momentum', self.bn_momentum)
-    for name in ('zero_init_residual', 'remat'):
-      checks.check_choice(_OWNER, name, getattr(self, name), (True, False))
+    checks.check_choice(_OWNER, 'zero_init_residual', self.zero_init_residual, (True, False))
+    remat_policy(_OWNER, self.remat)
     if self.context_pool is not None and not isinstance(self.context_pool, Mapping):
       raise ConfigError(
           f'{_OWNER}.context_pool={self.context_pool!r} is invalid; '
@@ -592,8 +597,7 @@ class ResNet(module_fields(ResNetConfig)):
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
 
     block_cls = BasicBlock if o.block == 'basic' else BottleneckBlock
-    if o.remat:
-      block_cls = nn.remat(block_cls, static_argnums=(2,))
+    block_cls = remat(block_cls, o.remat, _OWNER, static_argnums=(2,))
     for i, (num_blocks, kind) in enumerate(zip(o.stage_sizes, pattern)):
       for j in range(num_blocks):
         strides = 2 if i > 0 and j == 0 else 1

@@ -63,7 +63,7 @@ from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
-from contextpool_jax.models.common import module_fields
+from contextpool_jax.models.common import module_fields, remat, remat_policy
 from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
@@ -100,6 +100,9 @@ def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
 
 
 CONTEXT_POOL_POSITIONS = ('output', 'attention_input', 'mlp_input')
+# TransformerConfig.attention_implementation: jax.nn.dot_product_attention's
+# implementation (None: automatic).
+ATTENTION_IMPLEMENTATIONS = (None, 'xla', 'cudnn')
 # Which inputs of the self-attention read the pooled features
 # (context_pool_position='attention_input'): queries, keys and values; keys and
 # values only; queries only.
@@ -127,6 +130,12 @@ class TransformerConfig:
       feed-forward hidden layer.
     attention_dropout_rate: dropout on the attention probabilities.
     attention: ``'standard' | 'local' | 'area'`` (module docstring).
+    attention_implementation: the ``implementation`` of
+      ``jax.nn.dot_product_attention`` (standard and local attention, without
+      attention dropout, not when decoding step by step), one of
+      :data:`ATTENTION_IMPLEMENTATIONS`: None (JAX chooses: cuDNN where it
+      can, else XLA), ``'xla'``, ``'cudnn'`` (GPU only: elsewhere a ConfigError
+      when the model is traced, before XLA compiles). It changes no parameter.
     local_window: tokens on each side (causal: before) for ``'local'``.
     num_area_layers: the first layers that use area attention (``'area'``).
     max_area_width: largest area (``'area'``).
@@ -149,7 +158,12 @@ class TransformerConfig:
     context_pool_heads: ``'attention_input'`` only: how many heads (the first
       ones) read the pooled features; the others read ``LN x``. None: all.
     scan_layers: one ``nn.scan`` over the identical layers of each stack.
-    remat: recompute each layer's activations in the backward pass.
+    remat: what each layer keeps for the backward pass, one of
+      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
+      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
+      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
+      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
+      ``'full'``.
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
   """
@@ -162,6 +176,7 @@ class TransformerConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   attention: str = 'standard'
+  attention_implementation: Optional[str] = None
   local_window: int = 64
   num_area_layers: int = 2
   max_area_width: int = 5
@@ -174,13 +189,17 @@ class TransformerConfig:
   context_pool_reads: str = 'qkv'
   context_pool_heads: Optional[int] = None
   scan_layers: bool = False
-  remat: bool = False
+  remat: str | bool = 'none'
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
 
   def check(self, owner: str) -> None:
     """Raises ConfigError naming ``owner.field`` for an invalid value."""
     checks.check_choice(owner, 'attention', self.attention, ATTENTIONS)
+    checks.check_choice(
+        owner, 'attention_implementation', self.attention_implementation, ATTENTION_IMPLEMENTATIONS
+    )
+    remat_policy(owner, self.remat)
     checks.check_choice(owner, 'area_key_mode', self.area_key_mode, AREA_KEY_MODES)
     checks.check_choice(owner, 'area_value_mode', self.area_value_mode, AREA_VALUE_MODES)
     checks.check_choice(
@@ -412,7 +431,9 @@ class MultiHeadAttention(nn.Module):
       # jax.nn.dot_product_attention has no dropout on the probabilities.
       y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
     else:
-      y = _dot_product_attention(q, k, val, mask=mask, local_window_size=window)
+      y = _dot_product_attention(
+          q, k, val, cfg.attention_implementation, mask=mask, local_window_size=window
+      )
     return self._output(features, y)
 
   def _output(self, features: int, y: Array) -> Array:
@@ -436,7 +457,7 @@ class MultiHeadAttention(nn.Module):
       k, val = dense(name='key')(memory), dense(name='value')(memory)
       for name, a in (('cached_memory_key', k), ('cached_memory_value', val)):
         self.variable('cache', name, lambda a=a: jnp.swapaxes(a, 1, 2))
-      return _dot_product_attention(q, k, val, mask=mask)
+      return _dot_product_attention(q, k, val, self.config.attention_implementation, mask=mask)
     keys = self.get_variable('cache', 'cached_memory_key')
     values = self.get_variable('cache', 'cached_memory_value')
     allowed = True if mask is None else mask
@@ -480,8 +501,16 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value, allowed
 
 
-def _dot_product_attention(q: Array, k: Array, val: Array, **kwargs) -> Array:
-  """``jax.nn.dot_product_attention``; float16 on CPU through float32 inputs.
+def _dot_product_attention(
+    q: Array, k: Array, val: Array, implementation: Optional[str], **kwargs
+) -> Array:
+  """``jax.nn.dot_product_attention(q, k, val, implementation=implementation, **kwargs)``
+  (``q`` ``[batch, q_len, heads, head_dim]``, ``k`` / ``val`` ``[batch, kv_len, heads,
+  head_dim]``); float16 on CPU through float32 inputs.
+
+  ``implementation='cudnn'`` (``TransformerConfig.attention_implementation``) off a
+  GPU raises a ConfigError here, as the model is traced, instead of JAX's error
+  from the cuDNN lowering.
 
   For float16 it asks XLA for the ``F16_F16_F32`` dot algorithm (float32
   logits), which the CPU backend cannot compile (its fallback catches the error
@@ -489,7 +518,14 @@ def _dot_product_attention(q: Array, k: Array, val: Array, **kwargs) -> Array:
   two float16 values is exact in float32); the output is float16 again. CPU
   float16 is for tests: GPUs run the float16 path itself.
   """
-  if q.dtype == jnp.float16 and jax.default_backend() == 'cpu':
+  backend = jax.default_backend()
+  if implementation == 'cudnn' and backend != 'gpu':
+    raise ConfigError(
+        f"Transformer.attention_implementation='cudnn' needs an NVIDIA GPU; this process "
+        f"runs on {backend!r}. Use None (JAX chooses) or 'xla'."
+    )
+  kwargs['implementation'] = implementation
+  if q.dtype == jnp.float16 and backend == 'cpu':
     up = lambda a: a.astype(jnp.float32)
     return jax.nn.dot_product_attention(up(q), up(k), up(val), **kwargs).astype(q.dtype)
   return jax.nn.dot_product_attention(q, k, val, **kwargs)
@@ -669,7 +705,8 @@ class TransformerStack(nn.Module):
   ``context_pool_last_layer`` have none. With ``scan_layers`` the identical
   layers between those are one ``nn.scan``
   (parameters stacked on a leading axis), so one layer is compiled instead of
-  n. ``remat`` recomputes each layer's activations in the backward pass.
+  n. ``remat`` chooses what each layer keeps for the backward pass (a policy of
+  ``models.common.REMAT_POLICIES``).
 
   ``__call__(x, valid, memory=None, memory_valid=None, train=False,
   decode=False)``; ``decode`` (causal stacks): incremental decoding with a
@@ -696,7 +733,7 @@ class TransformerStack(nn.Module):
     cfg = self.config
     if decode and not self.causal:
       raise ConfigError('TransformerStack: decode=True needs a causal stack (causal=True).')
-    layer_cls = nn.remat(TransformerLayer) if cfg.remat else TransformerLayer
+    layer_cls = remat(TransformerLayer, cfg.remat, 'Transformer')
     layer = functools.partial(
         layer_cls, cfg, causal=self.causal, deterministic=not train, decode=decode
     )

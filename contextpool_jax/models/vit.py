@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks
 from contextpool_jax.layers.context_pool import make_context_pool
-from contextpool_jax.models.common import module_fields
+from contextpool_jax.models.common import module_fields, remat, remat_policy
 
 Array = jax.Array
 Dtype = Any
@@ -214,7 +214,12 @@ class ViTConfig:
     context_pool_last: also pool after the last block (see :class:`ViT`).
     posemb_resize: ``jax.image.resize`` method for other image sizes, or None
       to raise.
-    remat: rematerialise each block in the backward pass (``nn.remat``).
+    remat: what each block keeps for the backward pass, one of
+      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
+      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
+      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
+      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
+      ``'full'``.
     scan_layers: apply the identical blocks with one ``nn.scan`` (compiles one
       block instead of ``num_layers``). Parameters are then stacked under
       ``'blocks'``; with ContextPool but not ``context_pool_last``, the first
@@ -238,7 +243,7 @@ class ViTConfig:
   context_pool_position: str = 'block'
   context_pool_last: bool = False
   posemb_resize: Optional[str] = 'bilinear'
-  remat: bool = False
+  remat: str | bool = 'none'
   scan_layers: bool = False
   dtype: Optional[Dtype] = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -265,7 +270,8 @@ class ViTConfig:
     checks.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
     checks.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
     checks.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
-    for name in ('context_pool_last', 'remat', 'scan_layers'):
+    remat_policy(_OWNER, self.remat)
+    for name in ('context_pool_last', 'scan_layers'):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(
             f'{_OWNER}.{name}={getattr(self, name)!r} is invalid; ' 'expected True or False.'
@@ -509,9 +515,7 @@ class ViT(module_fields(ViTConfig)):
     start = 0
     if cfg.scan_layers:
       start = num_scanned_layers(cfg.num_layers, cfg.context_pool, cfg.context_pool_last)
-      body = EncoderBlock
-      if cfg.remat:
-        body = nn.remat(body, static_argnums=(2,), prevent_cse=False)
+      body = remat(EncoderBlock, cfg.remat, _OWNER, static_argnums=(2,), prevent_cse=False)
       stack = nn.scan(
           body,
           variable_axes={'params': 0, 'intermediates': 0},
@@ -522,7 +526,7 @@ class ViT(module_fields(ViTConfig)):
       x, _ = stack(cfg, grid, num_prefix, pooled=num_pooled > 0, scan_carry=True, name=SCAN_NAME)(
           x, train
       )
-    block = nn.remat(EncoderBlock, static_argnums=(2,)) if cfg.remat else EncoderBlock
+    block = remat(EncoderBlock, cfg.remat, _OWNER, static_argnums=(2,))
     for i in range(start, cfg.num_layers):
       x = block(cfg, grid, num_prefix, pooled=i < num_pooled, name=block_name(i))(x, train)
     return x

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 PARAM_SHARDINGS = ('replicated', 'fsdp')
 DATA_AXIS = 'data'
@@ -31,8 +31,17 @@ _FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated under FSDP
 
 
 def make_mesh() -> Mesh:
-  """A 1D ``'data'`` mesh over ``jax.devices()`` (all hosts)."""
-  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+  """A 1D ``'data'`` mesh over ``jax.devices()`` (all hosts), built by ``jax.make_mesh``.
+
+  ``jax.make_mesh`` orders the devices for the hardware (a ring on TPU, by id on
+  GPU, ``jax.devices()`` order on CPU) and makes its axes ``Explicit`` unless told;
+  the axis is ``AxisType.Auto`` here, as a plain ``Mesh`` had it: the shardings of
+  the jitted steps' inputs and outputs are the only ones the code states, XLA
+  propagates the rest. (``jax.make_mesh`` refuses multi-slice TPU topologies.)
+  """
+  return jax.make_mesh(
+      (jax.device_count(),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=jax.devices()
+  )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

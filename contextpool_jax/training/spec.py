@@ -39,7 +39,7 @@ class RunSpec:
   nan_check_every_steps: int  # 0: only at log and checkpoint steps
   eval_splits: tuple[str, ...]
   dtype: Any  # compute dtype (jnp.float32 / jnp.bfloat16 / jnp.float16)
-  remat: bool
+  remat: str  # a policy of models.common.REMAT_POLICIES (an old bool read as one)
   param_sharding: str
   init_from: str
   progress_bar: bool

@@ -1,0 +1,164 @@
+"""The models' ``remat`` policies and the Transformer's ``attention_implementation``.
+
+* Every policy of ``models.common.REMAT_POLICIES`` (and the old booleans) gives the loss and
+  the gradients of no remat, for each family (Transformer LM, ViT scanned and unrolled, ResNet
+  with BatchNorm in training); the policies keep different residuals for the backward pass
+  (``jax.ad_checkpoint.print_saved_residuals``): ``'dots'`` keeps the batched attention
+  matmuls that ``'dots_no_batch'`` recomputes, ``'full'`` keeps no matmul.
+* The run's ``config.remat`` (a ``config.json`` written before the policies holds a bool) and
+  a bad value: a ConfigError naming the field, the value and the choices.
+* ``attention_implementation``: ``'xla'`` gives the outputs of None on CPU; ``'cudnn'`` on CPU
+  and an unknown value raise ConfigErrors before XLA compiles.
+"""
+
+import contextlib
+import io
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax import ad_checkpoint
+
+from contextpool_jax import config_fields, models
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.models.common import REMAT_POLICIES
+
+LM = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 12)), jnp.int32)
+VIT = dict(image_size=16, patch_size=4, hidden_size=32, num_layers=2, num_heads=2, num_classes=4)
+RESNET = dict(stage_sizes=(1, 1, 1), width=8, num_classes=4)
+IMAGES = jnp.asarray(np.random.default_rng(1).normal(size=(2, 16, 16, 3)), jnp.float32)
+
+
+def _loss_fn(model, x, variables):
+  """``params -> (loss, new batch_stats)``: a training-mode forward pass (BatchNorm's
+  statistics of this batch; no dropout in these models)."""
+  rest = {k: v for k, v in variables.items() if k != 'params'}
+
+  def loss(params):
+    if rest:
+      logits, state = model.apply({'params': params, **rest}, x, train=True, mutable=list(rest))
+    else:
+      logits, state = model.apply({'params': params}, x, train=True), {}
+    return jnp.mean(jnp.sin(logits.astype(jnp.float32))), state
+
+  return loss
+
+
+def _loss_and_grads(name, x, remat, **fields):
+  model = models.create(name, **fields, remat=remat)
+  variables = model.init(jax.random.key(0), x, train=False)
+  loss = _loss_fn(model, x, variables)
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(variables['params'])
+
+
+CASES = {
+    'lm': ('cp_transformer_lm', TOKENS, dict(LM, dropout_rate=0.0)),
+    'lm_scan': ('cp_transformer_lm', TOKENS, dict(LM, dropout_rate=0.0, scan_layers=True)),
+    'vit_scan': ('cp_vit_s16', IMAGES, dict(VIT, scan_layers=True, context_pool={})),
+    'vit': ('vit_s16', IMAGES, VIT),
+    'resnet': ('cp_resnet20', IMAGES, RESNET),
+}
+POLICIES = [p for p in REMAT_POLICIES if p != 'none'] + [True]
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_every_remat_policy_gives_the_loss_and_gradients_of_none(case):
+  name, x, fields = CASES[case]
+  policies = POLICIES if case == 'lm' else ['full', 'dots']
+  (loss, state), grads = _loss_and_grads(name, x, 'none', **fields)
+  for policy in policies:
+    (loss_p, state_p), grads_p = _loss_and_grads(name, x, policy, **fields)
+    np.testing.assert_allclose(loss_p, loss, rtol=1e-6, err_msg=str(policy))
+    chex.assert_trees_all_close(grads_p, grads, rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(state_p, state, rtol=1e-6)
+
+
+def _saved_residuals(remat) -> list[str]:
+  """``print_saved_residuals`` of the LM's loss, one line per residual."""
+  model = models.create('cp_transformer_lm', **LM, remat=remat)
+  params = model.init(jax.random.key(0), TOKENS)['params']
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    ad_checkpoint.print_saved_residuals(lambda p: model.apply({'params': p}, TOKENS).sum(), params)
+  return out.getvalue().splitlines()
+
+
+def test_the_policies_save_different_residuals():
+  saved = {p: _saved_residuals(p) for p in REMAT_POLICIES}
+  dots = {p: sum('dot_general' in line for line in lines) for p, lines in saved.items()}
+  # 'none' keeps what the backward pass needs where it is computed (no dot is "saved" by a
+  # policy); 'full' keeps the blocks' inputs; the dots policies add matmul outputs, and
+  # 'dots' also the batched ones (attention logits, attention-weighted values).
+  assert dots['none'] == dots['full'] == 0, dots
+  assert 0 < dots['dots_no_batch'] < dots['dots'], dots
+  sizes = {p: len(lines) for p, lines in saved.items()}
+  assert sizes['full'] < sizes['dots_no_batch'] < sizes['dots'] < sizes['none'], sizes
+  assert _saved_residuals(True) == saved['full'] and _saved_residuals(False) == saved['none']
+
+
+@pytest.mark.parametrize(
+    'value,policy', [(False, 'none'), (True, 'full'), ('dots', 'dots'), ('none', 'none')]
+)
+def test_the_runs_remat_old_booleans_and_policies(value, policy):
+  config = ml_collections.ConfigDict(dict(dtype='float32', remat=value))
+  assert config_fields.model_settings(config) == (jnp.float32, policy)
+
+
+@pytest.mark.parametrize(
+    'where,value',
+    [('config', 'dot'), ('config', 1), ('config', None), ('model', 'everything'), ('model', 0)],
+)
+def test_a_bad_remat_names_the_field_the_value_and_the_choices(where, value):
+  if where == 'config':
+    config = ml_collections.ConfigDict(dict(dtype='float32'))
+    config.remat = ml_collections.FieldReference(value, field_type=object)
+    call = lambda: config_fields.model_settings(config)
+    field = 'config.remat' if value is not None else 'config.remat is missing'
+  else:
+    call = lambda: models.create('vit_s16', **VIT, remat=value).init(
+        jax.random.key(0), IMAGES, train=False
+    )
+    field = 'ViT.remat'
+  with pytest.raises(ConfigError) as info:
+    call()
+  assert field in str(info.value)
+  if value is not None:
+    assert repr(value) in str(info.value) and "'dots_no_batch'" in str(info.value)
+
+
+# ----------------------------------------------------------------------------
+# attention_implementation.
+# ----------------------------------------------------------------------------
+
+
+def _lm_apply(implementation, **fields):
+  model = models.create(
+      'cp_transformer_lm', **LM, attention_implementation=implementation, **fields
+  )
+  variables = model.init(jax.random.key(0), TOKENS)
+  return jax.jit(lambda v: model.apply(v, TOKENS))(variables)
+
+
+@pytest.mark.parametrize('attention', ['standard', 'local'])
+def test_xla_attention_is_what_none_chooses_on_cpu(attention):
+  assert jax.default_backend() == 'cpu'
+  fields = dict(attention=attention, local_window=4)
+  chex.assert_trees_all_equal(_lm_apply('xla', **fields), _lm_apply(None, **fields))
+
+
+def test_cudnn_attention_on_cpu_raises_before_compiling():
+  with pytest.raises(ConfigError, match=r"attention_implementation='cudnn' needs an NVIDIA GPU"):
+    jax.eval_shape(lambda: _lm_apply('cudnn'))  # traced only: the error comes before XLA
+
+
+@pytest.mark.parametrize('value', ['flash', 'XLA', True])
+def test_a_bad_attention_implementation_names_the_choices(value):
+  with pytest.raises(ConfigError) as info:
+    _lm_apply(value)
+  message = str(info.value)
+  assert f'attention_implementation={value!r}' in message
+  assert "None, 'xla', 'cudnn'" in message
