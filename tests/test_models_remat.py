@@ -65,6 +65,7 @@ CASES = {
 POLICIES = [p for p in REMAT_POLICIES if p != 'none'] + [True]
 
 
+@pytest.mark.sweep  # one family in the fast tier (each compiles its model once per policy)
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_every_remat_policy_gives_the_loss_and_gradients_of_none(case):
   name, x, fields = CASES[case]
