@@ -43,6 +43,8 @@ import sys
 
 import pytest
 
+pytest_plugins = ['costs']  # what the tests cost (--costs)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # `configs/` lives at the repository root (installed as `contextpool_jax.configs`); the tests
 # import it as the checkout's package `configs`, as `python train.py` does.

@@ -33,3 +33,24 @@ def test_a_sweep_keeps_its_first_case_fast_and_other_tests_are_untouched():
   ]
   mark_sweep_cases_slow(items)
   assert [i.slow() for i in items] == [False, False, True, False, True, True, False]
+
+
+def test_costs_add_up_by_file_with_the_most_core_seconds_first():
+  import costs  # pylint: disable=g-import-not-at-top
+
+  def report(nodeid, **seconds):
+    r = type('Report', (), {})()
+    r.nodeid, r.user_properties = nodeid, [('explained', True), ('costs', seconds)]
+    return r
+
+  zero = dict.fromkeys(costs.COLUMNS, 0.0)
+  reports = [
+      report('a.py::t1', **{**zero, 'wall': 3.0, 'cpu': 1.0, 'compile': 0.5}),
+      report('b.py::t1', **{**zero, 'wall': 9.0, 'cpu': 1.0, 'children': 7.0}),
+      report('a.py::t2', **{**zero, 'wall': 2.0, 'cpu': 2.0, 'trace': 0.25}),
+  ]
+  files = costs.by_file(reports)
+  assert files['a.py'] == dict(tests=2, wall=5.0, cpu=3.0, children=0.0, trace=0.25, compile=0.5)
+  rows = costs.table(files)
+  assert [r.split(' | ')[0] for r in rows[2:]] == ['| b.py', '| a.py', '| total']
+  assert rows[-1] == '| total | 3 | 14 | 11 | 7 | 0 | 0 |'

@@ -1,0 +1,109 @@
+"""What the tests cost, by file: ``python -m pytest -n auto --costs`` (a pytest plugin that
+``tests/conftest.py`` loads).
+
+Per test (set-up, call and tear-down), measured in the process that runs it:
+wall seconds; CPU seconds of that process; CPU seconds of the processes it started and waited
+for (subprocess runs, notebook kernels, the multi-process clusters); and of the test process's
+time, the seconds JAX spent tracing and lowering programs and XLA compiling them (a compile
+served by the persistent cache counts its read). The summary adds them up by file, most
+core-seconds first: the table in CONTRIBUTING.md ("What the suite costs").
+"""
+
+import resource
+import time
+
+import pytest
+
+# What jax.monitoring reports per program: tracing, lowering to MLIR, XLA's compile.
+TRACE_EVENTS = (
+    '/jax/core/compile/jaxpr_trace_duration',
+    '/jax/core/compile/jaxpr_to_mlir_module_duration',
+)
+COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
+COLUMNS = ('wall', 'cpu', 'children', 'trace', 'compile')
+_SECONDS = {'trace': 0.0, 'compile': 0.0}  # this process's totals so far
+_START = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+  parser.addoption('--costs', action='store_true', help='Print what the tests cost, by file.')
+
+
+def pytest_configure(config):
+  del config
+  import jax.monitoring  # pylint: disable=g-import-not-at-top
+
+  def on_duration(event, seconds, **kwargs):
+    del kwargs
+    if event in TRACE_EVENTS:
+      _SECONDS['trace'] += seconds
+    elif event == COMPILE_EVENT:
+      _SECONDS['compile'] += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+
+
+def _now() -> dict[str, float]:
+  own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+  return {
+      'wall': time.perf_counter(),
+      'cpu': own.ru_utime + own.ru_stime,
+      'children': children.ru_utime + children.ru_stime,
+      **_SECONDS,
+  }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  item.stash[_START] = _now()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Adds ``('costs', {column: seconds})`` to the tear-down's report (which, unlike the
+  item, reaches the xdist controller)."""
+  report = yield
+  if call.when == 'teardown' and _START in item.stash:
+    start, end = item.stash[_START], _now()
+    report.user_properties.append(('costs', {c: end[c] - start[c] for c in COLUMNS}))
+  return report
+
+
+def by_file(reports) -> dict[str, dict[str, float]]:
+  """``{file: {'tests': n, column: seconds}}`` of the reports' costs."""
+  files = {}
+  for r in reports:
+    for key, costs in r.user_properties:
+      if key == 'costs':
+        row = files.setdefault(r.nodeid.split('::')[0], dict.fromkeys(('tests', *COLUMNS), 0.0))
+        row['tests'] += 1
+        for c in COLUMNS:
+          row[c] += costs[c]
+  return files
+
+
+def table(files: dict[str, dict[str, float]]) -> list[str]:
+  """Markdown rows, most core-seconds (own CPU + children's) first, and a total."""
+  core = lambda row: row['cpu'] + row['children']
+  lines = [
+      '| file | tests | wall s | core s | of which subprocesses | trace+lower | XLA compile |',
+      '| --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+  ]
+  total = {k: sum(row[k] for row in files.values()) for k in ('tests', *COLUMNS)}
+  for name, row in [*sorted(files.items(), key=lambda kv: -core(kv[1])), ('total', total)]:
+    lines.append(
+        f'| {name} | {row["tests"]:.0f} | {row["wall"]:.0f} | {core(row):.0f} | '
+        f'{row["children"]:.0f} | {row["trace"]:.0f} | {row["compile"]:.0f} |'
+    )
+  return lines
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if not config.getoption('costs'):
+    return
+  reports = [
+      r for rs in terminalreporter.stats.values() for r in rs if isinstance(r, pytest.TestReport)
+  ]
+  terminalreporter.section('what the tests cost, by file (seconds)')
+  for line in table(by_file(reports)):
+    terminalreporter.write_line(line)
