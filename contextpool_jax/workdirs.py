@@ -445,14 +445,7 @@ def model_card(
   model (name, size fields, parameter count), the run's key config fields, the data and
   its split, the evaluation metrics at export (``metrics``: :func:`_latest_eval`'s) and
   how to load it."""
-  model = config.model
-  name = model.get('name', '?')
-  params = variables.get('params', {})
-  n = model_common.count_params(params)
-  sizes = [
-      (k, v) for k, v in sorted(model.items()) if isinstance(v, int) and not isinstance(v, bool)
-  ]
-  state = sorted(k for k in variables if k != 'params')
+  name = config.model.get('name', '?')
   lines = [
       '---',
       'library_name: contextpool-jax',
@@ -467,14 +460,28 @@ def model_card(
       + (f' of `{source}`' if source else '')
       + f': parameters and model state only (no optimizer state), in `{SAFETENSORS_FILE}` '
       f'(keys: the nested paths joined with `/`, e.g. `params/...`) and `{EXPORT_FILE}`.',
-      '',
-      '## Model',
-      '',
-      f'- name: `{name}`',
-      f'- parameters: {n:,}' + (f' (model state: {", ".join(state)})' if state else ''),
   ]
-  lines += [f'- {k}: {_value(v)}' for k, v in sizes]
-  lines += [
+  lines += _card_model(config.model, variables) + _card_config(config)
+  lines += _card_data(config.get('dataset', ml_collections.ConfigDict()))
+  lines += _card_metrics(*metrics, step) + _CARD_LOADING
+  return '\n'.join(lines)
+
+
+def _card_model(model: ml_collections.ConfigDict, variables: dict[str, Any]) -> list[str]:
+  """The card's model section: name, parameter count (and state), the size fields."""
+  n = model_common.count_params(variables.get('params', {}))
+  state = sorted(k for k in variables if k != 'params')
+  lines = ['', '## Model', '', f'- name: `{model.get("name", "?")}`']
+  lines += [f'- parameters: {n:,}' + (f' (model state: {", ".join(state)})' if state else '')]
+  sizes = [
+      (k, v) for k, v in sorted(model.items()) if isinstance(v, int) and not isinstance(v, bool)
+  ]
+  return lines + [f'- {k}: {_value(v)}' for k, v in sizes]
+
+
+def _card_config(config: ml_collections.ConfigDict) -> list[str]:
+  """The card's config section: where the whole config is, and its key fields."""
+  lines = [
       '',
       '## Config',
       '',
@@ -489,58 +496,62 @@ def model_card(
         f'- optimizer: {_value(opt.get("name"))}, learning_rate {_value(opt.get("learning_rate"))}'
         f', schedule {_value(opt.get("schedule"))}'
     ]
-  lines += ['', '## Data and split', '']
-  data = config.get('dataset', ml_collections.ConfigDict())
-  lines += [f'- dataset: {_value(data.get("name", "?"))}']
-  for k in ('files', 'data_dir', 'max_bytes', 'seq_len'):
-    if k in data:
-      lines += [f'- {k}: {_value(data[k])}']
-  if 'split_block_bytes' in data or 'split_seed' in data:
-    lines += [
-        f'- split: the seeded `local_text` rule (docs/data.md, `contextpool_jax/data/'
-        'text_splits.py`): files cut into blocks of `split_block_bytes` (0: whole files), one '
-        'block in 20 to validation and one to test (90/5/5%), by hashes seeded with '
-        f'`split_seed`; split_block_bytes: {_value(data.get("split_block_bytes"))}, '
-        f'split_seed: {_value(data.get("split_seed"))}'
-    ]
-  else:
-    lines += ["- split: the dataset's own train / validation / test splits"]
-  lines += ['', '## Metrics at export', '']
-  metric_step, splits = metrics
-  if not splits:
-    lines += [f"No evaluation metrics (no eval records in the run's `{METRICS_FILE}`)."]
-  else:
-    lines += [
-        f"From the run's `{METRICS_FILE}`, evaluation at step {metric_step}"
-        + (f' (the export is of step {step})' if metric_step != step and step >= 0 else '')
-        + ':',
-        '',
-        '| split | ' + ' | '.join(sorted({k for m in splits.values() for k in m})) + ' |',
-    ]
-    keys = sorted({k for m in splits.values() for k in m})
-    lines += ['| --- |' + ' --- |' * len(keys)]
-    for split in sorted(splits):
-      lines += [
-          f'| {split} | '
-          + ' | '.join(_value(splits[split][k]) if k in splits[split] else '' for k in keys)
-          + ' |'
-      ]
+  return lines
+
+
+def _card_data(data: ml_collections.ConfigDict) -> list[str]:
+  """The card's data section: the dataset's source fields and how it was split."""
+  lines = ['', '## Data and split', '', f'- dataset: {_value(data.get("name", "?"))}']
   lines += [
-      '',
-      '## How to load',
-      '',
-      "With `pip install 'contextpool-jax[train]'` (and `[hub]` for the Hub):",
-      '',
-      '```python',
-      'from contextpool_jax.workdirs import load',
-      '',
-      "model, variables, config = load('path/to/this/directory')   # or load('hf://user/repo')",
-      'outputs = model.apply(variables, inputs, train=False)   # inputs as in training'
-      + (' (byte ids, int32 [batch, length])' if config.get('task') == 'lm' else ''),
-      '```',
-      '',
+      f'- {k}: {_value(data[k])}'
+      for k in ('files', 'data_dir', 'max_bytes', 'seq_len')
+      if k in data
   ]
-  return '\n'.join(lines)
+  if 'split_block_bytes' not in data and 'split_seed' not in data:
+    return lines + ["- split: the dataset's own train / validation / test splits"]
+  return lines + [
+      f'- split: the seeded `local_text` rule (docs/data.md, `contextpool_jax/data/'
+      'text_splits.py`): files cut into blocks of `split_block_bytes` (0: whole files), one '
+      'block in 20 to validation and one to test (90/5/5%), by hashes seeded with '
+      f'`split_seed`; split_block_bytes: {_value(data.get("split_block_bytes"))}, '
+      f'split_seed: {_value(data.get("split_seed"))}'
+  ]
+
+
+def _card_metrics(metric_step: Optional[int], splits: dict[str, dict], step: int) -> list[str]:
+  """The card's metrics section: a table of the last evaluation up to the export's step."""
+  lines = ['', '## Metrics at export', '']
+  if not splits:
+    return lines + [f"No evaluation metrics (no eval records in the run's `{METRICS_FILE}`)."]
+  keys = sorted({k for m in splits.values() for k in m})
+  lines += [
+      f"From the run's `{METRICS_FILE}`, evaluation at step {metric_step}"
+      + (f' (the export is of step {step})' if metric_step != step and step >= 0 else '')
+      + ':',
+      '',
+      '| split | ' + ' | '.join(keys) + ' |',
+      '| --- |' + ' --- |' * len(keys),
+  ]
+  for split in sorted(splits):
+    row = [_value(splits[split][k]) if k in splits[split] else '' for k in keys]
+    lines += [f'| {split} | ' + ' | '.join(row) + ' |']
+  return lines
+
+
+_CARD_LOADING = [
+    '',
+    '## How to load',
+    '',
+    "With `pip install 'contextpool-jax[train]'` (and `[hub]` for the Hub):",
+    '',
+    '```python',
+    'from contextpool_jax.workdirs import load',
+    '',
+    "model, variables, config = load('path/to/this/directory')   # or load('hf://user/repo')",
+    "outputs = model.apply(variables, inputs, train=False)   # inputs as the config's dataset makes them",
+    '```',
+    '',
+]
 
 
 def export_params(
@@ -583,5 +594,9 @@ def export_params(
   storage.write_atomic(out / CARD_FILE, card)
   storage.write_atomic(out / SAFETENSORS_FILE, tensors)
   if msgpack:
-    storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
+    try:
+      storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
+    except BaseException:
+      (out / SAFETENSORS_FILE).unlink()  # no half export: load would read it
+      raise
   return out

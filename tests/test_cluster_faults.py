@@ -500,7 +500,7 @@ def test_a_full_disk_stops_with_one_message_and_the_rerun_resumes(
 def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
   _, uninterrupted = reference
   out_dir = tmp_path / 'export'
-  # config.json (1.5 kB) fits under 20 kB, the parameters (~100 kB) do not.
+  # config.json (1.5 kB) and the model card fit under 20 kB, the parameters (~100 kB) do not.
   script = (
       'import resource, signal, sys\n'
       'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
@@ -521,9 +521,9 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
       timeout=600,
   )
   assert out.stdout.strip() == (
-      f'error: cannot write {out_dir}/variables.msgpack: [Errno 27] File too large'
+      f'error: cannot write {out_dir}/model.safetensors: [Errno 27] File too large'
   ), (out.stdout + out.stderr[-3000:])
-  assert sorted(p.name for p in out_dir.iterdir()) == ['config.json']  # not an export
+  assert sorted(p.name for p in out_dir.iterdir()) == ['README.md', 'config.json']  # not an export
   from contextpool_jax.workdirs import export_params  # pylint: disable=g-import-not-at-top
 
   export_params(uninterrupted, out_dir)  # with room, the same export works

@@ -74,10 +74,15 @@ def test_cut_tiles_every_file_and_keeps_small_files_whole():
 
 
 def test_block_size_shrinks_for_a_small_corpus_only():
-  assert ts.block_size(4096, 4 * 2**20) == 4096
-  assert ts.block_size(4096, 100_000) == 100_000 // ts.MIN_PIECES
-  assert ts.block_size(4096, 10) == 1
-  assert ts.block_size(0, 100_000) == 0
+  assert ts.block_size(4096, 4 * 2**20, 30 * 2**20) == 4096
+  assert ts.block_size(4096, 100_000, 100_000) == 100_000 // ts.MIN_PIECES
+  assert ts.block_size(4096, 10, 10) == 1
+  assert ts.block_size(0, 100_000, 100_000) == 0
+  # A 1,000-byte cap on a 30 MiB tree: blocks of tree / MAX_PIECES, not of 5 bytes.
+  tree = 30 * 2**20
+  block = ts.block_size(4096, 1000, tree)
+  assert block == tree // ts.MAX_PIECES
+  assert len(ts.cut({f'f{i}.py': tree // 100 for i in range(100)}, block)) <= ts.MAX_PIECES + 100
 
 
 def test_assign_sends_one_piece_in_every_group_to_each_evaluation_split():

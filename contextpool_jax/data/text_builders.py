@@ -614,7 +614,7 @@ def _local_inputs(paths: Sequence[str], max_bytes: int, block_bytes: int, seed: 
   root, relative = text_splits.relative_paths(full)
   sizes = {rel: stats[path].st_size for rel, path in zip(relative, full)}
   total = sum(sizes.values())
-  block = text_splits.block_size(block_bytes, min(total, max_bytes) if max_bytes else total)
+  block = text_splits.block_size(block_bytes, min(total, max_bytes) if max_bytes else total, total)
   pieces = text_splits.sample(text_splits.cut(sizes, block), max_bytes, seed)
   inputs, binary = [], []
   for rel, file_pieces in _by_file(pieces).items():

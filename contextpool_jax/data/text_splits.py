@@ -6,7 +6,8 @@ sizes and ``seed`` (no absolute path, no working directory, no file system order
 1. **Pieces.** A file of at most ``block_bytes`` goes whole; a larger file is cut
    into blocks of ``block_bytes`` (the last one shorter). ``block_bytes=0`` keeps
    every file whole. A small corpus gets smaller blocks, so that it still has
-   about :data:`MIN_PIECES` pieces (:func:`block_size`).
+   about :data:`MIN_PIECES` pieces, but a corpus is never cut into more than
+   about :data:`MAX_PIECES` (a small cap on a large tree; :func:`block_size`).
 2. **Cap.** If the pieces hold more than ``max_bytes``, a seeded sample of them is
    kept: pieces in the order of a hash of ``(seed, path, offset)`` until the cap
    (the last one in part), so the sample is drawn from the whole tree.
@@ -36,8 +37,9 @@ SPLITS = ('train', 'validation', 'test')
 EVAL_SPLITS = SPLITS[1:]
 GROUP = 20  # pieces per group: one to validation, one to test
 MIN_PIECES = 200  # blocks shrink (never below 1 byte) so that a small corpus has this many
+MAX_PIECES = 2**16  # ... but not below (tree bytes) / this: hashing every piece stays cheap
 DEFAULT_BLOCK_BYTES = 4096
-RULE = 'pieces-v1'  # in the prepared data's fingerprint: a new rule, new directories
+RULE = 'pieces-v2'  # in the prepared data's fingerprint: a new rule, new directories
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -57,12 +59,14 @@ def relative_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
   return root, [os.path.relpath(os.path.abspath(p), root).replace(os.sep, '/') for p in paths]
 
 
-def block_size(block_bytes: int, corpus_bytes: int) -> int:
+def block_size(block_bytes: int, kept_bytes: int, tree_bytes: int) -> int:
   """The block length used: ``block_bytes`` (0: files whole), but at most
-  ``corpus_bytes // MIN_PIECES`` (at least 1), so a small corpus still splits."""
+  ``kept_bytes // MIN_PIECES`` (the bytes under the cap), so a small corpus still
+  splits, and at least ``tree_bytes // MAX_PIECES`` (all the files' bytes) and 1 byte,
+  so a small cap on a large tree is not a sample of millions of tiny pieces."""
   if not block_bytes:
     return 0
-  return max(1, min(block_bytes, corpus_bytes // MIN_PIECES))
+  return max(1, min(block_bytes, max(kept_bytes // MIN_PIECES, tree_bytes // MAX_PIECES)))
 
 
 def cut(sizes: Mapping[str, int], block: int) -> list[Piece]:
