@@ -15,6 +15,8 @@ import zipfile
 
 import pytest
 
+from test_readme import TINY_TRAIN
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
 PROJECT = PYPROJECT['project']
@@ -222,25 +224,13 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
       'from contextpool_jax.training import command_line as c; print(c.load_config_file("mine.py"))'
   )
   assert 'transformer_lm' in run('python', '-c', code)
-  tiny = {
+  tiny = {  # the pages' shrunk run (test_readme.TINY_TRAIN) on this test's corpus
+      **TINY_TRAIN,
       'num_train_steps': 4,
-      'batch_size': 4,
-      'log_every_steps': 1,
       'eval_every_steps': 4,
-      'checkpoint_every_steps': 2,
-      'progress_bar': False,
-      'model.num_layers': 1,
-      'model.emb_dim': 32,
-      'model.mlp_dim': 64,
-      'model.num_heads': 2,
       'dataset.files': f"('{corpus}/*.txt',)",
       'dataset.data_dir': tmp_path / 'tfds',
       'dataset.max_bytes': 0,
-      'dataset.seq_len': 32,
-      'dataset.eval_context': 32,
-      'dataset.eval_step': 16,
-      'dataset.eval_batch_size': 4,
-      'dataset.eval_max_bytes': 1024,
   }
   workdir = tmp_path / 'w'
   overrides = [f'--config.{k}={v}' for k, v in tiny.items()]
