@@ -31,13 +31,7 @@ CONFIGS = {
 B, HEADS, DEPTH, DEPTH_V = 2, 2, 4, 3
 
 # Everything runs under jit: one compilation per case is much cheaper on the CPU
-# than compiling every primitive eagerly, and it checks that tracing works. The
-# LLVM backend runs unoptimised (same HLO, half the compile time).
-_FAST_COMPILE = {'xla_backend_optimization_level': 0}
-
-
-def jit(fun, **kwargs):
-  return jax.jit(fun, compiler_options=_FAST_COMPILE, **kwargs)
+# than compiling every primitive eagerly, and it checks that tracing works.
 
 
 _STATIC = (
@@ -52,8 +46,8 @@ _STATIC = (
     'deterministic',
     'std_epsilon',
 )
-attention = jit(aa.dot_product_area_attention, static_argnames=_STATIC)
-features = jit(
+attention = jax.jit(aa.dot_product_area_attention, static_argnames=_STATIC)
+features = jax.jit(
     aa.area_features,
     static_argnames=(
         'max_area_width',
@@ -80,7 +74,7 @@ def random_variables(module, *args, seed=0):
 def init_apply(module, *args):
   """``random_variables`` then a jitted deterministic apply; returns (variables, output)."""
   variables = random_variables(module, *args)
-  return variables, jit(module.apply)(variables, *args)
+  return variables, jax.jit(module.apply)(variables, *args)
 
 
 def _qkv(q_len, kv_len, seed=0, dtype=np.float32):
@@ -245,7 +239,7 @@ def test_padded_area_sums_and_transpose_match_bruteforce(cfg):
   valid = areas.padded_area_valid(layout)
   assert valid.shape == (len(layout.shapes) * kv_len,) and valid.sum() == layout.num_areas
 
-  @jit
+  @jax.jit
   def run(x, y):
     padded_y = areas.pad_areas(y, layout, 1, 0.0)
     return (
@@ -274,7 +268,7 @@ def test_features_subset_and_std_gradient_finite_at_zero_variance():
   x = jnp.ones((1, 6, 2))  # Every area has zero variance.
   feats = features(x, max_area_width=3, features=('std',))
   assert feats.sum is None and feats.mean is None and feats.max is None
-  grad = jit(
+  grad = jax.jit(
       jax.grad(lambda x: aa.area_features(x, max_area_width=3, features=('std',)).std.sum())
   )(x)
   chex.assert_tree_all_finite(grad)
@@ -313,7 +307,7 @@ def test_masks_and_causal_match_bruteforce(cfg, causal):
   q_len, kv_len = CONFIGS[cfg][:2]
   q, k, v = _qkv(q_len, kv_len, seed=5)
   # Full-shape masks share one compilation; broadcast shapes are tested below.
-  f = jit(
+  f = jax.jit(
       functools.partial(aa.dot_product_area_attention, causal=causal, **_area_kwargs(CONFIGS[cfg]))
   )
   for kind in ['all', 'padding', 'random', 'rank2']:
@@ -364,7 +358,7 @@ def _area_core_paths(cfg, value_mode, causal, mask_kind, dropout):
 
   cotangent = np.random.default_rng(24).normal(size=(B, q_len, HEADS, DEPTH_V)).astype(np.float32)
 
-  @jit
+  @jax.jit
   def run(q, k, v):
     results = []
     for f in (through_items, over_features):
@@ -408,7 +402,7 @@ def test_basic_form_gradients_match_bruteforce_reference():
   q, k, v = (a[:1, :, :1].astype(np.float64) for a in _qkv(5, 7, seed=25))
   opts = dict(max_area_width=3, causal=True, mask=_mask('rank2', 5, 7))
   cotangent = np.random.default_rng(26).normal(size=(1, 5, 1, DEPTH_V))
-  grads = jit(
+  grads = jax.jit(
       jax.grad(
           lambda q, k, v: jnp.sum(aa.dot_product_area_attention(q, k, v, **opts) * cotangent),
           argnums=(0, 1, 2),
@@ -464,7 +458,7 @@ def test_single_item_areas_equal_dot_product_attention(causal, memory_height):
 def test_fully_masked_query_gives_zeros_and_finite_grads():
   q, k, v = _qkv(4, 6)
 
-  @jit
+  @jax.jit
   def out_and_grads(q, k, v, mask):
     f = functools.partial(aa.dot_product_area_attention, max_area_width=3, mask=mask)
     out, vjp = jax.vjp(f, q, k, v)
@@ -516,7 +510,7 @@ def test_causal_jacobian_zero_for_future_items(cfg, key_mode):
       value_mode='max' if key_mode == 'max' else 'sum',
       **_area_kwargs(CONFIGS[cfg]),
   )
-  jac_k, jac_v = jit(jax.jacrev(f, argnums=(1, 2)))(q, k, v)
+  jac_k, jac_v = jax.jit(jax.jacrev(f, argnums=(1, 2)))(q, k, v)
   # out [b, q, h, dv] x key [b, kv, h, d]: the query axis is 1, the item axis 4 + 1.
   _assert_causal_jacobian(jac_k, 1, 5)
   _assert_causal_jacobian(jac_v, 1, 5)
@@ -528,7 +522,7 @@ def test_causal_jacobian_zero_for_future_items_across_query_blocks():
   q, k, v = (a[:1, :, :1] for a in _qkv(70, 70, seed=27))
   f = functools.partial(aa.dot_product_area_attention, causal=True, max_area_width=4)
   assert 70 > QUERY_BLOCK
-  jac_q, jac_k, jac_v = jit(jax.jacrev(f, argnums=(0, 1, 2)))(q, k, v)
+  jac_q, jac_k, jac_v = jax.jit(jax.jacrev(f, argnums=(0, 1, 2)))(q, k, v)
   _assert_causal_jacobian(jac_k, 1, 5)
   _assert_causal_jacobian(jac_v, 1, 5)
   # Query i's output depends on query i only.
@@ -550,7 +544,7 @@ def test_module_causal_jacobian_zero_for_future_inputs():
   variables = random_variables(m, x)
   # deterministic=False: the sample noise must not leak the future either.
   apply = lambda x: m.apply(variables, x, None, None, False, rngs={'dropout': jax.random.key(1)})
-  jac = jit(jax.jacrev(apply))(x)  # [1, 12, 6, 1, 12, 6]
+  jac = jax.jit(jax.jacrev(apply))(x)  # [1, 12, 6, 1, 12, 6]
   _assert_causal_jacobian(jac, 1, 4)
 
 
@@ -693,7 +687,7 @@ def test_module_2d_layouts_agree():
   opts = dict(num_heads=3, max_area_width=2, max_area_height=2, key_mode='concat')
   variables, out_flat = init_apply(aa.AreaAttention(memory_height=3, **opts), flat)
   # Grid taken from the shape; the output keeps the query's layout.
-  out_grid = jit(aa.AreaAttention(**opts).apply)(variables, grid)
+  out_grid = jax.jit(aa.AreaAttention(**opts).apply)(variables, grid)
   chex.assert_shape(out_grid, (2, 3, 4, 6))
   chex.assert_trees_all_equal(out_grid.reshape(2, 12, 6), out_flat)
 
@@ -702,9 +696,9 @@ def test_module_single_item_areas_equal_flax_mha():
   x = np.random.default_rng(14).normal(size=(2, 6, 8)).astype(np.float32)
   mask = nn.make_causal_mask(jnp.ones((2, 6)))
   variables, ours = init_apply(aa.AreaAttention(num_heads=2), x, None, mask)
-  want = jit(nn.MultiHeadDotProductAttention(num_heads=2).apply)(variables, x, mask=mask)
+  want = jax.jit(nn.MultiHeadDotProductAttention(num_heads=2).apply)(variables, x, mask=mask)
   chex.assert_trees_all_close(ours, want, atol=3e-6, rtol=0)
-  causal = jit(aa.AreaAttention(num_heads=2, causal=True).apply)(variables, x)
+  causal = jax.jit(aa.AreaAttention(num_heads=2, causal=True).apply)(variables, x)
   chex.assert_trees_all_close(causal, want, atol=3e-6, rtol=0)
 
 
@@ -713,12 +707,12 @@ def test_module_dropout_and_sampling():
   base = dict(num_heads=2, max_area_width=3)
 
   def train(module):
-    return jit(lambda v, x, r: module.apply(v, x, None, None, False, rngs={'dropout': r}))
+    return jax.jit(lambda v, x, r: module.apply(v, x, None, None, False, rngs={'dropout': r}))
 
   m = aa.AreaAttention(dropout_rate=0.5, **base)
-  variables = jit(m.init)(jax.random.key(0), x)  # The module's own initializers.
+  variables = jax.jit(m.init)(jax.random.key(0), x)  # The module's own initializers.
   chex.assert_tree_all_finite(variables)
-  det = jit(m.apply)(variables, x)
+  det = jax.jit(m.apply)(variables, x)
   train_m = train(m)
   drop1 = train_m(variables, x, jax.random.key(1))
   drop2 = train_m(variables, x, jax.random.key(2))
@@ -741,10 +735,10 @@ def test_empty_batch_gives_empty_outputs_and_gradients(key_mode):
   x, grid = jnp.zeros((0, 5, 8)), jnp.zeros((0, 2, 3, 8))  # 1D queries, a 2D memory
   mask = jnp.ones((0, 1, 5, 6), bool)
   variables = random_variables(m, x, grid, mask)
-  out = jit(m.apply)(variables, x, grid, mask)
+  out = jax.jit(m.apply)(variables, x, grid, mask)
   chex.assert_shape(out, (0, 5, 8))
-  chex.assert_shape(jit(m.apply)(variables, grid), (0, 2, 3, 8))  # grid self-attention
-  grads = jit(jax.grad(lambda v, z: jnp.sum(m.apply(v, z, grid, mask)), argnums=(0, 1)))(
+  chex.assert_shape(jax.jit(m.apply)(variables, grid), (0, 2, 3, 8))  # grid self-attention
+  grads = jax.jit(jax.grad(lambda v, z: jnp.sum(m.apply(v, z, grid, mask)), argnums=(0, 1)))(
       variables, x
   )
   chex.assert_shape(grads[1], x.shape)
@@ -772,11 +766,11 @@ def test_jit_vmap_grad_pure():
   )
   f = functools.partial(aa.dot_product_area_attention, **opts)
   chex.assert_trees_all_close(
-      jit(f)(q, k, v), ref.area_attention(q, k, v, **opts), atol=7e-7, rtol=0
+      jax.jit(f)(q, k, v), ref.area_attention(q, k, v, **opts), atol=7e-7, rtol=0
   )
   # vmap over an extra leading axis equals the reference on each slice.
   qs, ks, vs = (np.stack([a, 2.0 * a]) for a in (q, k, v))
-  batched = jit(jax.vmap(f))(qs, ks, vs)
+  batched = jax.jit(jax.vmap(f))(qs, ks, vs)
   for i in range(2):
     chex.assert_trees_all_close(
         batched[i], ref.area_attention(qs[i], ks[i], vs[i], **opts), atol=1.5e-6, rtol=0
@@ -797,8 +791,8 @@ def test_module_jit_grad_remat():
   def loss(module, params, x):
     return jnp.sum(module.apply({'params': params}, x, None, None, True) ** 2)
 
-  grads = jit(jax.grad(functools.partial(loss, m)))(variables['params'], x)
-  grads_remat = jit(jax.grad(functools.partial(loss, remat)))(variables['params'], x)
+  grads = jax.jit(jax.grad(functools.partial(loss, m)))(variables['params'], x)
+  grads_remat = jax.jit(jax.grad(functools.partial(loss, remat)))(variables['params'], x)
   chex.assert_tree_all_finite(grads)
   chex.assert_trees_all_close(grads_remat, grads, atol=1e-6, rtol=0)
 
@@ -818,7 +812,7 @@ def test_bfloat16_compute():
   chex.assert_trees_all_equal_dtypes(variables, jax.tree.map(jnp.float32, variables))
   assert out16.dtype == jnp.bfloat16
   chex.assert_tree_all_finite(out16)
-  out32 = jit(aa.AreaAttention(**opts).apply)(variables, x)
+  out32 = jax.jit(aa.AreaAttention(**opts).apply)(variables, x)
   # Measured: 0.040 = 1.4 bfloat16 epsilons (2^-8) of max |out| = 7.3.
   bf16_eps = 2.0**-8
   chex.assert_trees_all_close(
@@ -897,7 +891,7 @@ def test_pure_function_errors(name):
 def test_errors_raise_under_jit():
   q, k, v = _qkv(3, 6)
   with pytest.raises(ValueError, match='memory_height=4'):
-    jit(functools.partial(aa.dot_product_area_attention, memory_height=4))(q, k, v)
+    jax.jit(functools.partial(aa.dot_product_area_attention, memory_height=4))(q, k, v)
 
 
 def _module(x_shape=(2, 6, 8), kv_shape=None, mask=None, **fields):

@@ -1,6 +1,5 @@
 """ViT / CP-ViT: presets, parameter counts, ContextPool placement, scan, dropout, bf16."""
 
-import functools
 import math
 
 import chex
@@ -17,10 +16,6 @@ from contextpool_jax.models.common import count_params
 NAMES = ('vit_ti16', 'vit_s16', 'vit_b16', 'cp_vit_ti16', 'cp_vit_s16', 'cp_vit_b16')
 # A reduced model: 32 x 32 images, 8 x 8 patches -> a 4 x 4 grid.
 SMALL = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, num_classes=5)
-
-# The tests compile many small programs that run once: XLA's CPU backend at
-# optimisation level 0 compiles them about 3x faster.
-_jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 
 def _key(seed):
@@ -53,7 +48,7 @@ def _random_params(model, x, seed=0, scale=0.3):
 def _apply(model, params, x, train=False, rng=None, mutable=False):
   rngs = {} if rng is None else {'dropout': rng}
   fn = lambda p, x, r: model.apply(p, x, train=train, rngs=r, mutable=mutable)
-  return _jit(fn)(params, x, rngs)
+  return jax.jit(fn)(params, x, rngs)
 
 
 def _drop_context_pool(tree):
@@ -146,7 +141,7 @@ def test_pool_patch_tokens_passes_class_token_through():
   x = _images((b, 1 + 12, d))
   pool = ContextPool(weights='uniform', locality='none')  # every output = grid mean
   apply_pool = lambda g, deterministic: pool.apply({}, g, deterministic=deterministic)
-  out = _jit(lambda x: vit.pool_patch_tokens(apply_pool, x, grid, 1, True))(x)
+  out = jax.jit(lambda x: vit.pool_patch_tokens(apply_pool, x, grid, 1, True))(x)
   chex.assert_trees_all_close(out[:, 0], x[:, 0], atol=0, rtol=0)
   mean = jnp.mean(x[:, 1:], axis=1, keepdims=True)
   chex.assert_trees_all_close(out[:, 1:], jnp.broadcast_to(mean, (b, 12, d)), atol=1e-6)
@@ -234,7 +229,7 @@ def test_dropout_train_vs_eval(scan):
       context_pool_last=scan,
   )
   params = _random_params(model, x)
-  run = _jit(
+  run = jax.jit(
       lambda p, x, r, train: model.apply(p, x, train=train, rngs={'dropout': r}), static_argnums=3
   )
   eval1 = run(params, x, _key(1), False)
@@ -320,7 +315,7 @@ TINY = dict(
 def tiny_init():
   model = vit.ViT(**TINY)
   x = _images((8, 16, 16, 3), seed=3)
-  return model, x, _jit(model.init)(_key(0), x)
+  return model, x, jax.jit(model.init)(_key(0), x)
 
 
 @pytest.mark.slow
@@ -347,7 +342,7 @@ def test_tiny_cp_vit_overfits_one_batch(tiny_init):
     logits = model.apply(params, x, train=True, rngs={'dropout': _key(0)})
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
-  @_jit
+  @jax.jit
   def train(params):
     def step(carry, _):
       params, opt = carry
