@@ -365,6 +365,15 @@ def _curve(lines: Iterable[dict[str, Any]], split: str, field: str) -> list[tupl
   return sorted(by_step.items())
 
 
+def _last_record(lines: Sequence[dict[str, Any]], split: str, step: int) -> dict[str, Any]:
+  """The metrics of ``split`` the run logged at its last ``step`` (from its
+  metrics.jsonl: a run resumed at its end logs nothing in this process)."""
+  at_end = [l for l in lines if l['split'] == split and l['step'] == step]
+  if not at_end:
+    raise ValueError(f'metrics.jsonl has no {split!r} record at the last step {step}')
+  return {k: v for k, v in at_end[-1].items() if k not in ('step', 'split')}
+
+
 def result_path(study_dir: pathlib.Path, run: Run) -> pathlib.Path:
   return study_dir / 'results' / f'{run.key}.json'
 
@@ -467,6 +476,7 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
   if recorded.exists():  # trained again (or resumed at its end) for its diagnostics only
     return json.loads(recorded.read_text())
   lines = _read_jsonl(workdir / 'metrics.jsonl')
+  out.setdefault('eval_validation', _last_record(lines, 'eval_validation', run.steps))
   if run.corpus == IMAGES:  # error in percent from top-1 accuracy
     lines = [dict(l, error=100 * (1 - l['top1'])) if 'top1' in l else l for l in lines]
     for split in ('validation', 'test'):
@@ -481,7 +491,7 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
       key=run.key,
       family='resnet' if run.corpus == IMAGES else ARMS[run.arm].family,
       metric=metric,
-      train_loss=out['train_history'][-1]['loss'],
+      train_loss=_last_record(lines, 'train', run.steps)['loss'],
       val_loss=out['eval_validation']['loss'],
       test_loss=out['eval_test']['loss'],
       val_curve=_curve(lines, 'eval_validation', metric),

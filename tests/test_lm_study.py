@@ -149,6 +149,34 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
 
 
+def test_a_run_stopped_after_its_last_step_is_recorded_when_resumed(tmp_path, monkeypatch):
+  """A run killed between its last checkpoint and its result (here: scoring the
+  test split fails once) is resumed at its end: nothing is trained or evaluated
+  again, and the result holds the training and validation of its last step."""
+  from benchmarks import eval_spread  # pylint: disable=g-import-not-at-top
+
+  study, run = tmp_path / 'study', lm_study.Run('code', 'baseline', 1, TINY.steps, 0)
+  score = eval_spread.split_metrics
+
+  def stopped(*a):
+    monkeypatch.setattr(eval_spread, 'split_metrics', score)
+    raise KeyboardInterrupt('killed')
+
+  monkeypatch.setattr(eval_spread, 'split_metrics', stopped)
+  with pytest.raises(KeyboardInterrupt):
+    lm_study.run_all([run], TINY, study, in_process=True, log=lambda s: None)
+  assert not lm_study.result_path(study, run).exists()
+  metrics = study / 'runs' / run.key / 'metrics.jsonl'
+  logged = metrics.read_text()
+  assert lm_study.run_all([run], TINY, study, in_process=True, log=lambda s: None) == [run]
+  assert metrics.read_text() == logged  # resumed at its end: no step trained or evaluated again
+  result = json.loads(lm_study.result_path(study, run).read_text())
+  last = {(l['split'], l['step']): l for l in map(json.loads, logged.splitlines())}
+  assert result['val_bpc'] == last[('eval_validation', TINY.steps)]['bpc']
+  assert result['train_loss'] == last[('train', TINY.steps)]['loss']
+  assert 0 < result['test_bpc'] < 16
+
+
 @pytest.mark.slow
 def test_long_runs_of_seed_0_keep_checkpoints_and_record_diagnostics(tmp_path, monkeypatch):
   """The long runs of seed 0 keep a checkpoint every DIAGNOSTIC_PERIOD steps and
