@@ -12,8 +12,13 @@ leaves open").
   python -m benchmarks.ablation_default --workdir /tmp/ablation --seeds 0 \
       --variants baseline,sigmoid_attention_input --learning_rates 2e-3,4e-3,8e-3
 
-Resumable: each run keeps ``<workdir>/<run>/result.json`` and is skipped when it
-has one. Writes ``<out>/ablation_default.md``.
+Without ``--learning_rates`` each variant trains at the config's peak rate for
+it (``configs/default.py``: the baseline's and ContextPool's own tuned rates;
+every ContextPool variant at ContextPool's). Resumable: each run keeps
+``<workdir>/<run>/result.json`` and is skipped when it has one. Writes
+``<out>/ablation_default.md`` from every run recorded in ``<workdir>``: each
+variant at the config's rate, paired by seed with the baseline at its own, then
+one table per learning rate.
 """
 
 from __future__ import annotations
@@ -71,8 +76,13 @@ def make_config(variant: str, seed: int, steps: Optional[int], lr: Optional[floa
   return c
 
 
-def run_name(variant: str, seed: int, lr: Optional[float]) -> str:
-  return f'{variant}_seed{seed}' + ('' if lr is None else f'_lr{lr:g}')
+def config_lr(variant: str) -> float:
+  """The variant's peak learning rate in ``configs/default.py`` (each arm's tuned rate)."""
+  return make_config(variant, 0, None, None).optimizer.learning_rate
+
+
+def run_name(variant: str, seed: int, lr: float) -> str:
+  return f'{variant}_seed{seed}_lr{lr:g}'
 
 
 def train(workdir: pathlib.Path, variant: str, seed: int, steps, lr) -> dict:
@@ -94,12 +104,25 @@ def train(workdir: pathlib.Path, variant: str, seed: int, steps, lr) -> dict:
         val_bpc_trainer=out['eval_validation']['bpc'],  # the config's evaluation
         train_loss=out['train_history'][-1]['loss'],
     )
-  if 'val_bpc_whole' not in result:  # scored on the whole validation split, whatever
-    from benchmarks import eval_spread  # the config's eval_max_bytes
+  return _scored(run_dir, result)
+
+
+def _scored(run_dir: pathlib.Path, result: dict) -> dict:
+  """``result`` with its BPC on the whole validation split (whatever the config's
+  ``eval_max_bytes``), scored from the run's checkpoint once and recorded."""
+  if 'val_bpc_whole' not in result:
+    from benchmarks import eval_spread  # pylint: disable=g-import-not-at-top
 
     result['val_bpc_whole'] = eval_spread.split_metrics(str(run_dir), 'validation')['bpc']
-    done.write_text(json.dumps(result, indent=1))
+    (run_dir / 'result.json').write_text(json.dumps(result, indent=1))
   return result
+
+
+def recorded(workdir: pathlib.Path, steps: int) -> list[dict]:
+  """Every run of ``steps`` steps recorded in ``workdir`` (this and earlier invocations)."""
+  paths = sorted(workdir.glob('*/result.json'))
+  results = [(p.parent, json.loads(p.read_text())) for p in paths]
+  return [_scored(d, r) for d, r in results if r['steps'] == steps]
 
 
 def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
@@ -110,35 +133,52 @@ def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
   return f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({", ".join(f"{d:+.3f}" for d in p["diffs"])})'
 
 
-def report(results: list[dict], variants: list[str]) -> str:
-  """One table per learning rate: BPC per seed, mean, and the paired differences."""
+def _table(results: list[dict], variants: list[str], rate: dict[str, float]) -> list[str]:
+  """Each variant at ``rate[variant]``: BPC per seed, mean, and the paired differences."""
+  by = {
+      v: {
+          r['seed']: r['val_bpc_whole']
+          for r in results
+          if (r['variant'], r['learning_rate']) == (v, rate[v])
+      }
+      for v in variants
+  }
+  lines = [
+      '| variant | peak learning rate | seeds | validation BPC (mean) | per seed | − baseline |'
+      f' − {DEFAULT} |',
+      '| --- | ---: | ---: | ---: | --- | --- | --- |',
+  ]
+  for v in (v for v in variants if by[v]):
+    seeds = sorted(by[v])
+    lines.append(
+        f'| {v} | {rate[v]:g} | {len(seeds)} | {statistics.mean(by[v].values()):.3f} |'
+        f' {", ".join(f"{by[v][s]:.3f}" for s in seeds)} |'
+        f' {_paired(by[v], by.get("baseline", {})) if v != "baseline" else ""} |'
+        f' {_paired(by[v], by.get(DEFAULT, {})) if v != DEFAULT else ""} |'
+    )
+  return lines
+
+
+def report(results: list[dict], variants: list[str], tuned: dict[str, float]) -> str:
+  """The variants at their ``tuned`` rates (the config's), then one table per learning rate."""
   lines = [
       '# Ablation of the open choices on the offline default (`configs/default.py`)',
       '',
-      '`python -m benchmarks.ablation_default`: validation BPC (lower is better) of each variant'
-      " after the config's schedule; differences are paired by seed (mean ± 95% t-interval, then"
-      ' per seed).',
+      '`python -m benchmarks.ablation_default`: validation BPC (lower is better) on the whole'
+      " validation split of each variant after the config's schedule; differences are paired by"
+      ' seed (mean ± 95% t-interval, then per seed).',
+      '',
+      "## Each variant at the config's learning rate",
+      '',
+      *_table(results, variants, tuned),
   ]
   for lr in sorted({r['learning_rate'] for r in results}):
-    rs = [r for r in results if r['learning_rate'] == lr]
-    by = {v: {r['seed']: r['val_bpc_whole'] for r in rs if r['variant'] == v} for v in variants}
     lines += [
         '',
         f'## Peak learning rate {lr:g}',
         '',
-        f'| variant | seeds | validation BPC (mean) | per seed | − baseline | − {DEFAULT} |',
-        '| --- | ---: | ---: | --- | --- | --- |',
+        *_table(results, variants, dict.fromkeys(variants, lr)),
     ]
-    for v in variants:
-      if not by[v]:
-        continue
-      seeds = sorted(by[v])
-      lines.append(
-          f'| {v} | {len(seeds)} | {statistics.mean(by[v].values()):.3f} |'
-          f' {", ".join(f"{by[v][s]:.3f}" for s in seeds)} |'
-          f' {_paired(by[v], by.get("baseline", {})) if v != "baseline" else ""} |'
-          f' {_paired(by[v], by.get(DEFAULT, {})) if v != DEFAULT else ""} |'
-      )
   return '\n'.join(lines) + '\n'
 
 
@@ -147,16 +187,19 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   workdir = pathlib.Path(FLAGS.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  tuned = {v: config_lr(v) for v in VARIANTS}
   lrs = [float(x) for x in FLAGS.learning_rates] or [None]
-  results = []
+  steps = FLAGS.steps or make_config(DEFAULT, 0, None, None).num_train_steps
   for seed in map(int, FLAGS.seeds):
     for lr in lrs:
       for variant in FLAGS.variants:
-        results.append(train(workdir, variant, seed, FLAGS.steps, lr))
-        print(f'{run_name(variant, seed, lr)}: validation BPC {results[-1]["val_bpc_whole"]:.4f}')
+        rate = tuned[variant] if lr is None else lr
+        bpc = train(workdir, variant, seed, FLAGS.steps, rate)['val_bpc_whole']
+        print(f'{run_name(variant, seed, rate)}: validation BPC {bpc:.4f}')
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  text = report(results, FLAGS.variants)
+  # The report shows every variant recorded in the workdir, not only this invocation's.
+  text = report(recorded(workdir, steps), list(VARIANTS), tuned)
   (out / 'ablation_default.md').write_text(text)
   print(text)
 

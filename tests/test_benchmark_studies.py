@@ -27,34 +27,50 @@ def test_ablation_variants_set_the_fields_they_name():
       == ablation_default.make_config('sigmoid_attention_input', 0, None, None).model.to_dict()
   )
   assert default.model.context_pool_position == 'attention_input'
-  assert ablation_default.run_name('sigmoid', 2, None) == 'sigmoid_seed2'
   assert ablation_default.run_name('sigmoid', 2, 0.004) == 'sigmoid_seed2_lr0.004'
+  # Each arm's own rate in the config: the baseline's, and ContextPool's for every variant.
+  assert ablation_default.config_lr('baseline') == base.optimizer.learning_rate
+  assert {ablation_default.config_lr(v) for v in ablation_default.VARIANTS if v != 'baseline'} == {
+      default.optimizer.learning_rate
+  }
 
 
 def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path, monkeypatch):
-  bpc = {
-      ('baseline', 0): 2.5,
-      ('baseline', 1): 2.4,
-      ('sigmoid_attention_input', 0): 2.3,
-      ('sigmoid_attention_input', 1): 2.1,
+  bpc = {  # (variant, seed, peak rate): validation BPC
+      ('baseline', 0, 2e-3): 2.5,
+      ('baseline', 1, 2e-3): 2.4,
+      ('baseline', 0, 4e-3): 2.6,
+      ('baseline', 1, 4e-3): 2.7,
+      ('sigmoid_attention_input', 0, 4e-3): 2.3,
+      ('sigmoid_attention_input', 1, 4e-3): 2.1,
   }
-  for (variant, seed), value in bpc.items():
-    run = tmp_path / ablation_default.run_name(variant, seed, None)
+  for (variant, seed, lr), value in bpc.items():
+    run = tmp_path / ablation_default.run_name(variant, seed, lr)
     run.mkdir()
     record = dict(
-        variant=variant, seed=seed, learning_rate=2e-3, steps=5, val_bpc_whole=value, train_loss=1.0
+        variant=variant, seed=seed, learning_rate=lr, steps=5, val_bpc_whole=value, train_loss=1.0
     )
     (run / 'result.json').write_text(json.dumps(record))
+  (tmp_path / 'other_steps').mkdir()  # a run of another length is not reported
+  (tmp_path / 'other_steps' / 'result.json').write_text(json.dumps(dict(record, steps=9)))
   monkeypatch.setattr(
       'contextpool_jax.training.trainer.train_and_evaluate',
       lambda *a: (_ for _ in ()).throw(AssertionError('retrained')),
   )
-  results = [ablation_default.train(tmp_path, v, s, None, None) for v, s in bpc]
-  md = ablation_default.report(results, ['baseline', 'sigmoid_attention_input'])
-  assert '## Peak learning rate 0.002' in md
-  row = next(l for l in md.splitlines() if l.startswith('| sigmoid_attention_input'))
-  assert '| 2.200 | 2.300, 2.100 |' in row  # mean, per seed
-  assert '(-0.200, -0.300)' in row  # - baseline, per seed
+  for key in bpc:
+    assert ablation_default.train(tmp_path, *key[:2], None, key[2])['val_bpc_whole'] == bpc[key]
+  results = ablation_default.recorded(tmp_path, 5)
+  assert len(results) == len(bpc)
+  variants = ['baseline', 'sigmoid_attention_input']
+  md = ablation_default.report(results, variants, {'baseline': 2e-3, variants[1]: 4e-3})
+  tuned, at_2e3, at_4e3 = md.split('## ')[1:]
+  row = lambda table, v: next(l for l in table.splitlines() if l.startswith(f'| {v} |'))
+  # Each arm at its own rate: ContextPool at 4e-3 paired with the baseline at 2e-3.
+  assert '| 0.004 | 2 | 2.200 | 2.300, 2.100 |' in row(tuned, variants[1])
+  assert '(-0.200, -0.300)' in row(tuned, variants[1])  # - baseline, per seed
+  assert '| 0.002 | 2 | 2.450 |' in row(tuned, 'baseline')
+  assert at_2e3.startswith('Peak learning rate 0.002') and f'| {variants[1]} |' not in at_2e3
+  assert '(-0.300, -0.600)' in row(at_4e3, variants[1])  # at one rate: the baseline at 4e-3
 
 
 def test_eval_spread_slices_read_their_own_bytes():
