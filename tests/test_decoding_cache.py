@@ -167,6 +167,11 @@ def _cached_logits(apply_step, params, cache, tokens):
 @pytest.mark.parametrize('case', sorted(MODEL_CASES))
 @pytest.mark.sweep
 def test_transformer_cached_decoding_equals_full_forward(case):
+  """The decoder fed one token at a time from its cache gives the full forward's
+  logits; and (the property segmented decoding relies on, decoding module
+  docstring) the cache created for w positions equals the leading slice of the
+  cache for more, in shape and value (position tables included). Both on one
+  model and one compiled program per case."""
   model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
   dec_in = jax.random.randint(jax.random.key(5), (2, 9), 0, 13)
   params = _spread_kernels(jax.jit(model.init)(jax.random.key(1), SOURCE, dec_in))
@@ -175,15 +180,20 @@ def test_transformer_cached_decoding_equals_full_forward(case):
   def run(params):
     encoded = model.apply(params, SOURCE, method=model.encode)
     full = model.apply(params, encoded, SOURCE, dec_in, method=model.decode)
-    cache = decoding.init_cache(model, params, encoded, SOURCE, dec_in.shape[1])
+    init = functools.partial(decoding.init_cache, model, params, encoded, SOURCE)
     step = lambda v, tok: model.apply(
         v, encoded, SOURCE, tok, decode=True, method=model.decode, mutable=['cache']
     )
-    return full, _cached_logits(step, params, cache, dec_in)
+    cache = init(dec_in.shape[1])
+    return full, _cached_logits(step, params, cache, dec_in), cache, [init(w) for w in (1, 5)]
 
-  full, cached = run(params)
+  full, cached, cache, smaller = run(params)
   assert float(jnp.std(full)) > 0.1
   chex.assert_trees_all_close(cached, full, atol=5e-5, rtol=5e-5)
+  for small in smaller:
+    chex.assert_trees_all_equal(decoding.cache_prefix(cache, small), small)
+  with pytest.raises(ValueError, match='not a leading slice'):
+    decoding.cache_prefix(smaller[1], cache)
 
 
 @pytest.mark.parametrize(
@@ -227,24 +237,6 @@ def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
     for min_segment in (None, 3):
       cached = jax.jit(functools.partial(search, cache=True, min_segment=min_segment))
       np.testing.assert_array_equal(cached(params, SOURCE), reference)
-
-
-@pytest.mark.parametrize('case', sorted(MODEL_CASES))
-@pytest.mark.sweep
-def test_cache_for_fewer_positions_is_the_leading_slice(case):
-  """The property segmented decoding relies on (decoding module docstring): the
-  cache created for w positions equals the leading slice of the cache for
-  more, in shape and value (position tables included)."""
-  model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
-  params = jax.jit(model.init)(jax.random.key(3), SOURCE, jnp.ones((2, 4), jnp.int32))
-  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(params, SOURCE)
-  init = jax.jit(functools.partial(decoding.init_cache, model), static_argnums=3)
-  full = init(params, encoded, SOURCE, 12)
-  for width in (1, 5, 12):
-    small = init(params, encoded, SOURCE, width)
-    chex.assert_trees_all_equal(decoding.cache_prefix(full, small), small)
-  with pytest.raises(ValueError, match='not a leading slice'):
-    decoding.cache_prefix(init(params, encoded, SOURCE, 5), full)
 
 
 # ----------------------------------------------------------------------------
