@@ -40,7 +40,9 @@ CONFIRM_SEEDS = (0, 1, 2)
 CONTEXT_SEEDS = (0, 1)
 LONG_CONTEXT = 1024
 PROSE_DROPOUTS = (0.1, 0.2)
-PROSE_DROPOUT = 0.1  # chosen on the baseline (the prose comparison's first runs)
+# Chosen on the baseline at seed 0 (validation BPC at the end: 1.397 at 0, 1.503 at 0.1, 1.767
+# at 0.2): at 4,000 steps the prose baseline barely overfits (lowest 1.389), so no dropout.
+PROSE_DROPOUT = 0.0
 EARLY_STEP = 1000
 
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import os
 import pathlib
 import statistics
@@ -109,12 +108,10 @@ def clock_rates(
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
-  """``path[:argument]`` of a config file, as ``train.py --config`` takes it."""
-  path, _, arg = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('_loop_overhead_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  """``path[:argument]`` of a config file, as ``train.py --config`` reads it."""
+  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
+
+  return command_line.load_config_file(spec)
 
 
 def override(config: ml_collections.ConfigDict, assignment: str) -> None:

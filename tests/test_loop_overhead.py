@@ -51,3 +51,15 @@ def test_clock_rates_from_the_marks():
   assert loop_overhead.clock_rates(marks, 3, 6) == pytest.approx((4 / 3.0, 4 / 1.5))
   with pytest.raises(ValueError, match='no log line'):
     loop_overhead.clock_rates(marks, 2, 6)
+
+
+def test_loads_the_default_config_as_train_py_does():
+  """configs/default.py imports its package's helpers (a relative import)."""
+  from conftest import REPO  # pylint: disable=g-import-not-at-top
+
+  config = loop_overhead.load_config(str(REPO / 'configs/default.py'))
+  assert config.model.name == 'cp_transformer_lm' and config.num_train_steps == 500
+  assert (
+      loop_overhead.load_config(f"{REPO / 'configs/default.py'}:baseline").model.context_pool
+      is None
+  )
