@@ -149,6 +149,7 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
 
 
+@pytest.mark.slow
 def test_a_run_stopped_after_its_last_step_is_recorded_when_resumed(tmp_path, monkeypatch):
   """A run killed between its last checkpoint and its result (here: scoring the
   test split fails once) is resumed at its end: nothing is trained or evaluated
