@@ -575,10 +575,11 @@ def _scan(path: str, ranges: tuple[tuple[int, int], ...], version: tuple[int, ..
 
 
 def _by_file(pieces: Sequence[Any]) -> dict[str, list[Any]]:
-  """Pieces (or ``inputs`` tuples: path first) grouped by their relative path, in order."""
+  """Pieces (or ``inputs`` tuples: path, offset, length first) grouped by their
+  relative path, in order."""
   out = {}
   for piece in pieces:
-    out.setdefault(piece[0] if isinstance(piece, tuple) else piece.path, []).append(piece)
+    out.setdefault(piece[0], []).append(piece)
   return out
 
 
@@ -586,7 +587,7 @@ def _scan_pieces(root: str, rel: str, pieces: Sequence[Any]):
   """:func:`_scan` of the pieces (or ``inputs`` tuples) of the file ``root/rel``."""
   path = os.path.join(root, rel)
   st = os.stat(path)
-  ranges = tuple((p[1], p[2]) if isinstance(p, tuple) else (p.offset, p.length) for p in pieces)
+  ranges = tuple((p[1], p[2]) for p in pieces)
   return _scan(path, ranges, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
 
 

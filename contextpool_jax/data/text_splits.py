@@ -28,10 +28,9 @@ that a large file's blocks can sit in different splits.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import os
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 SPLITS = ('train', 'validation', 'test')
 EVAL_SPLITS = SPLITS[1:]
@@ -42,10 +41,10 @@ DEFAULT_BLOCK_BYTES = 4096
 RULE = 'pieces-v2'  # in the prepared data's fingerprint: a new rule, new directories
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class Piece:
+class Piece(NamedTuple):
   """Bytes ``[offset, offset + length)`` of the file ``path`` (relative to the
-  corpus root, '/'-separated). Pieces sort in tree order."""
+  corpus root, '/'-separated). Pieces sort in tree order (a tuple: cheap to make
+  and sort by the thousand)."""
 
   path: str
   offset: int
@@ -55,8 +54,10 @@ class Piece:
 def relative_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
   """``(root, relative paths)``: the deepest directory holding every path, and
   each path relative to it with '/' separators (the same on every machine)."""
-  root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
-  return root, [os.path.relpath(os.path.abspath(p), root).replace(os.sep, '/') for p in paths]
+  absolute = [os.path.abspath(p) for p in paths]
+  root = os.path.commonpath([os.path.dirname(p) for p in absolute])
+  start = len(os.path.join(root, ''))  # root and its separator (root may be '/' itself)
+  return root, [p[start:].replace(os.sep, '/') for p in absolute]
 
 
 def block_size(block_bytes: int, kept_bytes: int, tree_bytes: int) -> int:
@@ -92,7 +93,7 @@ def sample(pieces: Sequence[Piece], max_bytes: int, seed: int) -> list[Piece]:
   for piece in sorted(pieces, key=lambda p: _rank(seed, 'keep', p)):
     if total >= max_bytes:
       break
-    kept.append(dataclasses.replace(piece, length=min(piece.length, max_bytes - total)))
+    kept.append(piece._replace(length=min(piece.length, max_bytes - total)))
     total += kept[-1].length
   return sorted(kept)
 
