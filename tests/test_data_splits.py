@@ -159,6 +159,27 @@ def test_whole_files_each_go_to_one_split(tmp_path):
   assert collections.Counter(owner.values())['validation'] == round(len(files) / ts.GROUP)
 
 
+def test_the_split_size_check_uses_the_configured_seed(tmp_path):
+  """Four whole files, one of them a single byte: whether a split gets under
+  tb.MIN_SPLIT_BYTES depends on the seed, and the check sees the seed's own split."""
+  _tree(tmp_path / 'text', {'a.txt': 1, 'b.txt': 100, 'c.txt': 100, 'd.txt': 100})
+  make = lambda seed: tb.make_local_text_config(
+      (str(tmp_path / 'text'),), max_bytes=0, split_block_bytes=0, split_seed=seed
+  )
+  pieces = [ts.Piece('a.txt', 0, 1)] + [ts.Piece(f'{c}.txt', 0, 100) for c in 'bcd']
+  too_short = {
+      seed: min(sum(p.length for p in held) for held in ts.assign(pieces, seed).values()) < 2
+      for seed in range(12)
+  }
+  assert set(too_short.values()) == {True, False}  # both kinds of seed occur
+  for seed, short in too_short.items():
+    if short:
+      with pytest.raises(ValueError, match='too few for a (validation|test) split'):
+        make(seed)
+    else:
+      assert min(sum(p.length for p in held) for held in make(seed).splits.values()) >= 2
+
+
 def test_the_same_split_from_another_working_directory_and_another_location(tmp_path, monkeypatch):
   _tree(tmp_path / 'one' / 'text', _layout('ab', 10, (500, 6000)))
   monkeypatch.chdir(tmp_path / 'one')

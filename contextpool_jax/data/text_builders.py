@@ -438,17 +438,20 @@ def stdlib_source_dir() -> str:
 
 def _walk_files(root: str, suffix: str = '') -> list[str]:
   """Regular files under root (no hidden or site/dist-packages dirs)."""
-  found = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = [
-        d for d in dirnames if not d.startswith('.') and d not in ('site-packages', 'dist-packages')
-    ]
-    for f in filenames:
-      if f.startswith('.') or not f.endswith(suffix):
+  found, folders = [], [root]
+  while folders:
+    try:
+      entries = list(os.scandir(folders.pop()))  # file types without a stat call each
+    except OSError:  # as os.walk: an unreadable folder is passed over
+      continue
+    for entry in entries:
+      if entry.name.startswith('.'):
         continue
-      path = os.path.join(dirpath, f)
-      if os.path.isfile(path):
-        found.append(path)
+      if entry.is_dir(follow_symlinks=False):  # as os.walk: links to folders not followed
+        if entry.name not in ('site-packages', 'dist-packages'):
+          folders.append(entry.path)
+      elif entry.name.endswith(suffix) and entry.is_file():
+        found.append(entry.path)
   return found
 
 
@@ -534,7 +537,7 @@ class LocalTextConfig(tfds.core.BuilderConfig):
   inputs: tuple[tuple[str, int, int, str], ...] = dataclasses.field(default=(), repr=False)
   total_bytes: int = 0
 
-  @property
+  @functools.cached_property
   def splits(self) -> dict[str, list[text_splits.Piece]]:
     """``{split: pieces in storage order}``."""
     pieces = [text_splits.Piece(path, offset, length) for path, offset, length, _ in self.inputs]
@@ -648,7 +651,9 @@ def _binary_error(setting: str, binary) -> DataError:
 MIN_SPLIT_BYTES = 2
 
 
-def _check_local_corpus(files, max_bytes, block_bytes, found: _Inputs, allow_binary) -> None:
+def _check_local_corpus(
+    files, max_bytes, block_bytes, seed: int, found: _Inputs, allow_binary
+) -> None:
   """Raises for a corpus LocalText cannot store; warns about empty files.
 
   Choices: empty files add no bytes, so they are skipped (with a warning
@@ -672,7 +677,7 @@ def _check_local_corpus(files, max_bytes, block_bytes, found: _Inputs, allow_bin
   if found.binary and not allow_binary:
     raise _binary_error(setting, found.binary)
   pieces = [text_splits.Piece(*i[:3]) for i in found.inputs]
-  for split, held in text_splits.assign(pieces, 0).items():
+  for split, held in text_splits.assign(pieces, seed).items():
     if sum(p.length for p in held) < MIN_SPLIT_BYTES:
       raise DataError(
           f'local_text: {setting} gives {len(pieces)} piece(s) of'
@@ -712,7 +717,7 @@ def make_local_text_config(
   _check_int('split_block_bytes (0 = files whole)', split_block_bytes, 0)
   _check_int('split_seed', split_seed, 0)
   found = _local_inputs(resolve_files(files), max_bytes, split_block_bytes, split_seed)
-  _check_local_corpus(files, max_bytes, split_block_bytes, found, allow_binary)
+  _check_local_corpus(files, max_bytes, split_block_bytes, split_seed, found, allow_binary)
   total = sum(length for _, _, length, _ in found.inputs)
   fingerprint = hashlib.sha256(
       json.dumps(
