@@ -15,8 +15,10 @@ side by side in one process; each repeat runs every candidate in turn:
   checkpoints at the config's cadence) in a fresh workdir, one run per repeat
   timed over two windows of its steps.
 
-The run lasts ``2P + L`` steps (550 for the default config: cadence ``P =
-max(eval_every, checkpoint_every)`` = 250, log interval ``L`` = 50). The
+The run lasts ``2P + L`` steps, with the cadence ``P = max(eval_every,
+checkpoint_every)`` and the log interval ``L`` (the default config evaluates
+once, at its end: ``P`` = 500 and 1,050 steps; the recorded runs set
+``eval_every_steps=250``: 550 steps, an evaluation and a checkpoint every 250). The
 loop's time over a window is the sum of the trainer's own log intervals in it
 (``train_history``: ``L`` steps over ``steps_per_sec``, the wall time from one
 log line to the next, which includes whatever runs after a log line: hooks,
