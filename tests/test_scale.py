@@ -153,6 +153,13 @@ def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
 
 @pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
 def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, param_sharding):
+  """Two processes x two devices train as one process x four, and a two-process run
+  stopped at step 4 and resumed ends with the uninterrupted run's params.
+
+  Over 60 s: seven training processes, one after another (the one-process reference,
+  then three two-process runs), each importing JAX and compiling its steps; the
+  checks compare their outputs, so none of them can be shared with another case.
+  """
   data = tmp_path / 'data'
   extra = {'param_sharding': param_sharding}
   run_train(flags(corpus, data, tmp_path / 'ref', **extra), devices=4)  # prepares data
