@@ -664,8 +664,35 @@ def _diff_cell(p: Optional[dict[str, Any]]) -> str:
   return f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({per_seed}) | {verdict}'
 
 
+def _options(result: dict[str, Any]) -> str:
+  """The settings a run overrides, as its key shows them ('' = the study's own)."""
+  fields = ('corpus', 'arm', 'depth', 'steps', 'seed')
+  overrides = ('lr', 'seq_len', 'dropout')
+  return Run(*(result[f] for f in fields), *(result.get(f) for f in overrides)).options
+
+
+def _shown(options: str) -> str:
+  return options[1:] or '-'  # '-lr0.004-drop0' -> 'lr0.004-drop0'
+
+
+def _groups(results: Sequence[dict[str, Any]]) -> list[tuple[int, int, str]]:
+  """The ``(steps, depth, options)`` groups: runs compared with each other."""
+  return sorted({(r['steps'], r['depth'], _options(r)) for r in results})
+
+
 def _by_seed(results, **match) -> dict[int, dict[str, Any]]:
-  return {r['seed']: r for r in results if all(r[k] == v for k, v in match.items())}
+  """``{seed: result}`` of the results whose fields (``options``: see
+  :func:`_options`) equal ``match``; two of one seed raise (a mixed group)."""
+  found: dict[int, dict[str, Any]] = {}
+  for r in results:
+    if all((_options(r) if k == 'options' else r[k]) == v for k, v in match.items()):
+      if r['seed'] in found:
+        raise ValueError(
+            f'{found[r["seed"]]["key"]} and {r["key"]} both match {match}: a report group'
+            ' must tell apart every setting its runs differ in'
+        )
+      found[r['seed']] = r
+  return found
 
 
 def _fewer_layers_table(
@@ -676,19 +703,22 @@ def _fewer_layers_table(
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
 
   rows = []
-  for steps, depth, arm in sorted({(r['steps'], r['depth'], r['arm']) for r in rs}):
+  for steps, depth, options, arm in sorted(
+      {(r['steps'], r['depth'], _options(r), r['arm']) for r in rs}
+  ):
     if arm == 'baseline':
       continue
-    mine = {s: r[val] for s, r in _by_seed(rs, arm=arm, steps=steps, depth=depth).items()}
-    for deeper in sorted({r['depth'] for r in rs if r['steps'] == steps and r['depth'] > depth}):
-      base = _by_seed(rs, arm='baseline', steps=steps, depth=deeper)
+    group = dict(steps=steps, options=options)
+    mine = {s: r[val] for s, r in _by_seed(rs, arm=arm, depth=depth, **group).items()}
+    for deeper in sorted({d for n, d, o in _groups(rs) if (n, o) == (steps, options) and d > depth}):
+      base = _by_seed(rs, arm='baseline', depth=deeper, **group)
       diff = paired(mine, {s: r[val] for s, r in base.items()})
       if diff:
         gflops = [
             harness.gflops_cell(costs.get(k, {})) for k in ((arm, depth), ('baseline', deeper))
         ]
         rows.append(
-            f'| {steps} | {arm} | {depth} | {deeper} | {_diff_cell(diff)} | '
+            f'| {steps} | {_shown(options)} | {arm} | {depth} | {deeper} | {_diff_cell(diff)} | '
             f'{gflops[0]} vs {gflops[1]} |'
         )
   if not rows:
@@ -697,9 +727,9 @@ def _fewer_layers_table(
       '',
       '### Fewer layers: an arm against the baseline with more layers, trained as long',
       '',
-      '| steps | arm | depth | baseline depth | arm − deeper baseline (val, 95% CI, per seed)'
-      ' | beyond seed noise | GFLOPs/step (arm vs baseline) |',
-      '| --- | --- | --- | --- | --- | --- | --- |',
+      '| steps | options | arm | depth | baseline depth | arm − deeper baseline (val, 95% CI,'
+      ' per seed) | beyond seed noise | GFLOPs/step (arm vs baseline) |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- |',
   ] + rows
 
 
@@ -729,7 +759,7 @@ def _paired_best(mine, base) -> Optional[dict[str, Any]]:
 
 
 def _early_and_final_table(
-    rs: Sequence[dict[str, Any]], longer: Sequence[tuple[int, int]], early: int
+    rs: Sequence[dict[str, Any]], longer: Sequence[tuple[int, int, str]], early: int
 ) -> list[str]:
   """The longer runs' arms against the baseline, paired by seed: validation
   BPC at step ``early`` (the shorter runs' length), at the end and at its
@@ -737,10 +767,11 @@ def _early_and_final_table(
   that ends ahead keep its early lead, and is a late gap in optimisation or in
   generalisation?"""
   rows = []
-  for steps, depth in longer:
-    base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
+  for steps, depth, options in longer:
+    group = dict(steps=steps, depth=depth, options=options)
+    base = _by_seed(rs, arm='baseline', **group)
     for arm in (a for a in ARMS if a != 'baseline'):
-      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      mine = _by_seed(rs, arm=arm, **group)
       diffs = [
           _paired_at(mine, base, 'val_curve', early, 1.0),
           _paired_at(mine, base, 'val_curve', steps, 1.0),
@@ -749,34 +780,34 @@ def _early_and_final_table(
       ]
       if diffs[1]:
         cells = ' | '.join(_diff_cell(d) if d else '- | -' for d in diffs)
-        rows.append(f'| {steps} | {depth} | {arm} | {cells} |')
+        rows.append(f'| {steps} | {depth} | {_shown(options)} | {arm} | {cells} |')
   if not rows:
     return []
   return [
       '',
       '### Early lead and end, paired by seed (BPC, arm − baseline, 95% CI, per seed)',
       '',
-      f'| steps | depth | arm | validation at step {early} | beyond seed noise |'
+      f'| steps | depth | options | arm | validation at step {early} | beyond seed noise |'
       ' validation at the end | beyond seed noise | lowest validation along training |'
       ' beyond seed noise | training loss at the end | beyond seed noise |',
-      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   ] + rows
 
 
 def _curve_tables(
     rs: Sequence[dict[str, Any]],
-    groups: Sequence[tuple[int, int]],
+    groups: Sequence[tuple[int, int, str]],
     field: str,
     scale: float = 1.0,
 ) -> list[str]:
-  """One markdown table per ``(steps, depth)`` group: ``field`` (a
+  """One markdown table per ``(steps, depth, options)`` group: ``field`` (a
   ``[(step, value)]`` curve) times ``scale``, mean over seeds, per arm, at ten
   or so steps (always the last)."""
   lines = []
-  for steps, depth in groups:
+  for steps, depth, options in groups:
     curves = {}
     for arm in ARMS:
-      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth, options=options)
       by_step: dict[int, list[float]] = {}
       for r in mine.values():
         for step, v in r.get(field, []):
@@ -790,7 +821,7 @@ def _curve_tables(
     if all_steps[-1] not in shown:
       shown.append(all_steps[-1])
     lines += [
-        f'{steps} steps, depth {depth}:',
+        f'{steps} steps, depth {depth}' + f', {_shown(options)}' * bool(options) + ':',
         '',
         '| arm | ' + ' | '.join(str(s) for s in shown) + ' |',
         '| --- |' + ' --- |' * len(shown),
@@ -814,32 +845,30 @@ def corpus_report(
   name = {'bpc': 'BPC', 'error': 'error %'}[metric]
   val, test = f'val_{metric}', f'test_{metric}'
   lines = [f'## Corpus `{corpus}`', '']
-  groups = sorted({(r['steps'], r['depth']) for r in rs})
+  groups = _groups(rs)
   lines += [
-      f'| steps | depth | arm | seeds | val {name} | test {name} | arm − baseline (val, 95% CI,'
-      ' per seed) | beyond seed noise | GFLOPs/step | step time vs baseline |',
-      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
+      f'| steps | depth | options | arm | seeds | val {name} | test {name} | arm − baseline'
+      ' (val, 95% CI, per seed) | beyond seed noise | GFLOPs/step | step time vs baseline |',
+      '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   ]
-  for steps, depth in groups:
-    arms = [
-        a
-        for a in ARMS
-        if any(r['arm'] == a for r in rs if (r['steps'], r['depth']) == (steps, depth))
-    ]
-    base = _by_seed(rs, arm='baseline', steps=steps, depth=depth)
+  for steps, depth, options in groups:
+    group = dict(steps=steps, depth=depth, options=options)
+    arms = [a for a in ARMS if _by_seed(rs, arm=a, **group)]
+    base = _by_seed(rs, arm='baseline', **group)
     for arm in arms:
-      mine = _by_seed(rs, arm=arm, steps=steps, depth=depth)
+      mine = _by_seed(rs, arm=arm, **group)
       diff = (
           None
           if arm == 'baseline'
           else paired({s: r[val] for s, r in mine.items()}, {s: r[val] for s, r in base.items()})
       )
-      cost = costs.get((arm, depth), {})
+      same_shapes = all(r.get('seq_len') is None for r in mine.values())
+      cost = costs.get((arm, depth), {}) if same_shapes else {}  # costs: the study's shapes
       gflops = harness.gflops_cell(cost)
       ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
       ratio += ' (under load)' * bool(cost.get('measured_under_load'))
       lines.append(
-          f'| {steps} | {depth} | {arm} | {len(mine)} | '
+          f'| {steps} | {depth} | {_shown(options)} | {arm} | {len(mine)} | '
           f'{_mean_std([r[val] for r in mine.values()])} | '
           f'{_mean_std([r[test] for r in mine.values()])} | '
           f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
@@ -935,7 +964,7 @@ def _long_report(study_dir, results, out_dir: pathlib.Path) -> list[pathlib.Path
   from benchmarks import lm_diagnostics, lm_study_figures  # pylint: disable=g-import-not-at-top
 
   written = []
-  lm = [r for r in results if r['corpus'] in CORPORA]
+  lm = [r for r in results if r['corpus'] in CORPORA and not _options(r)]
   long_steps = max((r['steps'] for r in lm), default=0)
   if any(r['steps'] < long_steps for r in lm):  # a longer group exists
     written.append(
@@ -961,7 +990,8 @@ def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
 
   corpora = sorted({r['corpus'] for r in results} & set(CORPORA))  # costs: the LMs'
   fig, axes = plt.subplots(len(corpora), 2, figsize=(10, 4 * len(corpora)), squeeze=False)
-  steps = min(r['steps'] for r in results if r['corpus'] in CORPORA)
+  results = [r for r in results if not _options(r)]  # costs: the study's own settings
+  steps = min((r['steps'] for r in results if r['corpus'] in CORPORA), default=0)
   for row, corpus in zip(axes, corpora):
     for family_arm in ('baseline', 'cp'):
       pts = []

@@ -384,13 +384,13 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
   fewer = md.split('### Fewer layers')[1].split('###')[0]
   # cp at depth 2 minus the depth-4 baseline: 2.1 - 1.8, 2.2 - 1.9, 2.3 - 2.0.
   assert (
-      '| 40 | cp | 2 | 4 | +0.300 ± 0.000 (+0.300, +0.300, +0.300) | yes | 16.00 vs 27.00 |'
+      '| 40 | - | cp | 2 | 4 | +0.300 ± 0.000 (+0.300, +0.300, +0.300) | yes | 16.00 vs 27.00 |'
       in fewer
   )
   assert '| 10 |' not in fewer  # no deeper baseline trained 10 steps
   early = md.split('### Early lead and end')[1].split('###')[0]
   assert '| validation at step 10 |' in early
-  row = next(line for line in early.splitlines() if line.startswith('| 40 | 2 | cp |'))
+  row = next(line for line in early.splitlines() if line.startswith('| 40 | 2 | - | cp |'))
   assert '-0.500 ± 0.000 (-0.500, -0.500, -0.500) | yes' in row
   # std 0.1 over 3 seeds: half-width t(0.975, 2) 0.1 / sqrt(3) = 4.303 * 0.0577.
   assert row.count('+0.200 ± 0.248 (+0.100, +0.200, +0.300) | no |') == 2  # validation, training
@@ -398,6 +398,36 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
   # The cells in order: step 10, the end, the lowest (2.1 - 1.7), training.
   assert '| +0.400 ± 0.000 (+0.400, +0.400, +0.400) | yes | +0.200' in row
   assert '| 40 | 4 |' not in early  # no arm but the baseline at depth 4
+
+
+def test_report_keeps_runs_of_different_settings_apart():
+  def result(arm, seed, bpc, lr):
+    run = lm_study.Run('code', arm, 2, 40, seed, lr=lr)
+    return dict(
+        dataclasses.asdict(run), key=run.key, val_bpc=bpc, test_bpc=bpc, val_curve=[[40, bpc]]
+    )
+
+  # Two learning rates, three seeds: cp is 0.1 behind at 4e-3 and 0.3 ahead at 8e-3.
+  results = [
+      r
+      for s in (0, 1, 2)
+      for r in (
+          result('baseline', s, 1.0 + 0.01 * s, 4e-3),
+          result('cp', s, 1.1 + 0.01 * s, 4e-3),
+          result('baseline', s, 2.0 + 0.01 * s, 8e-3),
+          result('cp', s, 1.7 + 0.01 * s, 8e-3),
+      )
+  ]
+  md = lm_study.corpus_report(results, {}, 'code')
+  assert '| 40 | 2 | lr0.004 | cp | 3 | 1.110 ± 0.010 |' in md
+  assert '| 40 | 2 | lr0.008 | cp | 3 | 1.710 ± 0.010 |' in md
+  assert '| +0.100 ± 0.000 (+0.100, +0.100, +0.100) | yes |' in md
+  assert '| -0.300 ± 0.000 (-0.300, -0.300, -0.300) | yes |' in md
+  assert '40 steps, depth 2, lr0.008:' in md
+  # A group whose runs differ in a setting the report does not tell apart.
+  twice = results + [dict(results[0], key='code-baseline-L2-n40-s0-lr0.004-other')]
+  with pytest.raises(ValueError, match='code-baseline-L2-n40-s0-lr0.004-other'):
+    lm_study.corpus_report(twice, {}, 'code')
 
 
 @pytest.mark.slow
