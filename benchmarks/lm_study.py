@@ -710,7 +710,9 @@ def _fewer_layers_table(
       continue
     group = dict(steps=steps, options=options)
     mine = {s: r[val] for s, r in _by_seed(rs, arm=arm, depth=depth, **group).items()}
-    for deeper in sorted({d for n, d, o in _groups(rs) if (n, o) == (steps, options) and d > depth}):
+    for deeper in sorted(
+        {d for n, d, o in _groups(rs) if (n, o) == (steps, options) and d > depth}
+    ):
       base = _by_seed(rs, arm='baseline', depth=deeper, **group)
       diff = paired(mine, {s: r[val] for s, r in base.items()})
       if diff:
