@@ -201,12 +201,16 @@ def test_gaussian_skip_needed_share_bounds():
 
 def test_compiled_cost_flags_a_loop_whose_body_xla_counts_once():
   """cost_analysis() counts a while loop's body once: a program doing the same
-  matmul 8 times in lax.map reports (about) the FLOPs of one, and is flagged."""
+  matmul 8 times in lax.map reports (about) the FLOPs of one, and is flagged;
+  a gather's gradient (a scatter, which the tests' classic emitters expand into
+  a loop) is not."""
   x = jnp.ones((8, 64, 64), jnp.float32)
-  looped = jax.jit(lambda x: jax.lax.map(lambda a: a @ a, x)).lower(x).compile()
-  unrolled = jax.jit(lambda x: jnp.einsum('bij,bjk->bik', x, x)).lower(x).compile()
-  loop_cost, flat_cost = harness.compiled_cost(looped), harness.compiled_cost(unrolled)
-  assert loop_cost['has_loop'] and not flat_cost['has_loop']
+  looped = jax.jit(lambda x: jax.lax.map(lambda a: a @ a, x)).lower(x)
+  unrolled = jax.jit(lambda x: jnp.einsum('bij,bjk->bik', x, x)).lower(x)
+  embed_grad = jax.jit(jax.grad(lambda e, i: e[i].sum())).lower(x[0], jnp.array([3, 1, 3]))
+  assert harness.writes_a_loop(looped) and not harness.writes_a_loop(unrolled)
+  assert not harness.writes_a_loop(embed_grad)
+  loop_cost, flat_cost = (harness.compiled_cost(p.compile()) for p in (looped, unrolled))
   assert loop_cost['flops'] < flat_cost['flops'] / 4  # why the flag is needed
   assert harness.gflops_cell({'gflops': 1.5, 'gflops_lower_bound': True}) == '>=1.50'
   assert harness.gflops_cell({'gflops': 1.5}) == '1.50'
