@@ -125,7 +125,7 @@ def test_static_sigma_length_replaces_n(size_norm, causal):
         np.asarray(inter['pool_sigma'][b])[m], sigma[m], atol=3e-7, rtol=1e-6
     )
     want = ref.pool(x[b], ref.softmax(raw[:, 0], m), sigma, mask=m, causal=causal)
-    chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-6, rtol=0)
+    chex.assert_trees_all_close(np.asarray(y[b]), want, atol=1e-6, rtol=2e-6)  # float32 sums
 
 
 @pytest.mark.parametrize('mapping', MAPPINGS)
