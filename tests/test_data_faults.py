@@ -266,6 +266,7 @@ def _bigram_logits(tokens, table):
   return jnp.asarray(table)[tokens[:, :-1]]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize('process_count', [1, 2])
 @pytest.mark.parametrize('context,step', [(32, 16), (256, 128)])
 def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(

@@ -50,7 +50,7 @@ def _loss_fn(model, x, variables):
 
 def _loss_and_grads(name, x, remat, **fields):
   model = models.create(name, **fields, remat=remat)
-  variables = model.init(jax.random.key(0), x, train=False)
+  variables = jax.jit(model.init, static_argnames='train')(jax.random.key(0), x, train=False)
   loss = _loss_fn(model, x, variables)
   return jax.jit(jax.value_and_grad(loss, has_aux=True))(variables['params'])
 
@@ -81,7 +81,7 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none(case):
 def _saved_residuals(remat) -> list[str]:
   """``print_saved_residuals`` of the LM's loss, one line per residual."""
   model = models.create('cp_transformer_lm', **LM, remat=remat)
-  params = model.init(jax.random.key(0), TOKENS)['params']
+  params = jax.jit(model.init)(jax.random.key(0), TOKENS)['params']
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     ad_checkpoint.print_saved_residuals(lambda p: model.apply({'params': p}, TOKENS).sum(), params)
@@ -140,7 +140,7 @@ def _lm_apply(implementation, **fields):
   model = models.create(
       'cp_transformer_lm', **LM, attention_implementation=implementation, **fields
   )
-  variables = model.init(jax.random.key(0), TOKENS)
+  variables = jax.jit(model.init)(jax.random.key(0), TOKENS)
   return jax.jit(lambda v: model.apply(v, TOKENS))(variables)
 
 

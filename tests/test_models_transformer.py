@@ -26,6 +26,7 @@ def _init(model, *args):
   return jax.jit(model.init)(jax.random.key(0), *args)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize('name', sorted(T.MODELS))
 def test_every_registered_transformer_builds_with_correct_shapes(name):
   is_lm = name.endswith('_lm')

@@ -44,6 +44,7 @@ def _x(shape, seed=1):
   return jax.random.normal(jax.random.key(seed), shape)
 
 
+@pytest.mark.sweep  # the NNX bridge is one code path; each layer is tested in its own file
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_same_outputs_and_gradients_as_the_linen_layer(name):
   nnx_cls, linen_cls, fields, shape, kwargs = CASES[name]
