@@ -224,6 +224,9 @@ def test_lm_cached_decoding_equals_full_forward(case):
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
 @pytest.mark.slow
 def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
+  """Slow (up to ~70 s under load for area and ContextPool): six whole-search programs per
+  case, greedy and beam search each without the cache, with it in one segment, and on the
+  cache's leading slices, each a loop over an encoder-decoder compiled on its own."""
   model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
   params = jax.jit(model.init)(jax.random.key(9), SOURCE, jnp.ones((2, 4), jnp.int32))
   params = _spread_kernels(params, 5.0)
