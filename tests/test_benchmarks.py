@@ -199,7 +199,7 @@ def test_gaussian_skip_needed_share_bounds():
   assert heavy[4] == (n // 4) * 16 / causal - (16 - 10) / causal  # column 0's tiles
 
 
-def test_compiled_cost_flags_a_loop_whose_body_xla_counts_once():
+def test_a_loop_the_program_writes_is_flagged_since_xla_counts_its_body_once():
   """cost_analysis() counts a while loop's body once: a program doing the same
   matmul 8 times in lax.map reports (about) the FLOPs of one, and is flagged;
   a gather's gradient (a scatter, which the tests' classic emitters expand into
