@@ -279,7 +279,9 @@ def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
   with config.unlocked():
     config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
   task = tasks.make_task(config, '')
-  devices = evaluators.Devices(state_shardings=None, data_sharding=None, eval_step=None)
+  devices = evaluators.Devices(
+      state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
+  )
   hooks = task.hooks(devices, log_pool_sizes=True)
   assert [type(h).__name__ for h in hooks] == (['PoolSizes'] if has_pool else [])
   assert task.hooks(devices, log_pool_sizes=False) == []

@@ -1,5 +1,6 @@
 """The training system end to end on small local data: resume, NaN stop, devices, errors."""
 
+import collections
 import json
 import pathlib
 import subprocess
@@ -12,6 +13,7 @@ import optax
 import pytest
 
 from configs import default as default_config
+from contextpool_jax.training import steps
 from contextpool_jax.training import trainer
 from conftest import REPO
 
@@ -56,10 +58,41 @@ def _params(workdir):
   return step, jax.tree.map(np.asarray, restored['state']['params'])
 
 
+def _traced(run) -> collections.Counter:
+  """How many times ``run()`` traced each function (JAX's trace events, by name)."""
+  names = collections.Counter()
+
+  def on_duration(event, seconds, fun_name=None, **kwargs):
+    del seconds, kwargs
+    if event == '/jax/core/compile/jaxpr_trace_duration':
+      names[fun_name] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  try:
+    run()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+  return names
+
+
 @pytest.mark.slow
-def test_trains_evaluates_and_logs(corpus, tmp_path):
-  config = tiny_config(corpus, tmp_path / 'data')
-  result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+def test_trains_evaluates_and_logs(corpus, tmp_path, monkeypatch):
+  """And traces each step once: the metric sums' zeros, the summed programs and every
+  evaluation share one trace of the train step's loss and one of the eval step."""
+  loss_traces = []
+
+  def counted(make_loss_fn):
+    def make(*args):
+      loss_fn = make_loss_fn(*args)
+      return lambda *a: loss_traces.append(1) or loss_fn(*a)
+
+    return make
+
+  monkeypatch.setattr(steps, '_make_loss_fn', counted(steps._make_loss_fn))
+  config = tiny_config(corpus, tmp_path / 'data', eval_every_steps=2)
+  result = {}
+  traced = _traced(lambda: result.update(trainer.train_and_evaluate(config, str(tmp_path / 'run'))))
+  assert (len(loss_traces), traced['eval_step']) == (1, 1), (loss_traces, traced)
   assert result['step'] == 4
   evals = result['eval_validation']
   assert np.isfinite(evals['bpc']) and evals['bpc'] > 0

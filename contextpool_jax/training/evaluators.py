@@ -39,7 +39,8 @@ class Devices:
 
   state_shardings: Any
   data_sharding: Any
-  eval_step: Callable  # jit(summing(steps.make_eval_step(...)))
+  eval_step_fn: Callable  # jit(steps.make_eval_step(...)): (state, batch) -> metric sums
+  eval_step: Callable  # jit(summing(eval_step_fn))
 
   @property
   def replicated(self):
@@ -77,12 +78,7 @@ class SplitMetrics:
     for batch in self.task.data.eval_batches(self.split, jax.process_index(), jax.process_count()):
       batch = sharding.put_batch(batch, self.devices.data_sharding)
       if sums is None:
-        sums = steps.zero_sums(
-            steps.make_eval_step(self.task.model, self.task.objective),
-            state,
-            batch,
-            self.devices.replicated,
-        )
+        sums = steps.zero_sums(self.devices.eval_step_fn, state, batch, self.devices.replicated)
       sums = self.devices.eval_step(state, batch, sums)
       in_flight.add(sums)
     if sums is None:

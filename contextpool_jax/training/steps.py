@@ -300,7 +300,9 @@ def summing(step: Callable) -> Callable:
 
   The running sums stay on the devices, inside the same jitted program as the
   step: reading them once per log interval costs one host read, and no extra
-  program runs per step.
+  program runs per step. Pass ``step`` wrapped in ``jax.jit``: the program that
+  calls it then reuses the trace :func:`zero_sums` made of it (JAX inlines the
+  inner jit), so the model is traced once per step, not twice.
   """
 
   def summed(state, batch, sums):
@@ -314,7 +316,10 @@ def summing(step: Callable) -> Callable:
 
 
 def zero_sums(step: Callable, state, batch, sharding) -> dict:
-  """Zeros shaped like the metric sums of ``step(state, batch)``, placed with ``sharding``."""
+  """Zeros shaped like the metric sums of ``step(state, batch)``, placed with ``sharding``.
+
+  ``step`` jitted (the one :func:`summing` wraps) is traced once for both: its trace
+  is cached for the arguments' shapes, dtypes and shardings."""
   out = jax.eval_shape(step, state, batch)
   metrics = out[1] if isinstance(out, tuple) else out
   return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), sharding), metrics)

@@ -226,8 +226,10 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
   tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh()
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
-  init_fn = steps.make_init_fn(
-      task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
+  init_fn = jax.jit(  # jitted: the sharded init (_initial_state) reuses this trace
+      steps.make_init_fn(
+          task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
+      )
   )
   abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
   _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
@@ -276,11 +278,22 @@ def _initial_state(setup: _Setup, run: spec_lib.RunSpec, manager, saver, directo
 
 
 def _compile_steps(setup: _Setup, run: spec_lib.RunSpec):
-  """``(train_step_fn, jitted train step, evaluators.Devices)`` in the run's shardings."""
+  """``(train_step_fn, jitted train step, evaluators.Devices)`` in the run's shardings.
+
+  The steps are jitted once more inside (``train_step_fn``, ``Devices.eval_step_fn``):
+  :func:`steps.zero_sums` and the summed programs share one trace of each."""
   task = setup.task
-  train_step_fn = steps.make_train_step(
-      task.model, task.objective, setup.tx, setup.schedule, setup.train_rng, run.grad_accum_steps
+  train_step_fn = jax.jit(
+      steps.make_train_step(
+          task.model,
+          task.objective,
+          setup.tx,
+          setup.schedule,
+          setup.train_rng,
+          run.grad_accum_steps,
+      )
   )
+  eval_step_fn = jax.jit(steps.make_eval_step(task.model, task.objective))
   in_shardings = (setup.shardings, setup.data_sharding, setup.replicated)
   train_step = jax.jit(
       steps.summing(train_step_fn),
@@ -291,10 +304,9 @@ def _compile_steps(setup: _Setup, run: spec_lib.RunSpec):
   devices = evaluators.Devices(
       state_shardings=setup.shardings,
       data_sharding=setup.data_sharding,
+      eval_step_fn=eval_step_fn,
       eval_step=jax.jit(
-          steps.summing(steps.make_eval_step(task.model, task.objective)),
-          in_shardings=in_shardings,
-          out_shardings=setup.replicated,
+          steps.summing(eval_step_fn), in_shardings=in_shardings, out_shardings=setup.replicated
       ),
   )
   return train_step_fn, train_step, devices
