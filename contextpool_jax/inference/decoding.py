@@ -200,11 +200,15 @@ def segmented_loop(
   return state
 
 
-def _cache_shapes(model, params, encoded, inputs: Array):
-  """``width -> `` the shapes of :func:`init_cache` for ``width`` positions (nothing computed)."""
-  return lambda width: jax.eval_shape(
-      lambda e, i: init_cache(model, params, e, i, width), encoded, inputs
-  )
+def _shapes(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def cache_shapes(cache: Any, width: int, make: Callable[[int], Any]) -> Callable[[int], Any]:
+  """``w -> `` the shapes of ``make(w)``, the cache for ``w`` positions (for
+  :func:`segmented_loop`): ``cache``'s own at ``width``, the width it was made for;
+  else ``jax.eval_shape`` (a trace, nothing computed)."""
+  return lambda w: _shapes(cache) if w == width else jax.eval_shape(lambda: make(w))
 
 
 def _previous_token(tokens: Array, t: Array) -> Array:
@@ -213,25 +217,24 @@ def _previous_token(tokens: Array, t: Array) -> Array:
   return jnp.where(t == 0, 0, prev)
 
 
-def cache_row_axes(model, params, encoded, inputs: Array, max_len: int) -> Any:
-  """The row (batch) axis of every leaf of :func:`init_cache`'s cache, -1 for a
-  leaf without one (step counters, the shared position table): the axis whose
-  size follows the number of rows, found from the cache's shapes for ``n`` and
-  ``n + 1`` rows (``jax.eval_shape``: nothing is computed). Layers scanned with
-  ``scan_layers`` put their layer axis first, so this is not always axis 0."""
-
-  def shapes(extra):
-    grow = lambda x: jax.ShapeDtypeStruct((x.shape[0] + extra,) + x.shape[1:], x.dtype)
-    return jax.eval_shape(
-        lambda e, i: init_cache(model, params, e, i, max_len),
-        jax.tree.map(grow, encoded),
-        grow(inputs),
-    )
+def cache_row_axes(model, params, encoded, inputs: Array, cache: Any, max_len: int) -> Any:
+  """The row (batch) axis of every leaf of ``cache`` (:func:`init_cache`'s cache for
+  ``inputs`` and ``max_len``), -1 for a leaf without one (step counters, the shared
+  position table): the axis whose size follows the number of rows, found against
+  the cache's shapes for ``n + 1`` rows (``jax.eval_shape``: nothing is computed).
+  Layers scanned with ``scan_layers`` put their layer axis first, so this is not
+  always axis 0."""
+  grow = lambda x: jax.ShapeDtypeStruct((x.shape[0] + 1,) + x.shape[1:], x.dtype)
+  more = jax.eval_shape(
+      lambda e, i: init_cache(model, params, e, i, max_len),
+      jax.tree.map(grow, encoded),
+      grow(inputs),
+  )
 
   def axis(a, b):
     return next((i for i, (p, q) in enumerate(zip(a.shape, b.shape)) if p != q), -1)
 
-  return jax.tree.map(axis, shapes(0), shapes(1))
+  return jax.tree.map(axis, _shapes(cache), more)
 
 
 def reorder_cache(cache: Any, rows: Array, row_axes: Any) -> Any:
@@ -289,8 +292,9 @@ def greedy_decode(
 
   cache_for = None
   if cache:
-    state['cache'] = init_cache(model, params, encoded, inputs, max_len)
-    cache_for = _cache_shapes(model, params, encoded, inputs)
+    make = lambda w: init_cache(model, params, encoded, inputs, w)
+    state['cache'] = make(max_len)
+    cache_for = cache_shapes(state['cache'], max_len, make)
   return segmented_loop(state, step, max_len, min_segment, cache_for)['tokens']
 
 
@@ -449,8 +453,9 @@ def beam_search_all(
 
   cache_for = None
   if cache:
-    state['cache'] = init_cache(model, params, encoded, tiled_inputs, max_len)
-    row_axes = cache_row_axes(model, params, encoded, tiled_inputs, max_len)
-    cache_for = _cache_shapes(model, params, encoded, tiled_inputs)
+    make = lambda w: init_cache(model, params, encoded, tiled_inputs, w)
+    state['cache'] = make(max_len)
+    row_axes = cache_row_axes(model, params, encoded, tiled_inputs, state['cache'], max_len)
+    cache_for = cache_shapes(state['cache'], max_len, make)
   state = segmented_loop(state, step, max_len, min_segment, cache_for)
   return state['fin_seq'], state['fin_score']

@@ -115,7 +115,7 @@ def _sample(
     state = dict(
         t=jnp.int32(0), tokens=tokens, done=jnp.zeros((batch,), bool), cache=new_cache(width)
     )
-    cache_for = lambda w: jax.eval_shape(lambda: new_cache(w))
+    cache_for = decoding.cache_shapes(state['cache'], width, new_cache)
     tokens = decoding.segmented_loop(state, cached_step, end, decoding.MIN_SEGMENT, cache_for)[
         'tokens'
     ]
