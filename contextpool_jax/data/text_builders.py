@@ -619,7 +619,7 @@ def _local_inputs(paths: Sequence[str], max_bytes: int, block_bytes: int, seed: 
   sizes = {rel: stats[path].st_size for rel, path in zip(relative, full)}
   total = sum(sizes.values())
   block = text_splits.block_size(block_bytes, min(total, max_bytes) if max_bytes else total, total)
-  pieces = text_splits.sample(text_splits.cut(sizes, block), max_bytes, seed)
+  pieces = text_splits.kept_pieces(tuple(sorted(sizes.items())), block, max_bytes, seed)
   inputs, binary = [], []
   for rel, file_pieces in _by_file(pieces).items():
     scanned = _scan_pieces(root, rel, file_pieces)

@@ -28,6 +28,7 @@ that a large file's blocks can sit in different splits.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import os
 from typing import Iterable, Mapping, NamedTuple, Sequence
@@ -96,6 +97,16 @@ def sample(pieces: Sequence[Piece], max_bytes: int, seed: int) -> list[Piece]:
     kept.append(piece._replace(length=min(piece.length, max_bytes - total)))
     total += kept[-1].length
   return sorted(kept)
+
+
+@functools.lru_cache(maxsize=16)
+def kept_pieces(
+    sizes: tuple[tuple[str, int], ...], block: int, max_bytes: int, seed: int
+) -> tuple[Piece, ...]:
+  """:func:`sample` of :func:`cut` (rule, steps 1-2) for ``sizes`` (sorted ``(relative
+  path, bytes)`` pairs), remembered per process: a run reads its corpus config for
+  every split, and a small cap on a large tree ranks up to ``MAX_PIECES`` pieces."""
+  return tuple(sample(cut(dict(sizes), block), max_bytes, seed))
 
 
 def assign(pieces: Sequence[Piece], seed: int) -> dict[str, list[Piece]]:
