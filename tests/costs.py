@@ -6,9 +6,12 @@ wall seconds; CPU seconds of that process; CPU seconds of the processes it start
 for (subprocess runs, notebook kernels, the multi-process clusters); and of the test process's
 time, the seconds JAX spent tracing and lowering programs and XLA compiling them (a compile
 served by the persistent cache counts its read). The summary adds them up by file, most
-core-seconds first: the table in CONTRIBUTING.md ("What the suite costs").
+core-seconds first: the table in CONTRIBUTING.md ("What the suite costs"); then, per xdist
+worker, its seconds in tests and its idle seconds before its first test and after its last
+(the start-up, and the wait for the other worker's last tests).
 """
 
+import os
 import resource
 import time
 
@@ -46,6 +49,7 @@ def pytest_configure(config):
 def _now() -> dict[str, float]:
   own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
   return {
+      'time': time.time(),  # comparable across the workers
       'wall': time.perf_counter(),
       'cpu': own.ru_utime + own.ru_stime,
       'children': children.ru_utime + children.ru_stime,
@@ -60,12 +64,14 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-  """Adds ``('costs', {column: seconds})`` to the tear-down's report (which, unlike the
-  item, reaches the xdist controller)."""
+  """Adds ``('costs', {column: seconds})`` and ``('span', (worker, start, end))`` to the
+  tear-down's report (which, unlike the item, reaches the xdist controller)."""
   report = yield
   if call.when == 'teardown' and _START in item.stash:
     start, end = item.stash[_START], _now()
     report.user_properties.append(('costs', {c: end[c] - start[c] for c in COLUMNS}))
+    worker = os.environ.get('PYTEST_XDIST_WORKER', 'main')
+    report.user_properties.append(('span', (worker, start['time'], end['time'])))
   return report
 
 
@@ -80,6 +86,34 @@ def by_file(reports) -> dict[str, dict[str, float]]:
         for c in COLUMNS:
           row[c] += costs[c]
   return files
+
+
+def by_worker(reports) -> dict[str, dict[str, float]]:
+  """``{worker: {'tests', 'busy', 'first', 'last'}}``: its tests' seconds, and when its first
+  test started and its last ended (``time.time()``)."""
+  workers = {}
+  for r in reports:
+    for key, span in r.user_properties:
+      if key == 'span':
+        name, start, end = span
+        w = workers.setdefault(name, dict(tests=0, busy=0.0, first=start, last=end))
+        w.update(tests=w['tests'] + 1, busy=w['busy'] + end - start)
+        w.update(first=min(w['first'], start), last=max(w['last'], end))
+  return workers
+
+
+def worker_lines(workers: dict[str, dict[str, float]]) -> list[str]:
+  """One line per worker: its tests, its busy seconds, and its idle seconds from the
+  first test anywhere to the last (the start-up before and the wait after its own)."""
+  if not workers:
+    return []
+  first = min(w['first'] for w in workers.values())
+  last = max(w['last'] for w in workers.values())
+  return [
+      f'{name}: {w["tests"]:.0f} tests, {w["busy"]:.0f} s in tests, idle '
+      f'{w["first"] - first:.0f} s before its first and {last - w["last"]:.0f} s after its last'
+      for name, w in sorted(workers.items())
+  ]
 
 
 def table(files: dict[str, dict[str, float]]) -> list[str]:
@@ -105,5 +139,5 @@ def pytest_terminal_summary(terminalreporter, config):
       r for rs in terminalreporter.stats.values() for r in rs if isinstance(r, pytest.TestReport)
   ]
   terminalreporter.section('what the tests cost, by file (seconds)')
-  for line in table(by_file(reports)):
+  for line in table(by_file(reports)) + worker_lines(by_worker(reports)):
     terminalreporter.write_line(line)

@@ -54,3 +54,20 @@ def test_costs_add_up_by_file_with_the_most_core_seconds_first():
   rows = costs.table(files)
   assert [r.split(' | ')[0] for r in rows[2:]] == ['| b.py', '| a.py', '| total']
   assert rows[-1] == '| total | 3 | 14 | 11 | 7 | 0 | 0 |'
+
+
+def test_costs_name_each_workers_busy_and_idle_seconds():
+  import costs  # pylint: disable=g-import-not-at-top
+
+  def report(worker, start, end):
+    r = type('Report', (), {})()
+    r.user_properties = [('costs', {}), ('span', (worker, start, end))]
+    return r
+
+  reports = [report('gw0', 100.0, 130.0), report('gw1', 102.0, 110.0), report('gw0', 131.0, 140.0)]
+  workers = costs.by_worker(reports)
+  assert workers['gw0'] == dict(tests=2, busy=39.0, first=100.0, last=140.0)
+  assert costs.worker_lines(workers) == [
+      'gw0: 2 tests, 39 s in tests, idle 0 s before its first and 0 s after its last',
+      'gw1: 1 tests, 8 s in tests, idle 2 s before its first and 30 s after its last',
+  ]
