@@ -1,7 +1,9 @@
 """Shared pytest set-up, applied before JAX is imported.
 
 One persistent compilation cache per run, shared by the workers and subprocesses
-(:func:`_share_compilation_cache`).
+(:func:`_share_compilation_cache`); one MLIR context for many lowerings
+(:func:`_reuse_mlir_contexts`); with ``-n``, each test file on one worker, the longest
+files first (:func:`pytest_xdist_make_scheduler`, :func:`order_by_file_seconds`).
 
 Tests check the mathematics, not the speed of the generated code, so XLA's CPU
 compiler is set for compile speed (:data:`COMPILE_FAST`), and results only
@@ -57,11 +59,47 @@ def _share_compilation_cache() -> bool:
 _OWN_CACHE = _share_compilation_cache()
 
 import importlib
+import json
 import pathlib
 import shutil
+import statistics
 import sys
 
 import pytest
+
+
+def reusing(make, lowerings_per_context: int):
+  """``make`` (JAX's ``make_ir_context``) wrapped to return one context for
+  ``lowerings_per_context`` calls in turn, then a new one (so none grows without end)."""
+  shared = {'context': None, 'uses': 0}
+
+  def reused():
+    if shared['uses'] % lowerings_per_context == 0:
+      shared['context'] = make()
+    shared['uses'] += 1
+    return shared['context']
+
+  reused.fresh = make
+  return reused
+
+
+def _reuse_mlir_contexts() -> None:
+  """Lowers 500 programs in one MLIR context, then starts a new one (:func:`reusing`).
+
+  JAX makes a fresh context for every program it lowers, loading and registering its
+  dialects each time (about 8 ms). The tests lower thousands of small programs (every
+  eager operation at a new shape is one): in ``test_context_pool.py``'s fast tier, run
+  alone, sharing contexts took the file from 84-87 s to 55-61 s. A context only holds the
+  programs' types and attributes: the programs are the same (``tests/test_tiers.py``).
+  ``CONTEXTPOOL_FRESH_MLIR_CONTEXTS=1`` turns this off."""
+  if os.environ.get('CONTEXTPOOL_FRESH_MLIR_CONTEXTS'):
+    return
+  from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top
+
+  mlir.make_ir_context = reusing(mlir.make_ir_context, lowerings_per_context=500)
+
+
+_reuse_mlir_contexts()
 
 pytest_plugins = ['costs']  # what the tests cost (--costs)
 
@@ -134,12 +172,38 @@ def pytest_collection_modifyitems(config, items):
   in the fast tier (``-m "not slow"``); its other cases are marked ``slow``. So the
   fast tier runs every test function at least once, and the full suite every case.
 
-  Slow tests first (a stable sort): with ``-n auto`` the long ones start at once
-  on every worker and the quick ones fill in at the end, instead of one worker
-  running a long tail alone."""
+  The files that took longest first (:func:`order_by_file_seconds`): with ``-n auto``
+  the workers start on the long files and the short ones fill in at the end, instead
+  of one worker running a long tail alone."""
   del config
+  import costs  # pylint: disable=g-import-not-at-top  (the plugin, imported by pytest_plugins)
+
   mark_sweep_cases_slow(items)
-  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+  order_by_file_seconds(items, json.loads(costs.FILE_SECONDS.read_text()))
+
+
+def order_by_file_seconds(items, seconds: dict[str, float]) -> None:
+  """Sorts ``items`` file by file, the files that took most ``seconds`` first (a file
+  not in ``seconds`` counts as the median one), each file's tests in their own order."""
+  median = statistics.median(seconds.values()) if seconds else 0.0
+  file = lambda item: item.nodeid.split('::')[0]
+  items.sort(key=lambda item: (-seconds.get(file(item), median), file(item)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+  """With ``-n``, xdist's ``loadfile`` scheduling in the collection's order: each file's
+  tests run on one worker (its module fixtures are set up and its programs compiled
+  once), the next file going to the first worker that runs out. xdist's default
+  ``load`` scheduling hands each worker a first chunk of a quarter of its share:
+  with the slow tests sorted first, one worker ran 1,900 s of tests while the other
+  ran 1,548 s and then waited (benchmarks/results/test_costs.md). An explicit
+  ``--dist`` other than ``load`` is kept."""
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=g-import-not-at-top
+
+  if config.getoption('dist') != 'load':
+    return None
+  config.option.loadscopereorder = False  # the order of pytest_collection_modifyitems
+  return LoadFileScheduling(config, log)
 
 
 def mark_sweep_cases_slow(items) -> None:

@@ -9,9 +9,14 @@ served by the persistent cache counts its read). The summary adds them up by fil
 core-seconds first: the table in CONTRIBUTING.md ("What the suite costs"); then, per xdist
 worker, its seconds in tests and its idle seconds before its first test and after its last
 (the start-up, and the wait for the other worker's last tests).
+
+``--save-costs`` (with ``--costs``, on the full suite) writes each file's wall seconds to
+:data:`FILE_SECONDS`, the order in which ``tests/conftest.py`` hands files to the workers.
 """
 
+import json
 import os
+import pathlib
 import resource
 import time
 
@@ -26,10 +31,17 @@ COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 COLUMNS = ('wall', 'cpu', 'children', 'trace', 'compile')
 _SECONDS = {'trace': 0.0, 'compile': 0.0}  # this process's totals so far
 _START = pytest.StashKey[dict]()
+# Wall seconds of each test file in the last full run measured with --costs --save-costs.
+FILE_SECONDS = pathlib.Path(__file__).with_name('file_seconds.json')
 
 
 def pytest_addoption(parser):
   parser.addoption('--costs', action='store_true', help='Print what the tests cost, by file.')
+  parser.addoption(
+      '--save-costs',
+      action='store_true',
+      help=f"With --costs: write each file's wall seconds to {FILE_SECONDS.name} (run the full suite).",
+  )
 
 
 def pytest_configure(config):
@@ -138,6 +150,17 @@ def pytest_terminal_summary(terminalreporter, config):
   reports = [
       r for rs in terminalreporter.stats.values() for r in rs if isinstance(r, pytest.TestReport)
   ]
+  files = by_file(reports)
   terminalreporter.section('what the tests cost, by file (seconds)')
-  for line in table(by_file(reports)) + worker_lines(by_worker(reports)):
+  for line in table(files) + worker_lines(by_worker(reports)):
     terminalreporter.write_line(line)
+  if config.getoption('save_costs'):
+    FILE_SECONDS.write_text(file_seconds_json(files))
+
+
+def file_seconds_json(files: dict[str, dict[str, float]]) -> str:
+  """``{file: wall seconds}``, longest first, as :data:`FILE_SECONDS` holds it."""
+  seconds = sorted(
+      ((name, round(row['wall'], 1)) for name, row in files.items()), key=lambda kv: -kv[1]
+  )
+  return json.dumps(dict(seconds), indent=1) + '\n'

@@ -1,8 +1,17 @@
-"""The fast tier (``-m "not slow"``) keeps the first case of every sweep (``tests/conftest.py``)."""
+"""The run's set-up (``tests/conftest.py``) and what ``--costs`` reports.
+
+The fast tier (``-m "not slow"``) keeps the first case of every sweep; with ``-n`` the files
+go to the workers whole, the longest first; MLIR contexts are shared, the programs unchanged."""
+
+import json
+import types
 
 import pytest
 
 from conftest import mark_sweep_cases_slow
+from conftest import reusing
+from conftest import order_by_file_seconds
+from conftest import pytest_xdist_make_scheduler
 
 
 class _Item:
@@ -71,3 +80,71 @@ def test_costs_name_each_workers_busy_and_idle_seconds():
       'gw0: 2 tests, 39 s in tests, idle 0 s before its first and 0 s after its last',
       'gw1: 1 tests, 8 s in tests, idle 2 s before its first and 30 s after its last',
   ]
+
+
+def test_files_longest_first_each_files_tests_together_in_their_order():
+  items = [
+      _Item(n) for n in ('a.py::t1', 'a.py::t2', 'b.py::t1', 'c.py::t1', 'c.py::t2', 'd.py::t')
+  ]
+  order_by_file_seconds(items, {'a.py': 5.0, 'b.py': 1.0, 'c.py': 20.0, 'old.py': 3.0})
+  # d.py was not measured: it counts as the median file (4 s), after a.py and before b.py.
+  assert [i.nodeid for i in items] == [
+      'c.py::t1',
+      'c.py::t2',
+      'a.py::t1',
+      'a.py::t2',
+      'd.py::t',
+      'b.py::t1',
+  ]
+
+
+def test_the_recorded_seconds_are_written_longest_first_and_name_existing_files():
+  import costs  # pylint: disable=g-import-not-at-top
+
+  written = costs.file_seconds_json({'a.py': {'wall': 2.04}, 'b.py': {'wall': 7.0}})
+  assert list(json.loads(written).items()) == [('b.py', 7.0), ('a.py', 2.0)]
+  recorded = json.loads(costs.FILE_SECONDS.read_text())
+  root = costs.FILE_SECONDS.parents[1]
+  assert [f for f in recorded if not (root / f).is_file()] == []
+
+
+@pytest.mark.parametrize('dist', ['load', 'loadscope', 'worksteal'])
+def test_with_n_files_go_whole_to_workers_in_the_collections_order(dist):
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=g-import-not-at-top
+
+  option = types.SimpleNamespace(dist=dist, loadscopereorder=True, tx=['2*popen'])
+  read = lambda name: getattr(option, name)
+  config = types.SimpleNamespace(option=option, getoption=read, getvalue=read)
+  scheduler = pytest_xdist_make_scheduler(config, log=None)
+  if dist == 'load':  # what -n sets: file by file, not reordered by the number of tests
+    assert isinstance(scheduler, LoadFileScheduling) and not option.loadscopereorder
+  else:  # an explicit --dist is kept
+    assert scheduler is None and option.loadscopereorder
+
+
+def test_one_mlir_context_serves_several_lowerings_then_a_new_one():
+  made = []
+  reused = reusing(lambda: made.append(object()) or made[-1], lowerings_per_context=3)
+  contexts = [reused() for _ in range(7)]
+  assert contexts == [made[0]] * 3 + [made[1]] * 3 + [made[2]] and len(made) == 3
+
+
+def test_a_program_lowered_in_a_shared_context_is_the_one_a_fresh_context_gives(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top
+
+  fresh = getattr(mlir.make_ir_context, 'fresh', mlir.make_ir_context)
+  x, w = jax.numpy.ones((5, 3)), jax.numpy.ones((3, 4))
+
+  def lower(make, f):
+    made = []
+    monkeypatch.setattr(mlir, 'make_ir_context', lambda: made.append(make()) or made[-1])
+    return jax.jit(f).lower(x, w).as_text(), made
+
+  # New functions each time: traced and lowered again, not read from a cache.
+  shared = reusing(fresh, lowerings_per_context=500)
+  _, first = lower(shared, lambda x, w: (x - 1) @ w)
+  text_shared, then = lower(shared, lambda x, w: jax.nn.softmax(x @ w, axis=-1).sum(0))
+  text_fresh, _ = lower(fresh, lambda x, w: jax.nn.softmax(x @ w, axis=-1).sum(0))
+  assert first and then and all(c is first[0] for c in then)  # one context served both
+  assert text_shared == text_fresh
