@@ -190,6 +190,7 @@ def order_by_file_seconds(items, seconds: dict[str, float]) -> None:
   items.sort(key=lambda item: (-seconds.get(file(item), median), file(item)))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist: runs without it (-p no:xdist) keep working
 def pytest_xdist_make_scheduler(config, log):
   """With ``-n``, xdist's ``loadfile`` scheduling in the collection's order: each file's
   tests run on one worker (its module fixtures are set up and its programs compiled
