@@ -128,43 +128,49 @@ def params(workdir):
   return step, jax.tree.map(np.asarray, variables['params'])
 
 
-@pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
+@pytest.fixture(scope='module', params=['replicated', 'fsdp'])
+def four_devices(request, corpus, tmp_path_factory):
+  """``(param_sharding, data dir, workdir)`` of the run on 4 devices in one process that
+  both tests compare with (it prepares the data the other runs read)."""
+  root = tmp_path_factory.mktemp(f'four-{request.param}')
+  extra = {'param_sharding': request.param}
+  run_train(flags(corpus, root / 'data', root / 'four', **extra), devices=4)
+  return request.param, root / 'data', root / 'four'
+
+
 def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
-    corpus, tmp_path, param_sharding
+    corpus, tmp_path, four_devices
 ):
-  extra = {'param_sharding': param_sharding}
-  run_train(flags(corpus, tmp_path / 'data', tmp_path / 'one', **extra), devices=1)
-  run_train(flags(corpus, tmp_path / 'data', tmp_path / 'four', **extra), devices=4)
-  one, four = metrics(tmp_path / 'one'), metrics(tmp_path / 'four')
+  param_sharding, data, four_dir = four_devices
+  run_train(flags(corpus, data, tmp_path / 'one', param_sharding=param_sharding), devices=1)
+  one, four = metrics(tmp_path / 'one'), metrics(four_dir)
   assert_same_run(one, four)
   assert [r['step'] for r in four['eval_validation']] == [4, 8]
   assert [r['step'] for r in four['train']] == [2, 4, 6, 8]
-  assert sorted(
-      p.name for p in (tmp_path / 'four' / 'checkpoints').iterdir() if p.name.isdigit()
-  ) == ['4', '8']
+  checkpoints = sorted(p.name for p in (four_dir / 'checkpoints').iterdir() if p.name.isdigit())
+  assert checkpoints == ['4', '8']
   # The 4-device checkpoint restores on one device (params are not compared:
   # Adam's first steps are ~sign(g), which float rounding flips for g ~ 0).
-  step, restored = params(tmp_path / 'four')
+  step, restored = params(four_dir)
   assert step == 8
   jax.tree.map(
       lambda a, b: np.testing.assert_equal(a.shape, b.shape), restored, params(tmp_path / 'one')[1]
   )
 
 
-@pytest.mark.parametrize('param_sharding', ['replicated', 'fsdp'])
-def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, param_sharding):
+def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, four_devices):
   """Two processes x two devices train as one process x four, and a two-process run
   stopped at step 4 and resumed ends with the uninterrupted run's params.
 
-  Over 60 s: seven training processes, one after another (the one-process reference,
-  then three two-process runs), each importing JAX and compiling its steps; the
-  checks compare their outputs, so none of them can be shared with another case.
+  Over 60 s: three two-process runs, one after another, each importing JAX and
+  compiling its steps in both processes (the one-process, 4-device reference is the
+  ``four_devices`` run the other test reads too); the checks compare their outputs,
+  so none of them can be shared with another case.
   """
-  data = tmp_path / 'data'
+  param_sharding, data, reference = four_devices
   extra = {'param_sharding': param_sharding}
-  run_train(flags(corpus, data, tmp_path / 'ref', **extra), devices=4)  # prepares data
   run_launcher(flags(corpus, data, tmp_path / 'full', **extra), processes=2, devices=2)
-  assert_same_run(metrics(tmp_path / 'ref'), metrics(tmp_path / 'full'))
+  assert_same_run(metrics(reference), metrics(tmp_path / 'full'))
   # One checkpoint directory, shared by both processes.
   assert sorted(
       p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir() if p.name.isdigit()
