@@ -40,6 +40,7 @@ diagnostics of several runs into markdown tables.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -200,7 +201,7 @@ def copying_bpc(model, variables, tokens: np.ndarray) -> dict[str, float]:
   ``second_copy`` (targets n/2 + 1 .. n, each the byte n/2 positions back; the
   target n/2 follows a byte not seen before and is in neither)."""
   n = tokens.shape[1] - 1
-  logits = model.apply(variables, tokens[:, :-1])
+  logits = jax.jit(model.apply)(variables, tokens[:, :-1])
   bits = np.asarray(objectives.cross_entropy(logits, tokens[:, 1:]), np.float64) / math.log(2.0)
   return {  # bits[:, t] scores target t + 1
       'first_copy': float(bits[:, : n // 2 - 1].mean()),
@@ -231,12 +232,10 @@ def attention_weights(model, variables, tokens: np.ndarray) -> dict[str, np.ndar
   """``{'layer_i': [batch, heads, n, n]}``: each causal self-attention's
   ``softmax(q k^T / sqrt(head_dim))`` on ``tokens[:, :-1]``, from its captured
   query and key projections."""
-  _, inter = model.apply(
-      variables,
-      tokens[:, :-1],
-      mutable=['intermediates'],
-      capture_intermediates=_is_attention_projection,
+  capture = functools.partial(
+      model.apply, mutable=['intermediates'], capture_intermediates=_is_attention_projection
   )
+  _, inter = jax.jit(capture)(variables, tokens[:, :-1])
   flat = flax.traverse_util.flatten_dict(inter['intermediates'], sep='/')
   weights = {}
   for key in sorted(k for k in flat if k.endswith('/self_attention/query/__call__')):
