@@ -87,10 +87,10 @@ def _reuse_mlir_contexts() -> None:
   """Lowers 500 programs in one MLIR context, then starts a new one (:func:`reusing`).
 
   JAX makes a fresh context for every program it lowers, loading and registering its
-  dialects each time (about 8 ms). The tests lower thousands of small programs (every
-  eager operation at a new shape is one): in ``test_context_pool.py``'s fast tier, run
-  alone, sharing contexts took the file from 84-87 s to 55-61 s. A context only holds the
-  programs' types and attributes: the programs are the same (``tests/test_tiers.py``).
+  dialects each time, and the tests lower thousands of small programs (every eager
+  operation at a new shape is one); what sharing saves is measured in
+  ``benchmarks/results/test_costs.md``. A context only holds the programs' types and
+  attributes: the programs are the same (``tests/test_tiers.py``).
   ``CONTEXTPOOL_FRESH_MLIR_CONTEXTS=1`` turns this off."""
   if os.environ.get('CONTEXTPOOL_FRESH_MLIR_CONTEXTS'):
     return
@@ -195,10 +195,10 @@ def pytest_xdist_make_scheduler(config, log):
   """With ``-n``, xdist's ``loadfile`` scheduling in the collection's order: each file's
   tests run on one worker (its module fixtures are set up and its programs compiled
   once), the next file going to the first worker that runs out. xdist's default
-  ``load`` scheduling hands each worker a first chunk of a quarter of its share:
-  with the slow tests sorted first, one worker ran 1,900 s of tests while the other
-  ran 1,548 s and then waited (benchmarks/results/test_costs.md). An explicit
-  ``--dist`` other than ``load`` is kept."""
+  ``load`` scheduling hands each worker a first chunk of a quarter of its share, and
+  one worker's chunk held the heaviest tests while the other waited
+  (``benchmarks/results/test_costs.md``). An explicit ``--dist`` other than ``load``
+  is kept."""
   from xdist.scheduler import LoadFileScheduling  # pylint: disable=g-import-not-at-top
 
   if config.getoption('dist') != 'load':
