@@ -10,7 +10,7 @@ core-seconds first: the table in CONTRIBUTING.md ("What the suite costs"); then,
 worker, its seconds in tests and its idle seconds before its first test and after its last
 (the start-up, and the wait for the other worker's last tests).
 
-``--save-costs`` (with ``--costs``, on the full suite) writes each file's wall seconds to
+``--save-costs`` (which implies ``--costs``; on the full suite) writes each file's wall seconds to
 :data:`FILE_SECONDS`, the order in which ``tests/conftest.py`` hands files to the workers.
 """
 
@@ -40,7 +40,7 @@ def pytest_addoption(parser):
   parser.addoption(
       '--save-costs',
       action='store_true',
-      help=f"With --costs: write each file's wall seconds to {FILE_SECONDS.name} (run the full suite).",
+      help=f"--costs, and write each file's wall seconds to {FILE_SECONDS.name} (run the full suite).",
   )
 
 
@@ -145,7 +145,7 @@ def table(files: dict[str, dict[str, float]]) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, config):
-  if not config.getoption('costs'):
+  if not (config.getoption('costs') or config.getoption('save_costs')):
     return
   reports = [
       r for rs in terminalreporter.stats.values() for r in rs if isinstance(r, pytest.TestReport)
