@@ -26,7 +26,7 @@ import math
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
-from benchmarks.lm_runs import Run, paired
+from benchmarks.lm_runs import CostKey, Run, paired
 
 # The learning-rate sweep at the long setup (code, depth 2, 4,000 steps, seed 0).
 SWEEP_ARMS = ('baseline', 'cp')
@@ -152,8 +152,32 @@ def _name(template: Run) -> str:
   return template.key.replace(f'-s{template.seed}', '', 1)
 
 
-def comparison_table(comparison: Comparison, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-  """The arms − the baseline (BPC), paired by the seeds both have, one row per arm."""
+def cost_cells(arm: Run, baseline: Run, costs: Mapping[CostKey, Mapping[str, Any]]) -> list[str]:
+  """GFLOPs per step (arm vs baseline) and the arm's step time over the baseline's:
+  paired step by step where both have one depth and context, else the ratio of
+  their median step times measured one after the other (``timed apart``)."""
+  from benchmarks import harness  # pylint: disable=g-import-not-at-top
+
+  mine, base = (costs.get(r.cost_key, {}) for r in (arm, baseline))
+  gflops = f'{harness.gflops_cell(mine)} vs {harness.gflops_cell(base)}'
+  if arm.cost_key[1:] == baseline.cost_key[1:]:
+    ratio = f'{mine["step_ratio"]:.2f}x' if mine.get('step_ratio') else '-'
+  elif mine.get('step_ms') and base.get('step_ms'):
+    ratio = f'{mine["step_ms"] / base["step_ms"]:.2f}x (timed apart)'
+  else:
+    ratio = '-'
+  if ratio != '-' and (mine.get('measured_under_load') or base.get('measured_under_load')):
+    ratio += ' (under load)'
+  return [gflops, ratio]
+
+
+def comparison_table(
+    comparison: Comparison,
+    results: Mapping[str, Mapping[str, Any]],
+    costs: Mapping[CostKey, Mapping[str, Any]],
+) -> list[str]:
+  """The arms − the baseline (BPC), paired by the seeds both have, one row per arm,
+  with their step's cost beside (:func:`cost_cells`)."""
 
   def by_seed(template: Run) -> dict[int, Mapping[str, Any]]:
     keys = {s: dataclasses.replace(template, seed=s).key for s in comparison.seeds}
@@ -168,8 +192,10 @@ def comparison_table(comparison: Comparison, results: Mapping[str, Mapping[str, 
       f'Baseline `{_name(comparison.baseline)}`: validation BPC at the end {values} (seeds'
       f' {seeds}). Arm − baseline, mean ± 95% t-interval (per seed):',
       '',
-      '| arm | seeds | ' + ' | '.join(name for name, _ in MEASURES) + ' |',
-      '| --- | ---: |' + ' --- |' * len(MEASURES),
+      '| arm | seeds | '
+      + ' | '.join(name for name, _ in MEASURES)
+      + ' | GFLOPs/step (arm vs baseline) | step time (arm / baseline) |',
+      '| --- | ---: |' + ' --- |' * (len(MEASURES) + 2),
   ]
   for arm in comparison.arms:
     mine = by_seed(arm)
@@ -178,6 +204,7 @@ def comparison_table(comparison: Comparison, results: Mapping[str, Mapping[str, 
       a = {s: value(r) for s, r in mine.items() if value(r) is not None}
       b = {s: value(r) for s, r in base.items() if value(r) is not None}
       cells.append(_cell(paired(a, b)))
+    cells += cost_cells(arm, comparison.baseline, costs)
     lines.append(f'| `{_name(arm)}` | {len(mine)} | ' + ' | '.join(cells) + ' |')
   return lines + ['']
 
@@ -210,10 +237,21 @@ def sweep_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   return lines + ['']
 
 
-def report(results: Sequence[Mapping[str, Any]], best_arm: str = 'cp_kv') -> str:
+def report(
+    results: Sequence[Mapping[str, Any]],
+    best_arm: str = 'cp_kv',
+    costs: Optional[Mapping[CostKey, Mapping[str, Any]]] = None,
+) -> str:
+  """The sweep's table and each comparison's (``costs``: :func:`benchmarks.lm_study.load_costs`)."""
   by_key = {r['key']: r for r in results}
   lines = ['## ContextPool against the tuned baseline (representative splits)', '']
   lines += sweep_table(by_key)
   for comparison in study(best_arm):
-    lines += comparison_table(comparison, by_key)
+    lines += comparison_table(comparison, by_key, costs or {})
+  if any(c.get('measured_under_load') for c in (costs or {}).values()):
+    lines += [
+        '`(under load)`: a step time measured while other jobs shared the cores; GFLOPs are'
+        ' exact, that step time is not.',
+        '',
+    ]
   return '\n'.join(lines)

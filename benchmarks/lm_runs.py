@@ -7,6 +7,9 @@ import math
 import statistics
 from typing import Any, Optional
 
+# What a run's step costs depends on: (arm, depth, seq_len); seq_len None is the study's own.
+CostKey = tuple[str, int, Optional[int]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -26,6 +29,12 @@ class Run:
   @property
   def key(self) -> str:
     return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}' + self.options
+
+  @property
+  def cost_key(self) -> CostKey:
+    """The shapes the run's step cost depends on (its learning rate and dropout
+    do not change them)."""
+    return (self.arm, self.depth, self.seq_len)
 
   @property
   def options(self) -> str:

@@ -42,9 +42,10 @@ are paired per seed.
 * ``images``: ResNet vs CP-ResNet (``configs/digits_resnet.py``, depths
   ``--image_depths``) on the one real image dataset that is offline,
   scikit-learn's 8x8 digits; reported as classification error (%);
-* ``costs``: per (arm, depth) compiled GFLOPs of the trainer's step and its
-  step time paired with the baseline's at the same depth (``benchmarks.harness``;
-  run it on a quiet machine).
+* ``costs``: per (arm, depth, context) compiled GFLOPs of the trainer's step and its
+  step time paired with the baseline's at the same depth and context
+  (``benchmarks.harness``; run it on a quiet machine), for the runs of the
+  groups listed with it, or of every group when it is listed alone.
 
 **Corpora** (both offline on a fresh machine): ``code``, the running Python's
 standard-library sources (``configs/default.py``'s corpus); ``text``, English
@@ -70,7 +71,7 @@ from typing import Any, Iterable, Optional, Sequence
 from absl import app
 from absl import flags
 
-from benchmarks.lm_runs import Run, paired, parse_key
+from benchmarks.lm_runs import CostKey, Run, paired, parse_key
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -578,19 +579,33 @@ def run_all(
 # ----------------------------------------------------------------------------
 
 
-def cost_pairs(runs: Sequence[Run]) -> list[tuple[str, int]]:
-  """The (arm, depth) pairs of the LM ``runs``, each with its depth's baseline."""
+def _result_cost_key(result: dict[str, Any]) -> CostKey:
+  """``Run.cost_key`` of a recorded run."""
+  return (result['arm'], result['depth'], result.get('seq_len'))
+
+
+def _cost_file(key: CostKey) -> str:
+  arm, depth, seq_len = key
+  return f'{arm}-L{depth}' + (f'-ctx{seq_len}' if seq_len else '') + '.json'
+
+
+def cost_pairs(runs: Sequence[Run]) -> list[CostKey]:
+  """The cost keys of the LM ``runs``, each with its baseline's (same depth and
+  context)."""
   runs = [r for r in runs if r.corpus in CORPORA]
-  pairs = [(r.arm, r.depth) for r in runs] + [('baseline', r.depth) for r in runs]
-  return sorted(set(pairs), key=lambda p: (p[1], list(ARMS).index(p[0])))
+  keys = {r.cost_key for r in runs} | {
+      dataclasses.replace(r, arm='baseline').cost_key for r in runs
+  }
+  return sorted(keys, key=lambda k: (k[2] or 0, k[1], list(ARMS).index(k[0])))
 
 
 def measure_costs(
-    pairs: Sequence[tuple[str, int]], sizes: Sizes, study_dir: pathlib.Path, log=print
+    keys: Sequence[CostKey], sizes: Sizes, study_dir: pathlib.Path, log=print
 ) -> None:
-  """``<study_dir>/costs/<arm>-L<depth>.json``: params, GFLOPs and temp memory
-  of the trainer's step at the study's sizes, and its step time paired with the
-  baseline's at the same depth (``step_ratio``). Skips recorded ones."""
+  """``<study_dir>/costs/<arm>-L<depth>[-ctx<seq_len>].json``: params, GFLOPs and
+  temp memory of the trainer's step at the study's sizes (the run's context and
+  batch), and its step time paired with the baseline's at the same depth and
+  context (``step_ratio``). Skips recorded ones."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -598,8 +613,8 @@ def measure_costs(
   from contextpool_jax import config_fields  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, tasks  # pylint: disable=g-import-not-at-top
 
-  def workload(arm: str, depth: int) -> harness.Workload:
-    config = make_config(Run('code', arm, depth, sizes.steps, 0), sizes, study_dir)
+  def workload(arm: str, depth: int, seq_len: Optional[int]) -> harness.Workload:
+    config = make_config(Run('code', arm, depth, sizes.steps, 0, seq_len=seq_len), sizes, study_dir)
     n = config.dataset.seq_len
 
     def make_batch(key):
@@ -615,37 +630,33 @@ def measure_costs(
 
   out = study_dir / 'costs'
   out.mkdir(parents=True, exist_ok=True)
-  for depth in sorted({d for _, d in pairs}):
-    todo = [a for a, d in pairs if d == depth and not (out / f'{a}-L{depth}.json').exists()]
+  for depth, seq_len in sorted({(d, n) for _, d, n in keys}, key=lambda g: (g[1] or 0, g[0])):
+    todo = [a for a, d, n in keys if (d, n) == (depth, seq_len)]
+    todo = [a for a in todo if not (out / _cost_file((a, depth, seq_len))).exists()]
     if not todo:
       continue
     base_row, base = harness.measure_row(
-        'baseline', lambda: workload('baseline', depth), repeats=20, log=log
+        'baseline', lambda: workload('baseline', depth, seq_len), repeats=20, log=log
     )
     for arm in todo:
       if arm == 'baseline':
         row = dict(base_row, step_ratio=1.0)
       else:
         row = harness.measure(
-            arm, lambda arm=arm: workload(arm, depth), repeats=20, baseline=base, log=log
+            arm, lambda arm=arm: workload(arm, depth, seq_len), repeats=20, baseline=base, log=log
         )
-      row.update(arm=arm, depth=depth, family=ARMS[arm].family)
-      (out / f'{arm}-L{depth}.json').write_text(json.dumps(row, indent=1))
+      row.update(arm=arm, depth=depth, seq_len=seq_len, family=ARMS[arm].family)
+      (out / _cost_file((arm, depth, seq_len))).write_text(json.dumps(row, indent=1))
     base.close()
-
-
-# ----------------------------------------------------------------------------
-# Report.
-# ----------------------------------------------------------------------------
 
 
 def load_results(study_dir: pathlib.Path) -> list[dict[str, Any]]:
   return [json.loads(p.read_text()) for p in sorted((study_dir / 'results').glob('*.json'))]
 
 
-def load_costs(study_dir: pathlib.Path) -> dict[tuple[str, int], dict[str, Any]]:
+def load_costs(study_dir: pathlib.Path) -> dict[CostKey, dict[str, Any]]:
   rows = [json.loads(p.read_text()) for p in sorted((study_dir / 'costs').glob('*.json'))]
-  return {(r['arm'], r['depth']): r for r in rows}
+  return {(r['arm'], r['depth'], r.get('seq_len')): r for r in rows}
 
 
 def _mean_std(values: Sequence[float]) -> str:
@@ -696,7 +707,7 @@ def _by_seed(results, **match) -> dict[int, dict[str, Any]]:
 
 
 def _fewer_layers_table(
-    rs: Sequence[dict[str, Any]], costs: dict[tuple[str, int], dict[str, Any]], val: str
+    rs: Sequence[dict[str, Any]], costs: dict[CostKey, dict[str, Any]], val: str
 ) -> list[str]:
   """The paper's "fewer layers" claim: each arm at depth d against the
   baseline at every deeper depth trained as long, paired by seed."""
@@ -709,7 +720,9 @@ def _fewer_layers_table(
     if arm == 'baseline':
       continue
     group = dict(steps=steps, options=options)
-    mine = {s: r[val] for s, r in _by_seed(rs, arm=arm, depth=depth, **group).items()}
+    mine_results = _by_seed(rs, arm=arm, depth=depth, **group)
+    mine = {s: r[val] for s, r in mine_results.items()}
+    seq_len = _result_cost_key(next(iter(mine_results.values())))[2]
     for deeper in sorted(
         {d for n, d, o in _groups(rs) if (n, o) == (steps, options) and d > depth}
     ):
@@ -717,7 +730,8 @@ def _fewer_layers_table(
       diff = paired(mine, {s: r[val] for s, r in base.items()})
       if diff:
         gflops = [
-            harness.gflops_cell(costs.get(k, {})) for k in ((arm, depth), ('baseline', deeper))
+            harness.gflops_cell(costs.get(k, {}))
+            for k in ((arm, depth, seq_len), ('baseline', deeper, seq_len))
         ]
         rows.append(
             f'| {steps} | {_shown(options)} | {arm} | {depth} | {deeper} | {_diff_cell(diff)} | '
@@ -837,7 +851,7 @@ def _curve_tables(
 
 
 def corpus_report(
-    results: Sequence[dict[str, Any]], costs: dict[tuple[str, int], dict[str, Any]], corpus: str
+    results: Sequence[dict[str, Any]], costs: dict[CostKey, dict[str, Any]], corpus: str
 ) -> str:
   """The markdown tables of one corpus."""
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
@@ -864,8 +878,7 @@ def corpus_report(
           if arm == 'baseline'
           else paired({s: r[val] for s, r in mine.items()}, {s: r[val] for s, r in base.items()})
       )
-      same_shapes = all(r.get('seq_len') is None for r in mine.values())
-      cost = costs.get((arm, depth), {}) if same_shapes else {}  # costs: the study's shapes
+      cost = costs.get(_result_cost_key(next(iter(mine.values()))), {})
       gflops = harness.gflops_cell(cost)
       ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
       ratio += ' (under load)' * bool(cost.get('measured_under_load'))
@@ -875,13 +888,13 @@ def corpus_report(
           f'{_mean_std([r[test] for r in mine.values()])} | '
           f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
       )
-  if any(costs.get((r['arm'], r['depth']), {}).get('measured_under_load') for r in rs):
+  if any(costs.get(_result_cost_key(r), {}).get('measured_under_load') for r in rs):
     lines += [
         '',
         '`(under load)`: step time measured while other jobs shared the cores (recorded as'
         ' `measured_under_load` in its costs file); its GFLOPs are exact, its step time is not.',
     ]
-  if any(costs.get((r['arm'], r['depth']), {}).get('gflops_lower_bound') for r in rs):
+  if any(costs.get(_result_cost_key(r), {}).get('gflops_lower_bound') for r in rs):
     lines += [
         '',
         "`>=`: the step has a loop (area attention's query blocks) whose body XLA's"
@@ -949,7 +962,7 @@ def write_report(
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
 
     path = out_dir / 'lm_study_comparisons.md'
-    path.write_text(lm_comparisons.report(results, best_arm) + '\n')
+    path.write_text(lm_comparisons.report(results, best_arm, costs) + '\n')
     written.append(path)
   return written
 
@@ -997,8 +1010,8 @@ def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
   for row, corpus in zip(axes, corpora):
     for family_arm in ('baseline', 'cp'):
       pts = []
-      for (arm, depth), cost in sorted(costs.items(), key=lambda kv: kv[0][1]):
-        if arm != family_arm:
+      for (arm, depth, seq_len), cost in sorted(costs.items(), key=lambda kv: kv[0][1]):
+        if arm != family_arm or seq_len:
           continue
         vals = [
             r['val_bpc']
@@ -1107,16 +1120,20 @@ def main(argv):
   check_sizes(study_dir, sizes)
   run_all(runs, sizes, study_dir, diagnose_existing=_DIAGNOSE_EXISTING.value)
   if 'costs' in _GROUPS.value:
-    everything = plan(
-        GROUPS,
-        corpora=_CORPORA.value,
-        depths=depths,
-        seeds=seeds[:1],
-        sizes=sizes,
-        ablation_corpus=_ABL_CORPUS.value,
-        ablation_depth=_ABL_DEPTH.value,
-    )
-    measure_costs(cost_pairs(everything), sizes, study_dir)
+    # The costs of the listed groups' runs; of every group's when `costs` is alone.
+    measured = runs
+    if set(_GROUPS.value) == {'costs'}:
+      measured = plan(
+          GROUPS,
+          corpora=_CORPORA.value,
+          depths=depths,
+          seeds=seeds[:1],
+          sizes=sizes,
+          ablation_corpus=_ABL_CORPUS.value,
+          ablation_depth=_ABL_DEPTH.value,
+          best_arm=_BEST_ARM.value,
+      )
+    measure_costs(cost_pairs(measured), sizes, study_dir)
 
 
 if __name__ == '__main__':

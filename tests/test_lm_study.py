@@ -130,11 +130,17 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   monkeypatch.setattr(lm_study, 'train_one', lambda *a: pytest.fail('retrained a recorded run'))
   assert lm_study.run_all(runs, TINY, study, in_process=True, log=lambda s: None) == []
 
-  lm_study.measure_costs([('baseline', 1), ('cp', 1)], TINY, study, log=lambda s: None)
+  keys = lm_study.cost_pairs([*runs, dataclasses.replace(runs[1], seq_len=32)])
+  assert keys == [('baseline', 1, None), ('cp', 1, None), ('baseline', 1, 32), ('cp', 1, 32)]
+  lm_study.measure_costs(keys, TINY, study, log=lambda s: None)
   costs = lm_study.load_costs(study)
-  assert costs[('cp', 1)]['gflops'] > costs[('baseline', 1)]['gflops'] > 0
-  assert costs[('baseline', 1)]['step_ratio'] == 1.0 and costs[('cp', 1)]['step_ratio'] > 0
-  assert not costs[('cp', 1)]['gflops_lower_bound']  # dense pooling: no loop in the step
+  for n in (None, 32):
+    assert costs[('cp', 1, n)]['gflops'] > costs[('baseline', 1, n)]['gflops'] > 0
+    assert costs[('baseline', 1, n)]['step_ratio'] == 1.0 and costs[('cp', 1, n)]['step_ratio'] > 0
+    assert not costs[('cp', 1, n)]['gflops_lower_bound']  # dense pooling: no loop in the step
+  # Twice the context at the same bytes per step: the MLPs cost the same, attention more.
+  assert costs[('baseline', 1, 32)]['gflops'] > costs[('baseline', 1, None)]['gflops']
+  assert costs[('baseline', 1, 32)]['gflops'] < 2 * costs[('baseline', 1, None)]['gflops']
 
   out = tmp_path / 'report'
   written = {p.name for p in lm_study.write_report(study, out)}
@@ -308,17 +314,17 @@ def test_report_marks_gflops_counted_through_a_loop_as_a_lower_bound():
 
   results = [result(a, s, 2.0 + s) for a in ('baseline', 'area') for s in (0, 1)]
   costs = {
-      ('baseline', 2): dict(gflops=14.0, step_ratio=1.0),
-      ('area', 2): dict(gflops=11.4, gflops_lower_bound=True, step_ratio=1.7),
+      ('baseline', 2, None): dict(gflops=14.0, step_ratio=1.0),
+      ('area', 2, None): dict(gflops=11.4, gflops_lower_bound=True, step_ratio=1.7),
   }
   md = lm_study.corpus_report(results, costs, 'code')
   assert '| 14.00 | 1.000x |' in md and '| >=11.40 | 1.700x |' in md
   assert 'lower bound' in md and 'under load' not in md
-  costs[('area', 2)] = dict(costs[('area', 2)], measured_under_load=True)
+  costs[('area', 2, None)] = dict(costs[('area', 2, None)], measured_under_load=True)
   md = lm_study.corpus_report(results, costs, 'code')
   assert '| >=11.40 | 1.700x (under load) |' in md and 'its step time is not' in md
   assert 'lower bound' not in lm_study.corpus_report(
-      results, {('baseline', 2): costs[('baseline', 2)]}, 'code'
+      results, {('baseline', 2, None): costs[('baseline', 2, None)]}, 'code'
   )
 
 
@@ -379,7 +385,7 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
         # and 0.4 behind at its lowest (step 20), which it reaches before the end.
         result('cp', 2, 40, s, 2.5, 2.0 + 0.1 * (s + 1), lowest=2.1),
     ]
-  costs = {('cp', 2): dict(gflops=16.0), ('baseline', 4): dict(gflops=27.0)}
+  costs = {('cp', 2, None): dict(gflops=16.0), ('baseline', 4, None): dict(gflops=27.0)}
   md = lm_study.corpus_report(results, costs, 'code')
   fewer = md.split('### Fewer layers')[1].split('###')[0]
   # cp at depth 2 minus the depth-4 baseline: 2.1 - 1.8, 2.2 - 1.9, 2.3 - 2.0.
@@ -517,3 +523,27 @@ def test_comparisons_pair_each_arm_with_its_baseline_by_seed():
   assert '+0.050 ± 0.000' in row and '+0.100 ± 0.000' in row  # lowest; training loss
   kv = next(l for l in md.splitlines() if l.startswith('| `code-cp_kv-L2'))
   assert kv.startswith('| `code-cp_kv-L2-n4000') and '| 1 | - |' in kv
+
+
+def test_comparison_tables_put_each_arm_s_step_cost_beside_its_bpc():
+  from benchmarks import lm_comparisons as lc
+
+  same, longer, fewer = lc.study('cp_kv')[:3]
+  cp = same.arms[0]
+  costs = {
+      same.baseline.cost_key: dict(gflops=10.0, step_ms=100.0, step_ratio=1.0),
+      cp.cost_key: dict(gflops=12.0, step_ms=130.0, step_ratio=1.25),
+      fewer.baseline.cost_key: dict(gflops=19.0, step_ms=180.0, measured_under_load=True),
+  }
+  # One depth and context: the paired ratio (1.25), not the medians' (1.30).
+  assert lc.cost_cells(cp, same.baseline, costs) == ['12.00 vs 10.00', '1.25x']
+  # Depth 2 against depth 4: the medians' ratio 130 / 180, said to be timed apart.
+  assert lc.cost_cells(fewer.arms[0], fewer.baseline, costs) == [
+      '12.00 vs 19.00',
+      '0.72x (timed apart) (under load)',
+  ]
+  # 1,024 bytes: its own costs, none recorded yet.
+  assert lc.cost_cells(longer.arms[0], longer.baseline, costs) == ['- vs -', '-']
+  md = lc.report([], costs=costs)
+  assert f'| `{lc._name(cp)}` | 0 |' in md and '| 12.00 vs 10.00 | 1.25x |' in md
+  assert 'GFLOPs are exact' in md
