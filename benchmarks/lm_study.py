@@ -941,7 +941,8 @@ def write_report(
     study_dir: pathlib.Path, out_dir: pathlib.Path, best_arm: str = 'cp_kv'
 ) -> list[pathlib.Path]:
   """``lm_study_<corpus>.md``, ``lm_study_runs.csv`` and ``lm_study_cost.png``
-  (BPC vs step time and vs GFLOPs per family over depths) in ``out_dir``."""
+  (BPC vs step time and vs GFLOPs per family over depths, where runs at the
+  study's own settings have costs) in ``out_dir``."""
   results, costs = load_results(study_dir), load_costs(study_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   written = []
@@ -955,8 +956,9 @@ def write_report(
     path = out_dir / f'lm_study_{corpus}.md'
     path.write_text(corpus_report(results, costs, corpus) + '\n')
     written.append(path)
-  if costs and any(r['corpus'] in CORPORA for r in results):
-    written.append(_plot(results, costs, out_dir / 'lm_study_cost.png'))
+  steps, points = _cost_points(results, costs)
+  if points:  # the depth study's runs (the comparisons' tables show their costs)
+    written.append(_plot(points, steps, out_dir / 'lm_study_cost.png'))
   written += _long_report(study_dir, results, out_dir)
   if any(r.get('lr') is not None for r in results):
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
@@ -997,46 +999,56 @@ def _long_report(study_dir, results, out_dir: pathlib.Path) -> list[pathlib.Path
   return written
 
 
-def _plot(results, costs, path: pathlib.Path) -> pathlib.Path:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  corpora = sorted({r['corpus'] for r in results} & set(CORPORA))  # costs: the LMs'
-  fig, axes = plt.subplots(len(corpora), 2, figsize=(10, 4 * len(corpora)), squeeze=False)
-  results = [r for r in results if not _options(r)]  # costs: the study's own settings
-  steps = min((r['steps'] for r in results if r['corpus'] in CORPORA), default=0)
-  for row, corpus in zip(axes, corpora):
+def _cost_points(results, costs) -> tuple[int, dict[tuple[str, str], list[tuple]]]:
+  """``(steps, {(corpus, family arm): [(step_ms, gflops, mean val BPC, std, depth)]})``
+  over depths, for the LM runs at the study's own settings (no options) and their
+  shortest ``steps``."""
+  results = [r for r in results if r['corpus'] in CORPORA and not _options(r)]
+  steps = min((r['steps'] for r in results), default=0)
+  points = {}
+  for corpus in sorted({r['corpus'] for r in results}):
     for family_arm in ('baseline', 'cp'):
       pts = []
       for (arm, depth, seq_len), cost in sorted(costs.items(), key=lambda kv: kv[0][1]):
-        if arm != family_arm or seq_len:
-          continue
         vals = [
             r['val_bpc']
             for r in results
             if (r['corpus'], r['arm'], r['depth'], r['steps']) == (corpus, arm, depth, steps)
         ]
-        if vals and cost.get('step_ms') and not cost.get('gflops_lower_bound'):
+        usable = cost.get('step_ms') and not cost.get('gflops_lower_bound')
+        if arm == family_arm and not seq_len and vals and usable:
           err = statistics.stdev(vals) if len(vals) > 1 else 0.0
           pts.append((cost['step_ms'], cost['gflops'], statistics.mean(vals), err, depth))
-      if not pts:
-        continue
-      for ax, xi, label in ((row[0], 0, 'step time (ms, CPU)'), (row[1], 1, 'GFLOPs per step')):
-        ax.errorbar(
-            [p[xi] for p in pts],
-            [p[2] for p in pts],
-            yerr=[p[3] for p in pts],
-            marker='o',
-            capsize=3,
-            label=ARMS[family_arm].family,
-        )
-        for p in pts:
-          ax.annotate(f'L={p[4]}', (p[xi], p[2]), textcoords='offset points', xytext=(4, 4))
-        ax.set_xlabel(label)
-        ax.set_ylabel(f'validation BPC ({corpus}, {steps} steps)')
-        ax.legend()
+      if pts:
+        points[corpus, family_arm] = pts
+  return steps, points
+
+
+def _plot(points, steps: int, path: pathlib.Path) -> pathlib.Path:
+  """BPC against step time and against GFLOPs (:func:`_cost_points`), a row per corpus."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  corpora = sorted({c for c, _ in points})
+  fig, axes = plt.subplots(len(corpora), 2, figsize=(10, 4 * len(corpora)), squeeze=False)
+  for (corpus, family_arm), pts in points.items():
+    row = axes[corpora.index(corpus)]
+    for ax, xi, label in ((row[0], 0, 'step time (ms, CPU)'), (row[1], 1, 'GFLOPs per step')):
+      ax.errorbar(
+          [p[xi] for p in pts],
+          [p[2] for p in pts],
+          yerr=[p[3] for p in pts],
+          marker='o',
+          capsize=3,
+          label=ARMS[family_arm].family,
+      )
+      for p in pts:
+        ax.annotate(f'L={p[4]}', (p[xi], p[2]), textcoords='offset points', xytext=(4, 4))
+      ax.set_xlabel(label)
+      ax.set_ylabel(f'validation BPC ({corpus}, {steps} steps)')
+      ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

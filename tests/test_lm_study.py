@@ -547,3 +547,22 @@ def test_comparison_tables_put_each_arm_s_step_cost_beside_its_bpc():
   md = lc.report([], costs=costs)
   assert f'| `{lc._name(cp)}` | 0 |' in md and '| 12.00 vs 10.00 | 1.25x |' in md
   assert 'GFLOPs are exact' in md
+
+
+def test_the_cost_figure_plots_only_runs_at_the_study_s_own_settings():
+  def result(arm, depth, seed, bpc, **options):
+    return dict(corpus='code', arm=arm, depth=depth, steps=10, seed=seed, val_bpc=bpc, **options)
+
+  costs = {
+      (a, d, None): dict(step_ms=100.0 * d, gflops=float(d), step_ratio=1.0)
+      for a in ('baseline', 'cp')
+      for d in (1, 2)
+  }
+  tuned = [result(a, 2, s, 1.5, lr=0.004) for a in ('baseline', 'cp') for s in (0, 1)]
+  assert lm_study._cost_points(tuned, costs) == (0, {})  # no figure of nothing
+  own = [result('cp', d, s, 2.0 - d / 10 + s / 10) for d in (1, 2) for s in (0, 1)]
+  steps, points = lm_study._cost_points(tuned + own, costs)
+  assert steps == 10 and list(points) == [('code', 'cp')]
+  p1, p2 = points['code', 'cp']
+  assert p1[:3] == (100.0, 1.0, pytest.approx(1.95)) and p1[4] == 1
+  assert p2[:3] == (200.0, 2.0, pytest.approx(1.85)) and p2[4] == 2
