@@ -237,6 +237,34 @@ def sweep_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   return lines + ['']
 
 
+def figure(results: Sequence[Mapping[str, Any]], path, best_arm: str = 'cp_kv'):
+  """``path``: validation BPC along training of each comparison with a result, the
+  baseline and each arm (mean over seeds, band = seed range); None if none has one."""
+  from benchmarks import lm_study_figures  # pylint: disable=g-import-not-at-top
+
+  by_key = {r['key']: r for r in results}
+  comparisons = study(best_arm)
+  # One colour per arm in every column, in the order arms first appear.
+  arms = list(dict.fromkeys(r.arm for c in comparisons for r in c.arms))
+  columns = []
+  for comparison in comparisons:
+    series = []
+    for template in (comparison.baseline, *comparison.arms):
+      curves = [
+          by_key[k]['val_curve']
+          for k in (dataclasses.replace(template, seed=s).key for s in comparison.seeds)
+          if k in by_key
+      ]
+      if curves:
+        label = f'{template.arm}, depth {template.depth}'
+        colour = None if template is comparison.baseline else 1 + arms.index(template.arm)
+        series.append((label, colour, curves))
+    if series:
+      title = comparison.name.split(':')[0].split(' (')[0]
+      columns.append((title, comparison.baseline.steps, series))
+  return lm_study_figures.comparison_curves(columns, path) if columns else None
+
+
 def report(
     results: Sequence[Mapping[str, Any]],
     best_arm: str = 'cp_kv',

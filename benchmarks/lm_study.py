@@ -966,6 +966,7 @@ def write_report(
     path = out_dir / 'lm_study_comparisons.md'
     path.write_text(lm_comparisons.report(results, best_arm, costs) + '\n')
     written.append(path)
+    written.append(lm_comparisons.figure(results, out_dir / 'lm_study_comparisons.png', best_arm))
   return written
 
 

@@ -1,8 +1,10 @@
-"""Figures of the LM study's long runs (issue 27): learning curves and per-position losses.
+"""Figures of the LM study's long runs: learning curves and per-position losses.
 
 * :func:`long_curves`: validation BPC along training per arm of each long
   group (corpus, depth, steps): the mean over seeds and, with several seeds,
   the band between the lowest and the highest seed.
+* :func:`comparison_curves`: the same per comparison of
+  :mod:`benchmarks.lm_comparisons` (the baseline and its arms, paired by seed);
 * :func:`position_losses`: from the diagnostics of the seed-0 long runs
   (:mod:`benchmarks.lm_diagnostics`), the validation BPC of each position
   bucket along training, one row per corpus and one panel per bucket.
@@ -35,45 +37,73 @@ def _long_groups(results: Sequence[dict[str, Any]], long_steps: int) -> list[tup
   return sorted({(r['corpus'], r['depth']) for r in results if r['steps'] == long_steps})
 
 
+def _curves_column(top, bottom, series, total_steps: int, title: str) -> None:
+  """Validation BPC vs step of ``series`` (``[(label, colour, [val_curve per seed])]``,
+  ``colour`` an index of :func:`_style`, None for the baseline): the mean over seeds and, with several seeds, the band between the lowest
+  and the highest; the whole run in ``top`` and its second half, where runs end, in
+  ``bottom``."""
+  late = []  # every value drawn in the second half, for its y range
+  for label, colour, val_curves in series:
+    curves = [dict(c) for c in val_curves]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    lo, hi = ([f(c[s] for c in curves) for s in steps] for f in (min, max))
+    mean = [statistics.mean(c[s] for c in curves) for s in steps]
+    late += [v for s, a, b in zip(steps, lo, hi) if s >= total_steps // 2 for v in (a, b)]
+    label = f'{label} ({len(curves)} seed{"s" * (len(curves) > 1)})'
+    for ax in (top, bottom):
+      (line,) = ax.plot(steps, mean, label=label, **_style(colour or 0, colour is None))
+      if len(curves) > 1:
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+  top.set_ylim(top=min(top.get_ylim()[1], 2.6))
+  top.set_title(f'{title}: mean over seeds, band = seed range', fontsize=10)
+  top.legend(fontsize=8)
+  bottom.set_xlim(total_steps // 2, total_steps)
+  if late:
+    margin = 0.02 * (max(late) - min(late))
+    bottom.set_ylim(min(late) - margin, max(late) + margin)
+  bottom.set_title(f'{title}: the second half', fontsize=10)
+  for ax in (top, bottom):
+    ax.set_xlabel('training step')
+    ax.set_ylabel('validation BPC')
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 def long_curves(
     results: Sequence[dict[str, Any]], long_steps: int, arm_order: Sequence[str], path: pathlib.Path
 ) -> pathlib.Path:
-  """One column per long (corpus, depth): validation BPC vs step per arm, the
-  whole run on top and its second half, where the arms end, below."""
+  """One column per long (corpus, depth): validation BPC vs step per arm
+  (:func:`_curves_column`)."""
   groups = _long_groups(results, long_steps)
   fig, axes = plt.subplots(2, len(groups), figsize=(7 * len(groups), 9), squeeze=False)
   for col, (corpus, depth) in enumerate(groups):
     mine = [
         r for r in results if (r['corpus'], r['depth'], r['steps']) == (corpus, depth, long_steps)
     ]
-    late = []  # every value drawn in the second half, for its y range
-    for i, arm in enumerate(a for a in arm_order if any(r['arm'] == a for r in mine)):
-      curves = [dict(r['val_curve']) for r in mine if r['arm'] == arm]
-      steps = sorted(set.intersection(*(set(c) for c in curves)))
-      lo, hi = ([f(c[s] for c in curves) for s in steps] for f in (min, max))
-      mean = [statistics.mean(c[s] for c in curves) for s in steps]
-      late += [v for s, a, b in zip(steps, lo, hi) if s >= long_steps // 2 for v in (a, b)]
-      label = f'{arm} ({len(curves)} seed{"s" * (len(curves) > 1)})'
-      for ax in axes[:, col]:
-        (line,) = ax.plot(steps, mean, label=label, **_style(i, arm == 'baseline'))
-        if len(curves) > 1:
-          ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
-    top, bottom = axes[:, col]
-    top.set_ylim(top=min(top.get_ylim()[1], 2.6))
-    top.set_title(f'{corpus}, depth {depth}: mean over seeds, band = seed range')
-    top.legend(fontsize=8)
-    bottom.set_xlim(long_steps // 2, long_steps)
-    margin = 0.02 * (max(late) - min(late))
-    bottom.set_ylim(min(late) - margin, max(late) + margin)
-    bottom.set_title(f'{corpus}, depth {depth}: the second half')
-    for ax in (top, bottom):
-      ax.set_xlabel('training step')
-      ax.set_ylabel('validation BPC')
-      ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+    shown = [a for a in arm_order if any(r['arm'] == a for r in mine)]
+    series = [
+        (arm, None if arm == 'baseline' else i, [r['val_curve'] for r in mine if r['arm'] == arm])
+        for i, arm in enumerate(shown)
+    ]
+    _curves_column(*axes[:, col], series, long_steps, f'{corpus}, depth {depth}')
+  return _save(fig, path)
+
+
+def comparison_curves(
+    columns: Sequence[tuple[str, int, Sequence[tuple[str, bool, Sequence[Any]]]]],
+    path: pathlib.Path,
+) -> pathlib.Path:
+  """One column per ``(title, steps, series)`` (:func:`_curves_column`'s series)."""
+  fig, axes = plt.subplots(2, len(columns), figsize=(7 * len(columns), 9), squeeze=False)
+  for col, (title, steps, series) in enumerate(columns):
+    _curves_column(*axes[:, col], series, steps, title)
+  return _save(fig, path)
 
 
 def position_losses(
@@ -104,7 +134,4 @@ def position_losses(
       ax.set_title(f'{corpus}: positions {name} of the window')
       ax.grid(alpha=0.3)
     row[-1].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path)

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import lm_comparisons
 from benchmarks import lm_study
+from benchmarks import lm_study_figures
 
 TINY = lm_study.Sizes(
     emb_dim=16,
@@ -495,7 +496,7 @@ def _result(run, val, early, lowest, train_bits, test):
   )
 
 
-def test_comparisons_pair_each_arm_with_its_baseline_by_seed():
+def test_comparisons_pair_each_arm_with_its_baseline_by_seed(monkeypatch, tmp_path):
   from benchmarks import lm_comparisons as lc
 
   study = lc.study('cp_kv')
@@ -523,6 +524,29 @@ def test_comparisons_pair_each_arm_with_its_baseline_by_seed():
   assert '+0.050 ± 0.000' in row and '+0.100 ± 0.000' in row  # lowest; training loss
   kv = next(l for l in md.splitlines() if l.startswith('| `code-cp_kv-L2'))
   assert kv.startswith('| `code-cp_kv-L2-n4000') and '| 1 | - |' in kv
+
+  # The figure: a column per comparison with a result, a colour per arm in every column.
+  png = lc.figure(results, tmp_path / 'comparisons.png')
+  assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  drawn = {}
+  monkeypatch.setattr(
+      lm_study_figures, 'comparison_curves', lambda columns, path: drawn.setdefault(path, columns)
+  )
+  assert lc.figure([], 'none.png') is None
+  lc.figure(results, 'c.png')
+  code, fewer = drawn['c.png']  # the longer context and prose have no result
+  assert code[:2] == ('Code, depth 2, 4,000 steps', 4000)
+  assert [(label, colour, len(curves)) for label, colour, curves in code[2]] == [
+      ('baseline, depth 2', None, 3),
+      ('cp, depth 2', 1, 3),
+      ('cp_kv, depth 2', 2, 1),
+  ]
+  assert code[2][1][2][0] == results[1]['val_curve']  # seed 0's ContextPool
+  assert fewer[0] == 'Fewer layers'  # no depth-4 baseline yet: the arms alone, same colours
+  assert [(label, colour) for label, colour, _ in fewer[2]] == [
+      ('cp, depth 2', 1),
+      ('cp_kv, depth 2', 2),
+  ]
 
 
 def test_comparison_tables_put_each_arm_s_step_cost_beside_its_bpc():
