@@ -160,7 +160,7 @@ def cost_cells(arm: Run, baseline: Run, costs: Mapping[CostKey, Mapping[str, Any
 
   mine, base = (costs.get(r.cost_key, {}) for r in (arm, baseline))
   gflops = f'{harness.gflops_cell(mine)} vs {harness.gflops_cell(base)}'
-  if arm.cost_key[1:] == baseline.cost_key[1:]:
+  if (arm.depth, arm.seq_len) == (baseline.depth, baseline.seq_len):
     ratio = f'{mine["step_ratio"]:.2f}x' if mine.get('step_ratio') else '-'
   elif mine.get('step_ms') and base.get('step_ms'):
     ratio = f'{mine["step_ms"] / base["step_ms"]:.2f}x (timed apart)'

@@ -31,10 +31,10 @@ class Run:
     return f'{self.corpus}-{self.arm}-L{self.depth}-n{self.steps}-s{self.seed}' + self.options
 
   @property
-  def cost_key(self) -> CostKey:
-    """The shapes the run's step cost depends on (its learning rate and dropout
-    do not change them)."""
-    return (self.arm, self.depth, self.seq_len)
+  def cost_key(self) -> Optional[CostKey]:
+    """What the run's step cost depends on (not its learning rate); None with dropout,
+    which the costs (measured without) leave out."""
+    return None if self.dropout else (self.arm, self.depth, self.seq_len)
 
   @property
   def options(self) -> str:

@@ -579,23 +579,19 @@ def run_all(
 # ----------------------------------------------------------------------------
 
 
-def _result_cost_key(result: dict[str, Any]) -> CostKey:
-  """``Run.cost_key`` of a recorded run."""
-  return (result['arm'], result['depth'], result.get('seq_len'))
-
-
 def _cost_file(key: CostKey) -> str:
   arm, depth, seq_len = key
   return f'{arm}-L{depth}' + (f'-ctx{seq_len}' if seq_len else '') + '.json'
 
 
 def cost_pairs(runs: Sequence[Run]) -> list[CostKey]:
-  """The cost keys of the LM ``runs``, each with its baseline's (same depth and
-  context)."""
+  """The cost keys of the LM ``runs`` without dropout, each with its baseline's (same
+  depth and context)."""
   runs = [r for r in runs if r.corpus in CORPORA]
   keys = {r.cost_key for r in runs} | {
       dataclasses.replace(r, arm='baseline').cost_key for r in runs
   }
+  keys.discard(None)  # runs with dropout (Run.cost_key)
   return sorted(keys, key=lambda k: (k[2] or 0, k[1], list(ARMS).index(k[0])))
 
 
@@ -675,11 +671,16 @@ def _diff_cell(p: Optional[dict[str, Any]]) -> str:
   return f'{p["mean"]:+.3f} ± {p["half"]:.3f} ({per_seed}) | {verdict}'
 
 
-def _options(result: dict[str, Any]) -> str:
-  """The settings a run overrides, as its key shows them ('' = the study's own)."""
+def _run(result: dict[str, Any]) -> Run:
+  """The :class:`Run` a result records."""
   fields = ('corpus', 'arm', 'depth', 'steps', 'seed')
   overrides = ('lr', 'seq_len', 'dropout')
-  return Run(*(result[f] for f in fields), *(result.get(f) for f in overrides)).options
+  return Run(*(result[f] for f in fields), *(result.get(f) for f in overrides))
+
+
+def _options(result: dict[str, Any]) -> str:
+  """The settings a run overrides, as its key shows them ('' = the study's own)."""
+  return _run(result).options
 
 
 def _shown(options: str) -> str:
@@ -722,7 +723,7 @@ def _fewer_layers_table(
     group = dict(steps=steps, options=options)
     mine_results = _by_seed(rs, arm=arm, depth=depth, **group)
     mine = {s: r[val] for s, r in mine_results.items()}
-    seq_len = _result_cost_key(next(iter(mine_results.values())))[2]
+    run = _run(next(iter(mine_results.values())))
     for deeper in sorted(
         {d for n, d, o in _groups(rs) if (n, o) == (steps, options) and d > depth}
     ):
@@ -730,8 +731,8 @@ def _fewer_layers_table(
       diff = paired(mine, {s: r[val] for s, r in base.items()})
       if diff:
         gflops = [
-            harness.gflops_cell(costs.get(k, {}))
-            for k in ((arm, depth, seq_len), ('baseline', deeper, seq_len))
+            harness.gflops_cell(costs.get(r.cost_key, {}))
+            for r in (run, dataclasses.replace(run, arm='baseline', depth=deeper))
         ]
         rows.append(
             f'| {steps} | {_shown(options)} | {arm} | {depth} | {deeper} | {_diff_cell(diff)} | '
@@ -878,7 +879,7 @@ def corpus_report(
           if arm == 'baseline'
           else paired({s: r[val] for s, r in mine.items()}, {s: r[val] for s, r in base.items()})
       )
-      cost = costs.get(_result_cost_key(next(iter(mine.values()))), {})
+      cost = costs.get(_run(next(iter(mine.values()))).cost_key, {})
       gflops = harness.gflops_cell(cost)
       ratio = f'{cost["step_ratio"]:.3f}x' if cost.get('step_ratio') else '-'
       ratio += ' (under load)' * bool(cost.get('measured_under_load'))
@@ -888,13 +889,13 @@ def corpus_report(
           f'{_mean_std([r[test] for r in mine.values()])} | '
           f'{_diff_cell(diff) if diff else "- | -"} | {gflops} | {ratio} |'
       )
-  if any(costs.get(_result_cost_key(r), {}).get('measured_under_load') for r in rs):
+  if any(costs.get(_run(r).cost_key, {}).get('measured_under_load') for r in rs):
     lines += [
         '',
         '`(under load)`: step time measured while other jobs shared the cores (recorded as'
         ' `measured_under_load` in its costs file); its GFLOPs are exact, its step time is not.',
     ]
-  if any(costs.get(_result_cost_key(r), {}).get('gflops_lower_bound') for r in rs):
+  if any(costs.get(_run(r).cost_key, {}).get('gflops_lower_bound') for r in rs):
     lines += [
         '',
         "`>=`: the step has a loop (area attention's query blocks) whose body XLA's"

@@ -568,6 +568,11 @@ def test_comparison_tables_put_each_arm_s_step_cost_beside_its_bpc():
   ]
   # 1,024 bytes: its own costs, none recorded yet.
   assert lc.cost_cells(longer.arms[0], longer.baseline, costs) == ['- vs -', '-']
+  # Dropout is not in the measured step: no cost (the prose comparison has none: 0.0).
+  dropped = dataclasses.replace(cp, dropout=0.1)
+  assert dropped.cost_key is None and lm_study.cost_pairs([dropped]) == []
+  assert lc.cost_cells(dropped, same.baseline, costs) == ['- vs 10.00', '-']
+  assert dataclasses.replace(cp, dropout=0.0).cost_key == cp.cost_key
   md = lc.report([], costs=costs)
   assert f'| `{lc._name(cp)}` | 0 |' in md and '| 12.00 vs 10.00 | 1.25x |' in md
   assert 'GFLOPs are exact' in md
