@@ -646,6 +646,11 @@ def measure_costs(
     base.close()
 
 
+# ----------------------------------------------------------------------------
+# Report.
+# ----------------------------------------------------------------------------
+
+
 def load_results(study_dir: pathlib.Path) -> list[dict[str, Any]]:
   return [json.loads(p.read_text()) for p in sorted((study_dir / 'results').glob('*.json'))]
 
