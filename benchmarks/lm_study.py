@@ -1016,14 +1016,14 @@ def _cost_points(results, costs) -> tuple[int, dict[tuple[str, str], list[tuple]
   for corpus in sorted({r['corpus'] for r in results}):
     for family_arm in ('baseline', 'cp'):
       pts = []
-      for (arm, depth, seq_len), cost in sorted(costs.items(), key=lambda kv: kv[0][1]):
+      for depth in sorted({r['depth'] for r in results if r['arm'] == family_arm}):
+        cost = costs.get((family_arm, depth, None), {})
         vals = [
             r['val_bpc']
             for r in results
-            if (r['corpus'], r['arm'], r['depth'], r['steps']) == (corpus, arm, depth, steps)
+            if (r['corpus'], r['arm'], r['depth'], r['steps']) == (corpus, family_arm, depth, steps)
         ]
-        usable = cost.get('step_ms') and not cost.get('gflops_lower_bound')
-        if arm == family_arm and not seq_len and vals and usable:
+        if vals and cost.get('step_ms') and not cost.get('gflops_lower_bound'):
           err = statistics.stdev(vals) if len(vals) > 1 else 0.0
           pts.append((cost['step_ms'], cost['gflops'], statistics.mean(vals), err, depth))
       if pts:

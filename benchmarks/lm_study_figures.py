@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pathlib
 import statistics
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import matplotlib
 
@@ -39,9 +39,9 @@ def _long_groups(results: Sequence[dict[str, Any]], long_steps: int) -> list[tup
 
 def _curves_column(top, bottom, series, total_steps: int, title: str) -> None:
   """Validation BPC vs step of ``series`` (``[(label, colour, [val_curve per seed])]``,
-  ``colour`` an index of :func:`_style`, None for the baseline): the mean over seeds and, with several seeds, the band between the lowest
-  and the highest; the whole run in ``top`` and its second half, where runs end, in
-  ``bottom``."""
+  ``colour`` an index of :func:`_style`, None for the baseline): the mean over seeds
+  and, with several seeds, the band between the lowest and the highest; the whole run
+  in ``top`` and its second half, where runs end, in ``bottom``."""
   late = []  # every value drawn in the second half, for its y range
   for label, colour, val_curves in series:
     curves = [dict(c) for c in val_curves]
@@ -96,7 +96,7 @@ def long_curves(
 
 
 def comparison_curves(
-    columns: Sequence[tuple[str, int, Sequence[tuple[str, bool, Sequence[Any]]]]],
+    columns: Sequence[tuple[str, int, Sequence[tuple[str, Optional[int], Sequence[Any]]]]],
     path: pathlib.Path,
 ) -> pathlib.Path:
   """One column per ``(title, steps, series)`` (:func:`_curves_column`'s series)."""
