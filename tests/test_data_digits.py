@@ -7,7 +7,6 @@ small (1,797 8x8 images; prepared in about a second).
 import ml_collections
 import numpy as np
 import pytest
-from sklearn import datasets as sk_datasets
 import tensorflow_datasets as tfds
 
 from contextpool_jax import config_readers
@@ -35,6 +34,10 @@ def _multiset(images, labels):
 
 
 def test_splits_partition_the_data_stratified(data_dir):
+  # Imported here, not at collection: scikit-learn takes 1-2 s to import, in every
+  # xdist worker that collects this file, and only this test reads it directly.
+  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+
   raw = sk_datasets.load_digits()
   expected_images = np.rint(raw.images * 255.0 / 16.0).astype(np.uint8)[..., None]
   splits = {s: _split(data_dir, s) for s in ('train', 'validation', 'test')}

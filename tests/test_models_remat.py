@@ -12,6 +12,7 @@
 """
 
 import contextlib
+import functools
 import io
 
 import chex
@@ -48,9 +49,11 @@ def _loss_fn(model, x, variables):
   return loss
 
 
-def _loss_and_grads(name, x, remat, **fields):
-  model = models.create(name, **fields, remat=remat)
-  variables = jax.jit(model.init, static_argnames='train')(jax.random.key(0), x, train=False)
+def _init(model, x):
+  return model.init(jax.random.key(0), x, train=False)
+
+
+def _loss_and_grads(model, x, variables):
   loss = _loss_fn(model, x, variables)
   return jax.jit(jax.value_and_grad(loss, has_aux=True))(variables['params'])
 
@@ -70,18 +73,27 @@ POLICIES = [p for p in REMAT_POLICIES if p != 'none'] + [True]
 def test_every_remat_policy_gives_the_loss_and_gradients_of_none(case):
   name, x, fields = CASES[case]
   policies = POLICIES if case == 'lm' else ['full', 'dots']
-  (loss, state), grads = _loss_and_grads(name, x, 'none', **fields)
+  model = models.create(name, **fields, remat='none')
+  variables = jax.jit(functools.partial(_init, model))(x)
+  (loss, state), grads = _loss_and_grads(model, x, variables)
   for policy in policies:
-    (loss_p, state_p), grads_p = _loss_and_grads(name, x, policy, **fields)
+    remat = models.create(name, **fields, remat=policy)
+    # A policy changes how the blocks are differentiated, not their variables: its init,
+    # traced, has the same tree; the gradients are taken at the same values.
+    chex.assert_trees_all_equal_shapes_and_dtypes(
+        jax.eval_shape(functools.partial(_init, remat), x), variables
+    )
+    (loss_p, state_p), grads_p = _loss_and_grads(remat, x, variables)
     np.testing.assert_allclose(loss_p, loss, rtol=1e-6, err_msg=str(policy))
     chex.assert_trees_all_close(grads_p, grads, rtol=1e-5, atol=1e-7)
     chex.assert_trees_all_close(state_p, state, rtol=1e-6)
 
 
 def _saved_residuals(remat) -> list[str]:
-  """``print_saved_residuals`` of the LM's loss, one line per residual."""
+  """``print_saved_residuals`` of the LM's loss, one line per residual (traced at the
+  parameters' shapes: which residuals are kept does not depend on their values)."""
   model = models.create('cp_transformer_lm', **LM, remat=remat)
-  params = jax.jit(model.init)(jax.random.key(0), TOKENS)['params']
+  params = jax.eval_shape(model.init, jax.random.key(0), TOKENS)['params']
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     ad_checkpoint.print_saved_residuals(lambda p: model.apply({'params': p}, TOKENS).sum(), params)

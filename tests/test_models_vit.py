@@ -1,5 +1,6 @@
 """ViT / CP-ViT: presets, parameter counts, ContextPool placement, scan, dropout, bf16."""
 
+import functools
 import math
 
 import chex
@@ -87,13 +88,18 @@ def test_forward_shapes_reduced(name):
   assert np.all(np.isfinite(y))
 
 
+@functools.lru_cache(maxsize=None)
+def _full_size(name, **fields):
+  """``(logits, variables)`` shapes of a preset on two 224 x 224 images, traced once
+  for the tests that read them (a ViT-B trace takes about a second)."""
+  model = vit.MODELS[name](**fields)
+  x = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
+  return jax.eval_shape(lambda x: model.init_with_output(jax.random.key(0), x), x)
+
+
 def test_forward_shapes_full_size():
   for name in NAMES:
-    y = jax.eval_shape(
-        lambda x, m=vit.MODELS[name](): m.init_with_output(jax.random.key(0), x)[0],
-        jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32),
-    )
-    assert y.shape == (2, 1000)
+    assert _full_size(name)[0].shape == (2, 1000)
 
 
 def _cp_params_per_module(d, k=3, hidden=32):
@@ -103,8 +109,7 @@ def _cp_params_per_module(d, k=3, hidden=32):
 
 @pytest.mark.slow
 def test_parameter_counts():
-  x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
-  count = lambda name, **kw: count_params(_shapes(vit.MODELS[name](**kw), x)['params'])
+  count = lambda name, **kw: count_params(_full_size(name, **kw)[1]['params'])
   # Exactly the reference ViT / DeiT models (e.g. timm's vit_*_patch16_224).
   want = {'vit_ti16': 5_717_416, 'vit_s16': 22_050_664, 'vit_b16': 86_567_656}
   for name, n in want.items():
