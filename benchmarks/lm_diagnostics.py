@@ -177,7 +177,9 @@ def gradient_norms(model, variables, tokens: np.ndarray) -> dict[str, float]:
   grads = jax.jit(jax.grad(loss))(variables['params'])
   squares: dict[str, float] = {}
   for path, g in flax.traverse_util.flatten_dict(grads).items():
-    squares[_group(path)] = squares.get(_group(path), 0.0) + float(jnp.sum(jnp.square(g)))
+    squares[_group(path)] = squares.get(_group(path), 0.0) + float(
+        np.sum(np.square(g, dtype=np.float64))
+    )
   norms = {k: math.sqrt(v) for k, v in sorted(squares.items())}
   norms['total'] = math.sqrt(sum(squares.values()))
   return norms
@@ -201,8 +203,8 @@ def copying_bpc(model, variables, tokens: np.ndarray) -> dict[str, float]:
   ``second_copy`` (targets n/2 + 1 .. n, each the byte n/2 positions back; the
   target n/2 follows a byte not seen before and is in neither)."""
   n = tokens.shape[1] - 1
-  logits = jax.jit(model.apply)(variables, tokens[:, :-1])
-  bits = np.asarray(objectives.cross_entropy(logits, tokens[:, 1:]), np.float64) / math.log(2.0)
+  nll = jax.jit(lambda v, t: objectives.cross_entropy(model.apply(v, t[:, :-1]), t[:, 1:]))
+  bits = np.asarray(nll(variables, tokens), np.float64) / math.log(2.0)
   return {  # bits[:, t] scores target t + 1
       'first_copy': float(bits[:, : n // 2 - 1].mean()),
       'second_copy': float(bits[:, n // 2 :].mean()),

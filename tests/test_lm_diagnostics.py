@@ -142,7 +142,7 @@ def test_copying_windows_repeat_and_the_score_splits_the_copies():
   model = T.TransformerLM(**TINY, context_pool={})
   variables = jax.jit(model.init)(jax.random.key(0), w[:1, :-1])
   got = diag.copying_bpc(model, variables, w)
-  z = np.asarray(model.apply(variables, w[:, :-1]), np.float64)
+  z = np.asarray(jax.jit(model.apply)(variables, w[:, :-1]), np.float64)
   logp = z - z.max(-1, keepdims=True)
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   bits = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0] / math.log(2)  # target t + 1
@@ -163,9 +163,8 @@ def test_attention_weights_reproduce_the_attention_output(heads):
   weights = diag.attention_weights(model, variables, tokens)
   assert set(weights) == {'layer_0', 'layer_1'}
   probed = lambda m, name: name == '__call__' and m.name in ('value', 'self_attention')
-  _, inter = model.apply(
-      variables, tokens[:, :-1], mutable=['intermediates'], capture_intermediates=probed
-  )
+  capture = functools.partial(model.apply, mutable=['intermediates'], capture_intermediates=probed)
+  _, inter = jax.jit(capture)(variables, tokens[:, :-1])
   for layer, w in weights.items():
     chex.assert_shape(w, (3, 2, N, N))
     assert np.all(np.triu(w, 1) == 0) and np.allclose(w.sum(-1), 1.0)
