@@ -273,6 +273,7 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
 
 
 @pytest.mark.parametrize('quiet', [True, False])
+@pytest.mark.sweep  # the fast tier: quiet; the full suite also shows the chatter when not quiet
 def test_a_new_mlflow_store_says_nothing_on_a_quiet_console(quiet, tmp_path, mlflow_offline, capfd):
   from configs import default as default_config
   from contextpool_jax import console
