@@ -1017,12 +1017,13 @@ def _cost_points(results, costs) -> tuple[int, dict[tuple[str, str], list[tuple]
     for family_arm in ('baseline', 'cp'):
       pts = []
       for depth in sorted({r['depth'] for r in results if r['arm'] == family_arm}):
-        cost = costs.get((family_arm, depth, None), {})
-        vals = [
-            r['val_bpc']
+        mine = [
+            r
             for r in results
             if (r['corpus'], r['arm'], r['depth'], r['steps']) == (corpus, family_arm, depth, steps)
         ]
+        cost = costs.get(_run(mine[0]).cost_key, {}) if mine else {}
+        vals = [r['val_bpc'] for r in mine]
         if vals and cost.get('step_ms') and not cost.get('gflops_lower_bound'):
           err = statistics.stdev(vals) if len(vals) > 1 else 0.0
           pts.append((cost['step_ms'], cost['gflops'], statistics.mean(vals), err, depth))
