@@ -221,13 +221,25 @@ def test_lm_cached_decoding_equals_full_forward(case):
 # ----------------------------------------------------------------------------
 
 
+def _search_model(cls, case):
+  """``cls`` (Transformer or TransformerLM) of ``case``, on one layer unless it scans
+  layers (a scan traces and compiles one layer whatever their number). What the
+  searches and the sampler add to the cached step is their loop over cache segments,
+  the same for any number of layers; each layer's cache on top of another's is
+  checked against the full forward above, on two and three layers."""
+  layers = {} if MODEL_CASES[case].get('scan_layers') else {'num_layers': 1}
+  return cls(**{**TINY, **MODEL_CASES[case], **layers})
+
+
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
 @pytest.mark.slow
 def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
-  """Slow (up to ~70 s under load for area and ContextPool): six whole-search programs per
+  """Slow (up to ~30 s under load): six whole-search programs per
   case, greedy and beam search each without the cache, with it in one segment, and on the
-  cache's leading slices, each a loop over an encoder-decoder compiled on its own."""
-  model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
+  cache's leading slices, each a loop over an encoder-decoder compiled on its own.
+
+  One layer unless the case scans layers (:func:`_search_model`)."""
+  model = _search_model(T.Transformer, case)
   params = jax.jit(model.init)(jax.random.key(9), SOURCE, jnp.ones((2, 4), jnp.int32))
   params = _spread_kernels(params, 5.0)
   for search in (
@@ -343,7 +355,7 @@ def test_decode_needs_a_1d_area_memory_and_no_mask():
 def test_lm_sampler_same_tokens_with_and_without_cache(case):
   from contextpool_jax.inference import sampling  # pylint: disable=g-import-not-at-top
 
-  model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
+  model = _search_model(T.TransformerLM, case)
   prompt = jnp.array([[3, 4, 5], [6, 7, 8]], jnp.int32)
   params = _spread_kernels(jax.jit(model.init)(jax.random.key(6), prompt), 5.0)
   for kw in (
