@@ -823,11 +823,12 @@ def _curve_tables(
     scale: float = 1.0,
 ) -> list[str]:
   """One markdown table per ``(steps, depth, options)`` group: ``field`` (a
-  ``[(step, value)]`` curve) times ``scale``, mean over seeds, per arm, at ten
-  or so steps (always the last)."""
+  ``[(step, value)]`` curve) times ``scale``, mean over seeds, per arm (with the
+  seeds it averages: arms part-way through their seeds average different ones),
+  at ten or so steps (always the last)."""
   lines = []
   for steps, depth, options in groups:
-    curves = {}
+    curves, seeds = {}, {}
     for arm in ARMS:
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth, options=options)
       by_step: dict[int, list[float]] = {}
@@ -836,6 +837,7 @@ def _curve_tables(
           by_step.setdefault(step, []).append(v * scale)
       if by_step:
         curves[arm] = {s: statistics.mean(v) for s, v in by_step.items()}
+        seeds[arm] = ', '.join(str(s) for s in sorted(mine))
     if not curves:
       continue
     all_steps = sorted({s for c in curves.values() for s in c})
@@ -845,13 +847,12 @@ def _curve_tables(
     lines += [
         f'{steps} steps, depth {depth}' + f', {_shown(options)}' * bool(options) + ':',
         '',
-        '| arm | ' + ' | '.join(str(s) for s in shown) + ' |',
-        '| --- |' + ' --- |' * len(shown),
+        '| arm | seeds | ' + ' | '.join(str(s) for s in shown) + ' |',
+        '| --- | --- |' + ' --- |' * len(shown),
     ]
     for arm, c in curves.items():
-      lines.append(
-          f'| {arm} | ' + ' | '.join(f'{c[s]:.3f}' if s in c else '-' for s in shown) + ' |'
-      )
+      values = ' | '.join(f'{c[s]:.3f}' if s in c else '-' for s in shown)
+      lines.append(f'| {arm} | {seeds[arm]} | {values} |')
     lines.append('')
   return lines
 
