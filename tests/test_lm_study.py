@@ -354,34 +354,13 @@ def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
   md = lm_study.corpus_report(results, {}, 'code')
   train = md.split('### Training loss along the longer runs')[1]
   assert '40 steps, depth 2:' in train and '10 steps' not in train
+  # Each row names the seeds it averages (an arm part-way through its seeds has fewer).
   assert '| baseline | 0, 1 | 4.000 | 2.000 |' in train and '| cp | 0 | 3.000 | 1.500 |' in train
+  val = md.split('### Learning curves')[1].split('40 steps, depth 2:')[1]
+  assert '| baseline | 0, 1 | 1.000 |' in val and '| cp | 0 | 1.000 |' in val
   # One length only: nothing is longer, so no training-loss table.
   short = [r for r in results if r['steps'] == 10]
   assert 'Training loss' not in lm_study.corpus_report(short, {}, 'code')
-
-
-def test_learning_curves_name_the_seeds_each_arm_averages():
-  """An arm part-way through its seeds averages fewer than the baseline: each row says which."""
-
-  def result(arm, seed, bpc):
-    curve = [[10, bpc + 1.0], [20, bpc]]
-    return dict(
-        corpus='code',
-        arm=arm,
-        depth=2,
-        steps=20,
-        seed=seed,
-        key=f'{arm}{seed}',
-        val_bpc=bpc,
-        test_bpc=bpc,
-        val_curve=curve,
-    )
-
-  results = [result('baseline', 0, 1.0), result('baseline', 1, 2.0), result('cp', 1, 1.2)]
-  curves = lm_study.corpus_report(results, {}, 'code').split('### Learning curves')[1]
-  assert '| arm | seeds | 10 | 20 |' in curves
-  assert '| baseline | 0, 1 | 2.500 | 1.500 |' in curves  # the mean of seeds 0 and 1
-  assert '| cp | 1 | 2.200 | 1.200 |' in curves
 
 
 def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
