@@ -831,9 +831,10 @@ def _curve_tables(
     curves, seeds = {}, {}
     for arm in ARMS:
       mine = _by_seed(rs, arm=arm, steps=steps, depth=depth, options=options)
+      mine = {seed: r for seed, r in mine.items() if r.get(field)}  # the seeds it averages
       by_step: dict[int, list[float]] = {}
       for r in mine.values():
-        for step, v in r.get(field, []):
+        for step, v in r[field]:
           by_step.setdefault(step, []).append(v * scale)
       if by_step:
         curves[arm] = {s: statistics.mean(v) for s, v in by_step.items()}

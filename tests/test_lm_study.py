@@ -350,14 +350,16 @@ def test_report_shows_the_training_loss_of_the_longer_runs_in_bits():
       result('baseline', 40, 0, math.log(2)),
       result('baseline', 40, 1, 3 * math.log(2)),
       result('cp', 40, 0, 1.5 * math.log(2)),
+      {**result('cp', 40, 1, 0.0), 'train_curve': []},  # no training curve recorded
   ]
   md = lm_study.corpus_report(results, {}, 'code')
   train = md.split('### Training loss along the longer runs')[1]
   assert '40 steps, depth 2:' in train and '10 steps' not in train
-  # Each row names the seeds it averages (an arm part-way through its seeds has fewer).
+  # Each row names the seeds it averages (an arm part-way through its seeds, or a seed
+  # without that curve, has fewer).
   assert '| baseline | 0, 1 | 4.000 | 2.000 |' in train and '| cp | 0 | 3.000 | 1.500 |' in train
   val = md.split('### Learning curves')[1].split('40 steps, depth 2:')[1]
-  assert '| baseline | 0, 1 | 1.000 |' in val and '| cp | 0 | 1.000 |' in val
+  assert '| baseline | 0, 1 | 1.000 |' in val and '| cp | 0, 1 | 1.000 |' in val
   # One length only: nothing is longer, so no training-loss table.
   short = [r for r in results if r['steps'] == 10]
   assert 'Training loss' not in lm_study.corpus_report(short, {}, 'code')
