@@ -8,8 +8,8 @@ The loop knows only the two interfaces:
   a whole split, e.g. BPC, loss, top-1) for every ``config.eval_splits`` entry,
   and :class:`Bleu` for translation with ``config.eval_bleu``;
 * a :class:`LogHook` runs at every log step: :class:`PoolSizes` (the
-  ContextPool pooling sizes per layer, the paper's Fig. 4) when the model has
-  ContextPool and ``config.log_pool_sizes``.
+  ContextPool pooling sizes per layer, the paper's Fig. 4) with
+  ``config.log_pool_sizes``, logging when the model has ContextPool.
 
 Which of them a run gets is the task kind's decision (the registry,
 :mod:`contextpool_jax.training.tasks`: ``Task.evaluators`` and ``Task.hooks``);
@@ -21,7 +21,7 @@ global values through :func:`sharding.fetch`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import flax
 import jax
@@ -139,11 +139,24 @@ def make_pool_size_probe(model, objective):
 
 @dataclasses.dataclass
 class PoolSizes:
-  """Histograms and means of ContextPool's pooling sizes per layer (Fig. 4)."""
+  """Histograms and means of ContextPool's pooling sizes per layer (Fig. 4), when the
+  model has ContextPool (:meth:`sows`); otherwise the hook logs and compiles nothing."""
 
   probe: Callable  # jit(make_pool_size_probe(...)) with the loop's shardings
+  sown: Optional[bool] = None  # sows(...) on the first call
+
+  def sows(self, state, batch) -> bool:
+    """Whether the built model sows pooling sizes: the probe traced abstractly
+    (``jax.eval_shape``, nothing computed; its jitted call reuses this trace). Asks
+    the module tree, not the config, so preset models (``cp_resnet44``,
+    ``cp_vit_b16``, ...) count."""
+    return bool(jax.eval_shape(self.probe, state, batch))
 
   def __call__(self, step, state, batch, writer):
+    if self.sown is None:
+      self.sown = self.sows(state, batch)
+    if not self.sown:
+      return
     sizes = sharding.fetch(self.probe(state, batch))
     writer.histograms(step, sizes, POOL_SIGMA)
     writer.scalars(step, {k: float(np.mean(s)) for k, s in sizes.items()}, f'{POOL_SIGMA}_mean')

@@ -16,7 +16,7 @@ keyed by ``config.task``); nothing else in the repository decides by
 ``config.task`` (``tests/test_code_shape.py``). A new kind of experiment is a
 :class:`TaskKind` here (an objective, a pipeline over its data module, its
 evaluators), not a change to the loop. Log hooks ask the
-built model what it contains (:func:`has_context_pool`), never the config.
+built model what it contains (:meth:`evaluators.PoolSizes.sows`), never the config.
 """
 
 from __future__ import annotations
@@ -144,32 +144,6 @@ class ImageData(DataPipeline):
 
 
 # ----------------------------------------------------------------------------
-# What a built model contains (asked by the log hooks).
-# ----------------------------------------------------------------------------
-
-
-def has_context_pool(model: nn.Module, objective: objectives.Objective, init_batch: dict) -> bool:
-  """Whether ``model`` sows ContextPool pooling sizes: ``init`` then ``apply`` with
-  ``mutable=['intermediates']`` on the init batch, abstractly (``jax.eval_shape``:
-  shapes only, nothing computed), finds a sown ``pool_sigma``. Asks the module
-  tree, not the config, so preset models (``cp_resnet44``, ``cp_vit_b16``, ...)
-  count."""
-  args = objective.model_args
-
-  def sown(batch):
-    rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(0)}
-    variables = model.init(rngs, *args(batch), train=False)
-    return model.apply(variables, *args(batch), train=False, mutable=['intermediates'])[1]
-
-  try:
-    inter = jax.eval_shape(sown, init_batch)
-  except Exception:  # pylint: disable=broad-except  # a model that cannot run sows nothing;
-    return False  # the trainer's own init (run before the hooks are built) reports its error
-  paths = jax.tree_util.tree_flatten_with_path(dict(inter).get('intermediates', {}))[0]
-  return any(evaluators.POOL_SIGMA in jax.tree_util.keystr(path) for path, _ in paths)
-
-
-# ----------------------------------------------------------------------------
 # The kinds.
 # ----------------------------------------------------------------------------
 
@@ -212,10 +186,9 @@ class TaskKind:
     return [evaluators.SplitMetrics(task, devices, split) for split in splits]
 
   def hooks(self, task: Task, devices: evaluators.Devices, log_pool_sizes: bool) -> list:
-    """The log-step hooks: ContextPool's pooling sizes when the model has ContextPool."""
-    if not log_pool_sizes or not has_context_pool(
-        task.model, task.objective, task.data.init_batch()
-    ):
+    """The log-step hooks: ContextPool's pooling sizes (logged when the model has
+    ContextPool: :meth:`evaluators.PoolSizes.sows`)."""
+    if not log_pool_sizes:
       return []
     probe = jax.jit(
         evaluators.make_pool_size_probe(task.model, task.objective),
