@@ -13,6 +13,7 @@ import pytest
 from contextpool_jax.models import transformer as T
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models.common import count_params
+from init_keys import init_key
 
 TINY = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
 KINDS = ('standard', 'local', 'area')
@@ -23,7 +24,7 @@ def _tokens(shape, seed=0, low=1, high=50):
 
 
 def _init(model, *args):
-  return jax.jit(model.init)(jax.random.key(0), *args)
+  return jax.jit(model.init)(init_key(), *args)
 
 
 @pytest.mark.sweep

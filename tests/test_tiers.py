@@ -1,4 +1,5 @@
-"""The run's set-up (``tests/conftest.py``) and what ``--costs`` reports.
+"""The run's set-up (``tests/conftest.py``), the tests' init keys (``tests/init_keys.py``) and
+what ``--costs`` reports.
 
 The fast tier (``-m "not slow"``) keeps the first case of every sweep; with ``-n`` the files
 go to the workers whole, the longest first; MLIR contexts are shared, the programs unchanged."""
@@ -148,3 +149,32 @@ def test_a_program_lowered_in_a_shared_context_is_the_one_a_fresh_context_gives(
   text_fresh, _ = lower(fresh, lambda x, w: jax.nn.softmax(x @ w, axis=-1).sum(0))
   assert first and then and all(c is first[0] for c in then)  # one context served both
   assert text_shared == text_fresh
+
+
+def test_init_keys_draw_the_initializers_distributions_and_compile_no_loop():
+  """``init_key`` (tests/init_keys.py): keys that split and fold into distinct
+  streams, uniform and normal draws with their moments, a layer's initializers
+  at the scales threefry keys give, and a jitted init without threefry's loops."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from init_keys import init_key  # pylint: disable=g-import-not-at-top
+
+  key = init_key(0)
+  keys = [key, init_key(1), *jax.random.split(key), jax.random.fold_in(key, 1)]
+  keys.append(jax.random.fold_in(key, 2))
+  draws = [np.asarray(jax.random.bits(k, (64,))) for k in keys]
+  assert len({d.tobytes() for d in draws}) == len(keys)
+  u = np.asarray(jax.random.uniform(key, (100_000,)), np.float64)
+  assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+  assert abs(np.histogram(u, 10, (0, 1))[0] / u.size - 0.1).max() < 0.005
+  z = np.asarray(jax.random.normal(key, (100_000,)), np.float64)
+  assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+
+  dense, x = nn.Dense(256), np.ones((1, 400), np.float32)
+  ours, theirs = (dense.init(k, x)['params'] for k in (key, jax.random.key(0)))
+  np.testing.assert_array_equal(ours['bias'], theirs['bias'])  # zeros
+  assert abs(np.std(ours['kernel']) / np.std(theirs['kernel']) - 1) < 0.02  # lecun normal
+  lowered = lambda k: jax.jit(dense.init).lower(k, x).as_text()
+  assert 'while' in lowered(jax.random.key(0)) and 'while' not in lowered(key)

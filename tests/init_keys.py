@@ -1,0 +1,76 @@
+"""PRNG keys for the tests' compiled model inits: :func:`init_key`.
+
+A model's ``init`` draws twice per parameter (Flax folds the parameter's path into
+the key, then its initializer draws), and on the CPU each threefry draw is a
+while loop that XLA compiles on its own. So compiling a tiny Transformer's
+``jax.jit(model.init)`` took 3-4 times as long as compiling its forward pass, and the
+inits were about half of the model tests' XLA compile time
+(``benchmarks/results/test_costs.md``).
+
+:data:`HASH_PRNG` is a counter hash (a few integer operations per value, no loop).
+Keys of it go through the same Flax initializers as users' threefry keys (same
+zeros, ones, fan-in scales and custom inits), and draw different values from
+the same distributions. Tests of model properties hold for any parameters, so
+they do not depend on which values; the training loop, and every test of it,
+keeps JAX's default PRNG. Its own checks: ``tests/test_tiers.py``.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.extend import random as jex_random
+
+
+def _mix(x):
+  """lowbias32 (C. Wellons): a bijective 32-bit hash with low bias."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def _hash(key, counter):
+  """32 bits per element of ``counter`` (uint32) under ``key`` (``[2]`` uint32)."""
+  return _mix(_mix(counter ^ key[0]) + key[1] * jnp.uint32(0x9E3779B9))
+
+
+def _seed(seed):
+  s = jnp.asarray(seed).astype(jnp.uint32)
+  return jnp.stack([_mix(s), _mix(s ^ jnp.uint32(0x5BD1E995))])
+
+
+def _random_bits(key, bit_width, shape):
+  n = math.prod(shape)
+  if bit_width == 64:
+    words = _hash(key, jax.lax.iota(jnp.uint32, 2 * n)).reshape(2, n).astype(jnp.uint64)
+    return ((words[0] << 32) | words[1]).reshape(shape)
+  dtype = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bit_width]
+  return _hash(key, jax.lax.iota(jnp.uint32, n)).astype(dtype).reshape(shape)
+
+
+def _split(key, shape):
+  counters = jax.lax.iota(jnp.uint32, 2 * math.prod(shape)) + jnp.uint32(0x68E31DA4)
+  return _hash(key, counters).reshape(*shape, 2)
+
+
+def _fold_in(key, data):
+  d = jnp.asarray(data).astype(jnp.uint32)
+  return jnp.stack([_hash(key, d), _hash(key, d ^ jnp.uint32(0xB5297A4D))])
+
+
+HASH_PRNG = jex_random.define_prng_impl(
+    key_shape=(2,),
+    seed=_seed,
+    split=_split,
+    random_bits=_random_bits,
+    fold_in=_fold_in,
+    name='tests_hash',
+    tag='hsh',
+)
+
+
+def init_key(seed: int = 0) -> jax.Array:
+  """A typed PRNG key of :data:`HASH_PRNG`, for ``jax.jit(model.init)(init_key(), ...)``."""
+  return jax.random.key(seed, impl=HASH_PRNG)
