@@ -51,7 +51,7 @@ def _loss_fn(model, x, variables):
 
 
 def _init(model, x):
-  return model.init(jax.random.key(0), x, train=False)
+  return model.init(init_key(), x, train=False)
 
 
 def _loss_and_grads(model, x, variables):
