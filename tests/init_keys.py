@@ -3,7 +3,7 @@
 A model's ``init`` draws twice per parameter (Flax folds the parameter's path into
 the key, then its initializer draws), and on the CPU each threefry draw is a
 while loop that XLA compiles on its own. So compiling a tiny Transformer's
-``jax.jit(model.init)`` took 3-4 times as long as compiling its forward pass, and the
+``jax.jit(model.init)`` took 4-6 times as long as compiling its forward pass, and the
 inits were about half of the model tests' XLA compile time
 (``benchmarks/results/test_costs.md``).
 
