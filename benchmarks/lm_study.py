@@ -209,7 +209,7 @@ def plan(
   stopped study has complete comparisons for its first seeds), without duplicates.
   ``sweep`` and ``comparisons`` are :mod:`benchmarks.lm_comparisons`'s runs
   (their own seeds and sizes; ``best_arm`` joins the default ContextPool in
-  the longer-context, fewer-layers and prose comparisons)."""
+  the longer-context and fewer-layers comparisons and is the prose arm)."""
   runs: list[Run] = []
   for seed in seeds:
     if 'depth' in groups:
@@ -1082,7 +1082,9 @@ _TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
 _LONG_ARMS = flags.DEFINE_list('long_arms', list(LONG_ARMS), 'Arms of the long group.')
 _BEST_ARM = flags.DEFINE_string(
-    'best_arm', 'cp_kv', 'The arm the later comparisons add to the default ContextPool.'
+    'best_arm',
+    'cp_kv',
+    'The arm the later comparisons add to the default ContextPool (prose: the only arm).',
 )
 _DIAGNOSE_EXISTING = flags.DEFINE_bool(
     'diagnose_existing',
