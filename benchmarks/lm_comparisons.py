@@ -10,7 +10,8 @@ baseline (``python -m benchmarks.lm_study --groups comparisons``):
 * the arms at the long setup, 3 seeds: the default ContextPool, pooled keys and
   values only (``context_pool_reads='kv'``), and the paper's LM placement (the
   residual stream pooled after every block but the last);
-* longer context (``seq_len`` 1,024, the same bytes per step), 2 seeds;
+* longer context (``seq_len`` 1,024, the same bytes per step): the default
+  ContextPool 2 seeds, the best arm and the baseline 3;
 * fewer layers: ContextPool at depth 2 against the baseline at depth 4;
 * prose with dropout against overfitting, chosen on the baseline: the best arm
   against the baseline.
@@ -38,6 +39,8 @@ SWEEP_LRS = (2e-3, 4e-3, 8e-3)
 TUNED_LR: dict[str, float] = {'baseline': 4e-3, 'cp': 4e-3}
 LONG = dict(corpus='code', depth=2, steps=4000)
 CONFIRM_SEEDS = (0, 1, 2)
+# The default ContextPool at 1,024 bytes: 0.51 and 0.46 behind on seeds 0 and 1, not trained on a
+# third; the best arm, ahead on both, is (docs/results.md).
 CONTEXT_SEEDS = (0, 1)
 LONG_CONTEXT = 1024
 PROSE_DROPOUTS = (0.1, 0.2)
@@ -60,15 +63,27 @@ def run(arm: str, seed: int = 0, *, corpus='code', depth=2, steps=4000, **option
 @dataclasses.dataclass(frozen=True)
 class Comparison:
   """Arms against a baseline, paired by seed (the seeds of ``baseline`` and
-  ``arms`` are replaced by each of ``seeds``)."""
+  ``arms`` are replaced by each of ``seeds``; an arm in ``fewer_seeds`` runs only
+  those listed there: ``((arm, seeds), ...)``)."""
 
   name: str
   baseline: Run
   arms: tuple[Run, ...]
   seeds: tuple[int, ...]
+  fewer_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+  def seeds_of(self, template: Run) -> tuple[int, ...]:
+    if template is self.baseline:
+      return self.seeds
+    return dict(self.fewer_seeds).get(template.arm, self.seeds)
 
   def runs(self) -> list[Run]:
-    return [dataclasses.replace(r, seed=s) for s in self.seeds for r in (self.baseline, *self.arms)]
+    return [
+        dataclasses.replace(r, seed=s)
+        for s in self.seeds
+        for r in (self.baseline, *self.arms)
+        if s in self.seeds_of(r)
+    ]
 
 
 def study(best_arm: str = 'cp_kv') -> list[Comparison]:
@@ -86,7 +101,8 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
           f'Longer context: {LONG_CONTEXT} bytes, the same bytes per step',
           run('baseline', seq_len=LONG_CONTEXT),
           tuple(run(a, seq_len=LONG_CONTEXT) for a in dict.fromkeys(('cp', best_arm))),
-          CONTEXT_SEEDS,
+          CONFIRM_SEEDS,
+          (('cp', CONTEXT_SEEDS),) if best_arm != 'cp' else (),
       ),
       Comparison(
           'Fewer layers: ContextPool at depth 2 against the baseline at depth 4',
@@ -180,7 +196,7 @@ def comparison_table(
   with their step's cost beside (:func:`cost_cells`)."""
 
   def by_seed(template: Run) -> dict[int, Mapping[str, Any]]:
-    keys = {s: dataclasses.replace(template, seed=s).key for s in comparison.seeds}
+    keys = {s: dataclasses.replace(template, seed=s).key for s in comparison.seeds_of(template)}
     return {s: results[k] for s, k in keys.items() if k in results}
 
   base = by_seed(comparison.baseline)
@@ -252,7 +268,9 @@ def figure(results: Sequence[Mapping[str, Any]], path, best_arm: str = 'cp_kv'):
     for template in (comparison.baseline, *comparison.arms):
       curves = [
           by_key[k]['val_curve']
-          for k in (dataclasses.replace(template, seed=s).key for s in comparison.seeds)
+          for k in (
+              dataclasses.replace(template, seed=s).key for s in comparison.seeds_of(template)
+          )
           if k in by_key
       ]
       if curves:
