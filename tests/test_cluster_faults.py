@@ -617,7 +617,7 @@ def test_kills_at_random_moments_then_resumes_equal_an_uninterrupted_run(
 def test_kills_at_random_moments_on_two_processes_then_resumes_equal_an_uninterrupted_run(
     reference, driver, tmp_path
 ):
-  """Slow (about 100 s on 2 cores): two real processes on a loopback cluster are started,
+  """Slow (over a minute on 2 cores): two real processes on a loopback cluster are started,
   killed at random moments and restarted several times, each start paying process start-up,
   JAX's distributed initialisation and compilation; the kills are the point of the test."""
   args, _ = reference

@@ -235,9 +235,9 @@ def _search_model(cls, case):
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
 @pytest.mark.slow
 def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
-  """Slow (up to ~30 s under load): six whole-search programs per
-  case, greedy and beam search each without the cache, with it in one segment, and on the
-  cache's leading slices, each a loop over an encoder-decoder compiled on its own.
+  """Slow: six whole-search programs per case, greedy and beam search each without the
+  cache, with it in one segment, and on the cache's leading slices, each a loop over an
+  encoder-decoder compiled on its own.
 
   One layer unless the case scans layers (:func:`_search_model`)."""
   model = _search_model(T.Transformer, case)

@@ -13,9 +13,9 @@ TESTS = pathlib.Path(__file__).resolve().parent
 
 
 def test_multi_device_suite():
-  """Slow (about 90 s on 2 cores): one subprocess with 4 fake CPU devices runs every test of
-  tests/multi_device/ (they must set XLA_FLAGS before JAX starts); one process for all of
-  them, so the start-up is paid once."""
+  """Slow: one subprocess with 4 fake CPU devices runs every test of tests/multi_device/
+  (they must set XLA_FLAGS before JAX starts); one process for all of them, so the start-up
+  is paid once."""
   env = dict(os.environ, CONTEXTPOOL_MULTI_DEVICE='1', JAX_PLATFORMS='cpu')
   flags = env.get('XLA_FLAGS', '')
   env['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count=4'.strip()

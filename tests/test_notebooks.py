@@ -108,7 +108,7 @@ def test_the_regenerating_script_names_an_unknown_notebook(capsys):
 @pytest.mark.slow  # executes the notebooks
 @pytest.mark.parametrize('name', sorted(EXPECTED_FIGURES))
 def test_notebook_runs_smoke_sized_and_draws_its_figures(name, tmp_path, monkeypatch):
-  """Slow (45-70 s each): a Jupyter kernel executes the whole notebook as a Colab user
+  """Slow (up to a minute each): a Jupyter kernel executes the whole notebook as a Colab user
   would, smoke-sized (a few training steps), including its compiles and figures."""
   monkeypatch.setenv('CONTEXTPOOL_NOTEBOOK_SMALL', '1')
   monkeypatch.setenv('CONTEXTPOOL_NOTEBOOK_WORKDIR', str(tmp_path / 'workdir'))

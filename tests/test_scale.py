@@ -162,7 +162,7 @@ def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, four_devic
   """Two processes x two devices train as one process x four, and a two-process run
   stopped at step 4 and resumed ends with the uninterrupted run's params.
 
-  Over 60 s: three two-process runs, one after another, each importing JAX and
+  Slow: three two-process runs, one after another, each importing JAX and
   compiling its steps in both processes (the one-process, 4-device reference is the
   ``four_devices`` run the other test reads too); the checks compare their outputs,
   so none of them can be shared with another case.
