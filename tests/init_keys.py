@@ -1,4 +1,4 @@
-"""PRNG keys for the tests' compiled model inits: :func:`init_key`.
+"""The tests' model inits: keys (:func:`init_key`) and variables (:func:`init_variables`).
 
 A model's ``init`` draws twice per parameter (Flax folds the parameter's path into
 the key, then its initializer draws), and on the CPU each threefry draw is a
@@ -12,7 +12,13 @@ Keys of it go through the same Flax initializers as users' threefry keys (same
 zeros, ones, fan-in scales and custom inits), and draw different values from
 the same distributions. Tests of model properties hold for any parameters, so
 they do not depend on which values; the training loop, and every test of it,
-keeps JAX's default PRNG. Its own checks: ``tests/test_tiers.py``.
+keeps JAX's default PRNG.
+
+:func:`init_variables` gives ``model.init``'s variables without computing the
+forward that ``init`` runs: the forward is traced on the inputs' shapes, and only
+the draws run, each a small program that later tests of the same shapes reuse
+(an eager ``init`` runs the whole forward op by op; a jitted one compiles a
+program per model). Their own checks: ``tests/test_tiers.py``.
 """
 
 import math
@@ -62,10 +68,10 @@ def _fold_in(key, data):
 
 HASH_PRNG = jex_random.define_prng_impl(
     key_shape=(2,),
-    seed=_seed,
-    split=_split,
-    random_bits=_random_bits,
-    fold_in=_fold_in,
+    seed=jax.jit(_seed),
+    split=jax.jit(_split, static_argnums=1),
+    random_bits=jax.jit(_random_bits, static_argnums=(1, 2)),
+    fold_in=jax.jit(_fold_in),
     name='tests_hash',
     tag='hsh',
 )
@@ -74,3 +80,14 @@ HASH_PRNG = jex_random.define_prng_impl(
 def init_key(seed: int = 0) -> jax.Array:
   """A typed PRNG key of :data:`HASH_PRNG`, for ``jax.jit(model.init)(init_key(), ...)``."""
   return jax.random.key(seed, impl=HASH_PRNG)
+
+
+def init_variables(model, key, *args, **kwargs):
+  """``model.init(key, *args, **kwargs)`` without computing the forward: Flax's
+  ``lazy_init`` traces ``model`` on the shapes of ``args`` and runs only what the
+  variables depend on (the draws, each a small program reused across tests of the
+  same shapes, where a compiled ``init`` is a program per model)."""
+  shapes = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, 'shape') else a, args
+  )
+  return model.lazy_init(key, *shapes, **kwargs)

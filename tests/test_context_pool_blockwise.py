@@ -19,6 +19,7 @@ from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.context_pool.blocks import key_block_ranges
 from contextpool_jax.layers.context_pool.randomness import dropout_keep
 import ref_context_pool as ref
+from init_keys import init_variables
 
 D = 3
 # Op-by-op execution compiles each primitive once per shape: every comparison
@@ -68,7 +69,7 @@ def _check_blockwise_matches_dense(
   apply_kwargs = apply_kwargs or {}
   dense = ContextPool(implementation='dense', **fields)
   block = ContextPool(implementation='blockwise', block_size=block_size, **fields)
-  params = jax.tree.map(lambda p: p * spread, dense.init(jax.random.key(seed), x, mask))
+  params = jax.tree.map(lambda p: p * spread, init_variables(dense, jax.random.key(seed), x, mask))
   y_d, g_d = _value_and_grads(dense, params, x, mask, jit, **apply_kwargs)
   y_b, g_b = _value_and_grads(block, params, x, mask, jit, **apply_kwargs)
   chex.assert_trees_all_close(y_b, y_d, atol=2e-6, rtol=0)
@@ -183,7 +184,7 @@ def test_tiny_sigma_is_identity_and_finite():
   module = ContextPool(
       implementation='blockwise', block_size=8, ratio=1e-7, size_norm='sigmoid', weights='uniform'
   )
-  params = module.init(jax.random.key(0), x)
+  params = init_variables(module, jax.random.key(0), x)
   y, grads = _value_and_grads(module, params, x, None)
   chex.assert_trees_all_equal(y, x)
   chex.assert_tree_all_finite(grads)
@@ -226,7 +227,7 @@ def test_sown_intermediates_are_what_blockwise_pools_with(weights):
       size_norm='sigmoid',
       ratio=0.3,
   )
-  params = jax.tree.map(lambda p: 2.0 * p, block.init(jax.random.key(0), x, mask))
+  params = jax.tree.map(lambda p: 2.0 * p, init_variables(block, jax.random.key(0), x, mask))
   y, state = block.apply(params, x, mask, mutable=['intermediates'])
   sown = {k: v[0] for k, v in state['intermediates'].items()}
   for b in range(SEQ[0]):
@@ -239,7 +240,7 @@ def test_bfloat16_compute_is_finite_and_close():
   x = _x((2, 30, 8))
   fields = dict(causal=True, weights='nonlocal')
   bf16 = ContextPool(implementation='blockwise', block_size=8, dtype=jnp.bfloat16, **fields)
-  params = bf16.init(jax.random.key(0), x)
+  params = init_variables(bf16, jax.random.key(0), x)
   dense32 = ContextPool(implementation='dense', **fields)
   y32 = jax.jit(dense32.apply)(params, x)
   y16 = jax.jit(bf16.apply)(params, x)
@@ -277,7 +278,7 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(fields):
   module = ContextPool(
       implementation='blockwise', block_size=4, causal=True, ratio=0.5, window=2, **fields
   )
-  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
+  params = jax.tree.map(lambda p: p * 3.0, init_variables(module, jax.random.key(0), x, mask))
   jac = jax.jit(jax.jacrev(lambda z: module.apply(params, z, mask)))(x)[0, :, :, 0]
   dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
   assert np.all(dep[np.triu_indices(n, 1)] == 0.0), dep
@@ -361,7 +362,7 @@ def test_skipped_key_blocks():
 def test_vmap_and_jit():
   x = _x(SEQ)
   module = ContextPool(implementation='blockwise', block_size=8, causal=True)
-  params = module.init(jax.random.key(0), x)
+  params = init_variables(module, jax.random.key(0), x)
   y = module.apply(params, x)
   y_v = jax.vmap(module.apply, in_axes=(None, 0))(params, jnp.stack([x, 2.0 * x]))
   chex.assert_trees_all_close(y_v[0], y, atol=1e-6)
@@ -400,7 +401,7 @@ def test_auto_picks_blockwise_above_its_threshold():
 def test_forward_mode_autodiff_raises_with_blockwise_only():
   """The documented price of the custom VJP; 'dense' still supports jvp."""
   x = _x((1, 10, 2))
-  params = ContextPool().init(jax.random.key(0), x)
+  params = init_variables(ContextPool(), jax.random.key(0), x)
   tangent = (x,)
   jax.jvp(lambda z: ContextPool(implementation='dense').apply(params, z), (x,), tangent)
   block = ContextPool(implementation='blockwise', block_size=4)
@@ -541,7 +542,7 @@ def test_gaussian_skipping_never_reads_later_inputs():
       implementation='blockwise', block_size=8, causal=True, ratio=0.05, gaussian_skip_nats=2.0
   )
   x = _x((1, n, 2))
-  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x))
+  params = jax.tree.map(lambda p: p * 3.0, init_variables(module, jax.random.key(0), x))
   x_later = x.at[:, t + 1 :].set(10.0 * _x((1, n - t - 1, 2), 5))
   apply = jax.jit(module.apply)
   chex.assert_trees_all_equal(apply(params, x)[:, : t + 1], apply(params, x_later)[:, : t + 1])

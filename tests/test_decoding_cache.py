@@ -62,7 +62,7 @@ def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
   fields = dict(weights=weights, locality=locality, mapping=mapping, causal=True, window=2)
   fields.update(random_span=4, ratio=0.3, nonlocal_features=4, hidden_features=5)
   full = ContextPool(**fields)
-  params = full.init(jax.random.key(1), x, mask)
+  params = init_variables(full, jax.random.key(1), x, mask)
   params = jax.tree.map(lambda p: 3.0 * p, params)  # varied weights and sizes
   want = full.apply(params, x, mask)
   got = jax.jit(functools.partial(_stream, ContextPool(decode=True, **fields)))(params, x, mask)
@@ -86,7 +86,7 @@ def test_context_pool_stream_other_fields(fields):
   x = _x((B, N, D), seed=3)
   mask = jnp.ones((B, N), bool).at[1, 0].set(False)
   full = ContextPool(causal=True, **fields)
-  params = jax.tree.map(lambda p: 3.0 * p, full.init(jax.random.key(2), x, mask))
+  params = jax.tree.map(lambda p: 3.0 * p, init_variables(full, jax.random.key(2), x, mask))
   want = full.apply(params, x, mask)
   got = jax.jit(functools.partial(_stream, ContextPool(decode=True, causal=True, **fields)))(
       params, x, mask
@@ -105,7 +105,7 @@ def test_context_pool_decode_needs_causal():
 
 from contextpool_jax.models import transformer as T  # pylint: disable=g-import-not-at-top
 from contextpool_jax.inference import decoding  # pylint: disable=g-import-not-at-top
-from init_keys import init_key  # pylint: disable=g-import-not-at-top
+from init_keys import init_key, init_variables  # pylint: disable=g-import-not-at-top
 
 TINY = dict(vocab_size=13, num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
 MODEL_CASES = {
@@ -175,7 +175,7 @@ def test_transformer_cached_decoding_equals_full_forward(case):
   model and one compiled program per case."""
   model = T.Transformer(**{**TINY, **MODEL_CASES[case]})
   dec_in = jax.random.randint(jax.random.key(5), (2, 9), 0, 13)
-  params = _spread_kernels(jax.jit(model.init)(init_key(1), SOURCE, dec_in))
+  params = _spread_kernels(init_variables(model, init_key(1), SOURCE, dec_in))
 
   @jax.jit
   def run(params):
@@ -204,7 +204,7 @@ def test_transformer_cached_decoding_equals_full_forward(case):
 def test_lm_cached_decoding_equals_full_forward(case):
   model = T.TransformerLM(**{**TINY, **MODEL_CASES[case]})
   tokens = jax.random.randint(jax.random.key(7), (2, 10), 0, 13)
-  params = _spread_kernels(jax.jit(model.init)(init_key(2), tokens))
+  params = _spread_kernels(init_variables(model, init_key(2), tokens))
 
   @jax.jit
   def run(params):
@@ -241,7 +241,7 @@ def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
 
   One layer unless the case scans layers (:func:`_search_model`)."""
   model = _search_model(T.Transformer, case)
-  params = jax.jit(model.init)(init_key(10), SOURCE, jnp.ones((2, 4), jnp.int32))
+  params = init_variables(model, init_key(10), SOURCE, jnp.ones((2, 4), jnp.int32))
   params = _spread_kernels(params, 5.0)
   for search in (
       functools.partial(decoding.greedy_decode, model, max_len=8, eos_id=1),
@@ -265,7 +265,7 @@ def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
 def test_cache_shapes_and_dtypes_under_jit(dtype):
   cfg = {**TINY, **MODEL_CASES['cp_area_local_softmax'], 'dtype': dtype}
   model = T.Transformer(**cfg)
-  params = jax.jit(model.init)(init_key(0), SOURCE, jnp.ones((2, 3), jnp.int32))
+  params = init_variables(model, init_key(0), SOURCE, jnp.ones((2, 3), jnp.int32))
   max_len, head_dim = 6, TINY['emb_dim'] // TINY['num_heads']
 
   @jax.jit
@@ -312,7 +312,7 @@ def test_cache_shapes_and_dtypes_under_jit(dtype):
 @pytest.mark.slow
 def test_bfloat16_cached_decoding_is_finite(case):
   model = T.Transformer(**{**TINY, **MODEL_CASES[case], 'dtype': jnp.bfloat16})
-  params = jax.jit(model.init)(init_key(4), SOURCE, jnp.ones((2, 3), jnp.int32))
+  params = init_variables(model, init_key(4), SOURCE, jnp.ones((2, 3), jnp.int32))
   params = _spread_kernels(params)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 13)
 
@@ -358,7 +358,7 @@ def test_lm_sampler_same_tokens_with_and_without_cache(case):
 
   model = _search_model(T.TransformerLM, case)
   prompt = jnp.array([[3, 4, 5], [6, 7, 8]], jnp.int32)
-  params = _spread_kernels(jax.jit(model.init)(init_key(6), prompt), 5.0)
+  params = _spread_kernels(init_variables(model, init_key(6), prompt), 5.0)
   for kw in (
       dict(length=6, context=16, temperature=0),  # all inside the context
       dict(length=9, context=5, temperature=0),  # then a sliding window

@@ -26,7 +26,7 @@ from contextpool_jax.layers import area_features
 from contextpool_jax.training import checkpoints, objectives, steps, tasks, trainer
 from contextpool_jax.training import spec as spec_lib
 from test_training import tiny_config
-from init_keys import init_key
+from init_keys import init_key, init_variables
 
 F16_EPS = 2.0**-10
 
@@ -356,7 +356,7 @@ def test_layer_forward_and_gradient_in_float16(name):
   cls, fields, shape = LAYERS[name]
   x = _x(shape, 1)
   m32, m16 = cls(**fields), cls(**fields, dtype=jnp.float16)
-  variables = jax.jit(m32.init)(init_key(), x)
+  variables = init_variables(m32, init_key(), x)
   params = variables.pop('params')
 
   def forward(module):

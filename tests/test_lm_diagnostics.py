@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import lm_diagnostics as diag
 from contextpool_jax.models import transformer as T
-from init_keys import init_key
+from init_keys import init_key, init_variables
 
 TINY = dict(num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, vocab_size=256)
 N = 16
@@ -31,7 +31,7 @@ def test_buckets_are_the_quarters_and_the_scored_half():
 def test_per_position_bpc_and_gradient_norms_match_direct_computation():
   model = T.TransformerLM(**TINY, context_pool={})
   valid, train = _tokens(20), _tokens(8, seed=1)
-  variables = jax.jit(model.init)(init_key(), valid[:1, :-1])
+  variables = init_variables(model, init_key(), valid[:1, :-1])
   d = diag.diagnose_step(model, variables, valid, train)
   # Per-position NLL by a log-softmax of the logits, position by position.
   logits = np.asarray(jax.jit(model.apply)(variables, valid[:, :-1]), np.float64)
@@ -60,7 +60,7 @@ def test_pool_size_statistics_of_a_known_size():
   sigma = r (i + 1) s at position i (causal n): the statistics follow."""
   model = T.TransformerLM(**TINY, context_pool={'size_bias_init': 1.0})
   valid = _tokens(4)
-  variables = jax.jit(model.init)(init_key(), valid[:1, :-1])
+  variables = init_variables(model, init_key(), valid[:1, :-1])
   params = jax.tree_util.tree_map_with_path(
       lambda path, p: jnp.zeros_like(p)
       if 'mapping_conv_1' in jax.tree_util.keystr(path) and 'kernel' in jax.tree_util.keystr(path)
@@ -86,7 +86,7 @@ def test_norm_ratio_compares_the_pooled_features_with_what_they_replace(position
   the feed-forward's, or none (the residual stream is not a norm's output)."""
   model = T.TransformerLM(**TINY, context_pool={}, context_pool_position=position)
   valid = _tokens(4)
-  variables = jax.jit(model.init)(init_key(), valid[:1, :-1])
+  variables = init_variables(model, init_key(), valid[:1, :-1])
   stats = diag.diagnose_step(model, variables, valid, valid)['layers']['layer_1/context_pool']
   norm = {'attention_input': 'self_attention_norm', 'mlp_input': 'mlp_norm'}.get(position)
   if norm is None:
@@ -103,7 +103,7 @@ def test_norm_ratio_compares_the_pooled_features_with_what_they_replace(position
 def test_a_model_without_context_pool_has_no_layer_statistics():
   model = T.TransformerLM(**TINY)
   valid = _tokens(4)
-  variables = jax.jit(model.init)(init_key(), valid[:1, :-1])
+  variables = init_variables(model, init_key(), valid[:1, :-1])
   d = diag.diagnose_step(model, variables, valid, valid)
   assert d['layers'] == {} and diag.window_of(d['val_bpc_by_bucket']) == N
   chex.assert_tree_all_finite(d['val_bpc_by_bucket'])
@@ -141,7 +141,7 @@ def test_copying_windows_repeat_and_the_score_splits_the_copies():
   np.testing.assert_array_equal(w[:, N // 2 + 1 :], w[:, 1 : N // 2 + 1])
   assert w.min() >= 32 and w.max() < 127
   model = T.TransformerLM(**TINY, context_pool={})
-  variables = jax.jit(model.init)(init_key(), w[:1, :-1])
+  variables = init_variables(model, init_key(), w[:1, :-1])
   got = diag.copying_bpc(model, variables, w)
   z = np.asarray(jax.jit(model.apply)(variables, w[:, :-1]), np.float64)
   logp = z - z.max(-1, keepdims=True)
@@ -160,7 +160,7 @@ def test_attention_weights_reproduce_the_attention_output(heads):
   own output, so the weights are the ones the model uses (scale, mask, heads)."""
   model = T.TransformerLM(**TINY, context_pool={}, context_pool_heads=heads)
   tokens = diag.copying_windows(N, count=3)
-  variables = jax.jit(model.init)(init_key(), tokens[:1, :-1])
+  variables = init_variables(model, init_key(), tokens[:1, :-1])
   weights = diag.attention_weights(model, variables, tokens)
   assert set(weights) == {'layer_0', 'layer_1'}
   probed = lambda m, name: name == '__call__' and m.name in ('value', 'self_attention')

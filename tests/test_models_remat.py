@@ -26,7 +26,7 @@ from jax import ad_checkpoint
 from contextpool_jax import config_fields, models
 from contextpool_jax.errors import ConfigError
 from contextpool_jax.models.common import REMAT_POLICIES
-from init_keys import init_key
+from init_keys import init_key, init_variables
 
 LM = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=50)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 12)), jnp.int32)
@@ -51,7 +51,7 @@ def _loss_fn(model, x, variables):
 
 
 def _init(model, x):
-  return model.init(init_key(), x, train=False)
+  return init_variables(model, init_key(), x, train=False)
 
 
 def _loss_and_grads(model, x, variables):
@@ -153,7 +153,7 @@ def _lm_apply(implementation, **fields):
   model = models.create(
       'cp_transformer_lm', **LM, attention_implementation=implementation, **fields
   )
-  variables = jax.jit(model.init)(init_key(), TOKENS)
+  variables = init_variables(model, init_key(), TOKENS)
   return jax.jit(lambda v: model.apply(v, TOKENS))(variables)
 
 

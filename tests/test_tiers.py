@@ -178,3 +178,43 @@ def test_init_keys_draw_the_initializers_distributions_and_compile_no_loop():
   assert abs(np.std(ours['kernel']) / np.std(theirs['kernel']) - 1) < 0.02  # lecun normal
   lowered = lambda k: jax.jit(dense.init).lower(k, x).as_text()
   assert 'while' in lowered(jax.random.key(0)) and 'while' not in lowered(key)
+
+
+def test_init_variables_equal_the_init_and_do_not_compute_the_forward():
+  """``init_variables`` (tests/init_keys.py): the variables ``model.init`` gives, with
+  either kind of key, for a layer and a model; the forward is traced, never run."""
+  import chex  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from contextpool_jax import ContextPool  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.models import transformer  # pylint: disable=g-import-not-at-top
+  from init_keys import init_key, init_variables  # pylint: disable=g-import-not-at-top
+
+  lm = transformer.TransformerLM(
+      vocab_size=13, num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, context_pool={}
+  )
+  tokens = jnp.ones((2, 6), jnp.int32)
+  x = jax.random.normal(jax.random.key(0), (2, 5, 4))
+  for key in (init_key(3), jax.random.key(3)):
+    for model, args in ((lm, (tokens,)), (ContextPool(mapping='mlp'), (x,))):
+      chex.assert_trees_all_close(
+          init_variables(model, key, *args), jax.jit(model.init)(key, *args), rtol=1e-6
+      )
+
+  calls = []
+
+  class Probe(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      y = nn.Dense(3)(x)
+      jax.debug.callback(lambda v: calls.append(v.shape), y)
+      return y
+
+  variables = init_variables(Probe(), init_key(), x)
+  chex.assert_shape(variables['params']['Dense_0']['kernel'], (4, 3))
+  assert not calls
+  Probe().init(init_key(), x)
+  assert calls == [(2, 5, 3)]

@@ -28,7 +28,7 @@ from contextpool_jax.data import translation_input as ti
 from contextpool_jax.inference import decoding
 from contextpool_jax.models import transformer as T
 from contextpool_jax.training import bleu
-from init_keys import init_key
+from init_keys import init_key, init_variables
 
 EN = 'the a house cat dog is small big green red sees runs and old new'.split()
 DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
@@ -460,7 +460,7 @@ def test_transformer_greedy_matches_step_by_step_reference():
       context_pool={},
   )
   inputs = jnp.array([[3, 4, 5, 1, 0], [6, 1, 0, 0, 0]], jnp.int32)
-  params = jax.jit(model.init)(init_key(6), inputs, jnp.ones((2, 4), jnp.int32))
+  params = init_variables(model, init_key(6), inputs, jnp.ones((2, 4), jnp.int32))
   # Larger kernels, so the untrained model does not just repeat its BOS (id 0).
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: 5 * x if 'kernel' in jax.tree_util.keystr(path) else x, params
