@@ -17,6 +17,7 @@ evaluation and checkpoints inside the run; results are read back from
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -160,12 +161,15 @@ def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
 
 def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, four_devices):
   """Two processes x two devices train as one process x four, and a two-process run
-  stopped at step 4 and resumed ends with the uninterrupted run's params.
+  stopped after its step-4 checkpoint and resumed ends with the uninterrupted run's
+  params.
 
-  Slow: three two-process runs, one after another, each importing JAX and
-  compiling its steps in both processes (the one-process, 4-device reference is the
-  ``four_devices`` run the other test reads too); the checks compare their outputs,
-  so none of them can be shared with another case.
+  The stopped run is the uninterrupted run's workdir without its step-8 checkpoint
+  (what a run killed between its checkpoints at 4 and 8 leaves: metrics lines past
+  step 4, which the resume cuts back). Slow: two two-process runs, one after another,
+  each importing JAX and compiling its steps in both processes (the one-process,
+  4-device reference is the ``four_devices`` run the other test reads too); the checks
+  compare their outputs, so neither can be shared with another case.
   """
   param_sharding, data, reference = four_devices
   extra = {'param_sharding': param_sharding}
@@ -176,14 +180,16 @@ def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, four_devic
       p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir() if p.name.isdigit()
   ) == ['4', '8']
 
-  # Stop at step 4, resume to 8 in two processes: the uninterrupted run's params.
-  run_launcher(flags(corpus, data, tmp_path / 'resumed', steps=4, **extra), 2, 2)
-  log = run_launcher(flags(corpus, data, tmp_path / 'resumed', **extra), 2, 2)
+  # Stopped after step 4, resumed to 8 in two processes: the uninterrupted run's params.
+  resumed = tmp_path / 'resumed'
+  shutil.copytree(tmp_path / 'full', resumed)
+  shutil.rmtree(resumed / 'checkpoints' / '8')
+  log = run_launcher(flags(corpus, data, resumed, **extra), 2, 2)
   assert 'Resumed from' in log and 'at step 4' in log
   step_full, params_full = params(tmp_path / 'full')
-  step_resumed, params_resumed = params(tmp_path / 'resumed')
+  step_resumed, params_resumed = params(resumed)
   assert step_full == step_resumed == 8
   jax.tree.map(np.testing.assert_array_equal, params_full, params_resumed)
-  resumed_evals = metrics(tmp_path / 'resumed')['eval_validation']
+  resumed_evals = metrics(resumed)['eval_validation']
   assert [r['step'] for r in resumed_evals] == [4, 8]
   assert resumed_evals[-1] == metrics(tmp_path / 'full')['eval_validation'][-1]
