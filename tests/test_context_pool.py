@@ -12,7 +12,6 @@ import pytest
 
 from contextpool_jax.layers.context_pool import ContextPool, pool_centres
 import ref_context_pool as ref
-from init_keys import init_variables
 
 B, N, D = 2, 9, 3
 WEIGHTS = ('learned', 'unnormalized', 'uniform', 'nonlocal')
@@ -30,7 +29,7 @@ def _right_pad_mask(batch, n, lengths):
 
 def _init_apply(module, x, mask=None, seed=1, params=None, spread=3.0):
   if params is None:
-    params = init_variables(module, jax.random.key(seed), x, mask)
+    params = module.init(jax.random.key(seed), x, mask)
     # Spread the mapping's outputs so weights and sizes vary a lot per token.
     params = jax.tree.map(lambda p: p * spread, params)
   y, state = module.apply(params, x, mask, mutable=['intermediates'])
@@ -135,7 +134,7 @@ def test_size_bias_init_sets_the_initial_size(mapping):
   at 0), so with a zero last kernel every real token starts at s = sigmoid(b)."""
   x = _x((B, N, D))
   module = ContextPool(mapping=mapping, causal=True, size_bias_init=-3.2)
-  params = init_variables(module, jax.random.key(0), x)['params']
+  params = module.init(jax.random.key(0), x)['params']
   last = {'cnn': 'mapping_conv_1', 'mlp': 'mapping_dense_1', 'attention': 'mapping_dense'}[mapping]
   chex.assert_trees_all_equal(params[last]['bias'], jnp.array([0.0, -3.2]))
   params[last]['kernel'] = jnp.zeros_like(params[last]['kernel'])
@@ -143,9 +142,7 @@ def test_size_bias_init_sets_the_initial_size(mapping):
   s = inter['intermediates']['pool_size'][0]
   chex.assert_trees_all_close(s, jnp.full(s.shape, 1.0 / (1.0 + np.exp(3.2))), atol=1e-7, rtol=0)
   # No size channel (a fixed window): the one weight channel keeps a zero bias.
-  fixed = init_variables(
-      ContextPool(locality='fixed_window', size_bias_init=-3.2), jax.random.key(0), x
-  )
+  fixed = ContextPool(locality='fixed_window', size_bias_init=-3.2).init(jax.random.key(0), x)
   chex.assert_trees_all_equal(fixed['params']['mapping_conv_1']['bias'], jnp.zeros(1))
 
 
@@ -155,7 +152,7 @@ def test_gate_interpolates_between_input_and_pooled_features(causal):
   x = _x((B, N, D))
   mask = _right_pad_mask(B, N, [N, 6])
   module = ContextPool(gate=True, gate_init=0.25, causal=causal, ratio=0.3)
-  params = init_variables(module, jax.random.key(1), x, mask)
+  params = module.init(jax.random.key(1), x, mask)
   chex.assert_trees_all_equal(params['params']['gate'], jnp.full((D,), 0.25))
   g = jnp.array([0.0, 0.7, 1.3])
   params['params']['gate'] = g
@@ -290,7 +287,7 @@ def test_strided_grid_is_dense_grid_at_centres(shape, strides, window_shape, row
   x = _x((B, *shape, D))
   strided = ContextPool(strides=strides, window_shape=window_shape, size_norm='sigmoid')
   dense = ContextPool(size_norm='sigmoid')
-  params = init_variables(strided, jax.random.key(3), x)
+  params = strided.init(jax.random.key(3), x)
   y_s = strided.apply(params, x)
   y_d = dense.apply(params, x)
   chex.assert_shape(y_s, (B, len(rows), len(cols), D))
@@ -369,7 +366,7 @@ def test_no_locality_uniform_is_global_mean_on_grid():
 def test_residual_adds_the_pooled_features():
   x = _x((B, N, D))
   plain, res = ContextPool(size_norm='sigmoid'), ContextPool(size_norm='sigmoid', residual=True)
-  params = init_variables(plain, jax.random.key(0), x)
+  params = plain.init(jax.random.key(0), x)
   chex.assert_trees_all_equal(res.apply(params, x), x + plain.apply(params, x))
 
 
@@ -385,7 +382,7 @@ def _support(module, spatial, params=None):
   n = int(np.prod(spatial))
   x = jnp.eye(n, dtype=jnp.float32).reshape(1, *spatial, n)
   if params is None:
-    params = init_variables(module, jax.random.key(0), x)
+    params = module.init(jax.random.key(0), x)
   return np.asarray(module.apply(params, x)).reshape(n, n) > 0
 
 
@@ -428,7 +425,7 @@ def test_random_sparse_support_is_fixed_seeded_and_as_large_as_the_window(
   assert not (support & ~candidates & (d2 > 0)).any()  # nothing outside the span (or future)
   # Fixed: independent of the parameters; a different seed gives another support.
   x = jnp.zeros((1, *spatial, n))
-  again = _support(module, spatial, init_variables(module, jax.random.key(5), x))
+  again = _support(module, spatial, module.init(jax.random.key(5), x))
   np.testing.assert_array_equal(support, again)
   other = _support(ContextPool(random_seed=1, **fields), spatial)
   assert (support != other).any()
@@ -448,7 +445,7 @@ def test_random_sparse_pools_uniformly_over_its_support():
   x = _x((1, n, 2))
   module = ContextPool(weights='uniform', locality='random_sparse', window=3)
   support = _support(module, (n,))
-  y = module.apply(init_variables(module, jax.random.key(0), x), x)
+  y = module.apply(module.init(jax.random.key(0), x), x)
   want = ref.pool(x[0], np.ones(n), locality='support', support=support)
   chex.assert_trees_all_close(np.asarray(y[0]), want, atol=3e-7, rtol=0)
 
@@ -465,7 +462,7 @@ def test_random_sparse_grid_support_does_not_depend_on_grid_padding(implementati
       implementation=implementation,
       block_size=8,
   )
-  params = init_variables(module, jax.random.key(0), x, mask)
+  params = module.init(jax.random.key(0), x, mask)
   padded = module.apply(params, x, mask)[:, :5, :6]
   alone = module.apply(params, x[:, :5, :6])
   chex.assert_trees_all_close(padded, alone, atol=4e-7, rtol=0)
@@ -474,7 +471,7 @@ def test_random_sparse_grid_support_does_not_depend_on_grid_padding(implementati
 def test_adaptive_window_radius_is_trainable():
   x = _x((1, 16, D))
   module = ContextPool(locality='adaptive_window', size_norm='sigmoid', ratio=0.3)
-  params = init_variables(module, jax.random.key(0), x)
+  params = module.init(jax.random.key(0), x)
 
   def loss(p):
     return jnp.sum(jnp.square(module.apply(p, x) - jnp.roll(x, 1, axis=1)))
@@ -517,7 +514,7 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(case):
   x = _x((1, n, D))
   mask = _right_pad_mask(1, n, [7])
   module = ContextPool(causal=True, ratio=0.5, window=2, **case)
-  params = jax.tree.map(lambda p: p * 3.0, init_variables(module, jax.random.key(0), x, mask))
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
   jac = jax.jacrev(lambda z: module.apply(params, z, mask))(x)[0, :, :, 0]  # [n, d, n, d]
   dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
   assert np.all(dep[np.triu_indices(n, 1)] == 0.0), dep
@@ -532,7 +529,7 @@ def test_causal_output_does_not_depend_on_sequence_length(case):
   """A prefix gives the same outputs as the full sequence: generation == training."""
   x = _x((B, 12, D))
   module = ContextPool(causal=True, ratio=0.5, window=2, **case)
-  params = init_variables(module, jax.random.key(0), x)
+  params = module.init(jax.random.key(0), x)
   full = module.apply(params, x)
   chex.assert_trees_all_close(module.apply(params, x[:, :7]), full[:, :7], atol=7e-7, rtol=0)
 
@@ -554,7 +551,7 @@ def test_padding_never_changes_real_outputs(case, causal):
   x = _x((B, n, D))
   mask = _right_pad_mask(B, n, [length, length])
   module = ContextPool(causal=causal, window=2, **case)
-  params = jax.tree.map(lambda p: p * 3.0, init_variables(module, jax.random.key(0), x, mask))
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
   y = module.apply(params, x, mask)
   garbage = x.at[:, length:].set(1e4 * _x((B, n - length, D), seed=7))
   y_garbage = module.apply(params, garbage, mask)
@@ -573,7 +570,7 @@ def test_grid_padding_values_never_change_real_outputs(case):
   x = _x((B, 5, 6, D))
   mask = jnp.ones((B, 5, 6), bool).at[:, 3:, :].set(False).at[:, :, 5:].set(False)
   module = ContextPool(size_norm='sigmoid', **case)
-  params = jax.tree.map(lambda p: p * 3.0, init_variables(module, jax.random.key(0), x, mask))
+  params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
   garbage = jnp.where(mask[..., None], x, 1e4)
   chex.assert_trees_all_equal(
       module.apply(params, x, mask)[mask], module.apply(params, garbage, mask)[mask]
@@ -600,7 +597,7 @@ def test_jit_grad_vmap(case):
   grid = 'strides' in case
   x = _x((B, 6, 6, D) if grid else (B, N, D))
   module = ContextPool(**dict(dict(size_norm='sigmoid'), **case))
-  params = init_variables(module, jax.random.key(0), x)
+  params = module.init(jax.random.key(0), x)
   y = module.apply(params, x)
   chex.assert_trees_all_close(jax.jit(module.apply)(params, x), y, atol=1e-6)
   stacked = jnp.stack([x, 2.0 * x])
@@ -620,7 +617,7 @@ def test_bfloat16_compute_is_finite_and_close(case):
   x = _x((B, 6, 6, D) if grid else (B, N, D))
   f32 = ContextPool(**case)
   bf16 = ContextPool(dtype=jnp.bfloat16, **case)
-  params = init_variables(f32, jax.random.key(0), x)
+  params = f32.init(jax.random.key(0), x)
   chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda p: p.astype(jnp.float32), params))
   y32 = f32.apply(params, x)
   y16 = bf16.apply(params, x)
@@ -657,7 +654,7 @@ def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
   shape = (0, 6, 5, D) if 'strides' in case else (0, N, D)
   x, mask = jnp.zeros(shape), jnp.ones(shape[:-1], bool)
   module = ContextPool(implementation=implementation, block_size=4, dropout_rate=0.1, **case)
-  params = init_variables(module, jax.random.key(0), x, mask)
+  params = module.init(jax.random.key(0), x, mask)
   rngs = {'dropout': jax.random.key(1)}
   y = module.apply(params, x, mask, False, rngs=rngs)
   out_shape = (0, 3, 3, D) if 'strides' in case else shape
@@ -673,7 +670,7 @@ def test_extreme_inputs_stay_finite():
   x = 1e3 * _x((B, 32, D))
   for size_norm in ('softmax', 'sigmoid'):
     module = ContextPool(size_norm=size_norm, causal=True)
-    params = jax.tree.map(lambda p: p * 10.0, init_variables(module, jax.random.key(0), x))
+    params = jax.tree.map(lambda p: p * 10.0, module.init(jax.random.key(0), x))
     y, grads = jax.jit(jax.value_and_grad(lambda p: jnp.sum(module.apply(p, x))))(params)
     chex.assert_tree_all_finite((y, grads))
 
@@ -685,7 +682,7 @@ def test_dropout_on_pooling_weights():
   deterministic output."""
   x = _x((B, N, D))
   module = ContextPool(dropout_rate=0.5, size_norm='sigmoid')
-  params = init_variables(module, jax.random.key(0), x)
+  params = module.init(jax.random.key(0), x)
   no_dropout = ContextPool(size_norm='sigmoid').apply(params, x)
   chex.assert_trees_all_equal(module.apply(params, x, deterministic=True), no_dropout)
   chex.assert_trees_all_equal(module.apply(params, x), no_dropout)
@@ -808,7 +805,7 @@ def test_grad_through_scan_and_remat(case):
       return x
 
   scanned, unrolled = Stack(scan=True), Stack(scan=False)
-  params = init_variables(scanned, jax.random.key(0), x)
+  params = scanned.init(jax.random.key(0), x)
   stacked = params['params']['layers']['pool']
   unrolled_params = {
       'params': {f'layer_{i}': jax.tree.map(lambda p: p[i], stacked) for i in range(2)}

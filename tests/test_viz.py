@@ -12,13 +12,12 @@ from contextpool_jax import ContextPool
 from contextpool_jax import viz
 from contextpool_jax.layers.area_attention import area_layout
 from contextpool_jax.models import create
-from init_keys import init_variables
 
 
 def _pool(x, **fields):
   """A ContextPool's output and its sown weights and sigma (one example)."""
   layer = ContextPool(**fields)
-  variables = init_variables(layer, jax.random.key(1), x)
+  variables = layer.init(jax.random.key(1), x)
   y, state = layer.apply(variables, x, mutable=['intermediates'])
   pools = viz.pool_intermediates(state, spatial_ndim=x.ndim - 2)
   ((name, pool),) = pools.items()
@@ -111,7 +110,7 @@ def test_model_pools_splits_scanned_layers_and_matches_unscanned():
   tokens = jnp.arange(12, dtype=jnp.int32)[None] % 7
   kw = dict(num_layers=2, emb_dim=16, mlp_dim=32, num_heads=2, dropout_rate=0.0)
   scanned = create('cp_transformer_lm', scan_layers=True, **kw)
-  pools = viz.model_pools(scanned, init_variables(scanned, jax.random.key(0), tokens), tokens)
+  pools = viz.model_pools(scanned, scanned.init(jax.random.key(0), tokens), tokens)
   assert sorted(pools) == [
       'decoder/scanned_layers/layer/context_pool[0]',
       'decoder/scanned_layers/layer/context_pool[1]',
@@ -119,7 +118,7 @@ def test_model_pools_splits_scanned_layers_and_matches_unscanned():
   for pool in pools.values():
     assert pool['pool_weights'].shape == pool['pool_sigma'].shape == (1, 12)
   plain = create('cp_transformer_lm', **kw)
-  pools = viz.model_pools(plain, init_variables(plain, jax.random.key(0), tokens), tokens)
+  pools = viz.model_pools(plain, plain.init(jax.random.key(0), tokens), tokens)
   assert sorted(pools) == [f'decoder/layer_{i}/context_pool' for i in range(2)]
 
 
