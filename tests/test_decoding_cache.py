@@ -62,7 +62,7 @@ def test_context_pool_stream_equals_full_forward(weights, locality, mapping):
   fields = dict(weights=weights, locality=locality, mapping=mapping, causal=True, window=2)
   fields.update(random_span=4, ratio=0.3, nonlocal_features=4, hidden_features=5)
   full = ContextPool(**fields)
-  params = init_variables(full, jax.random.key(1), x, mask)
+  params = full.init(jax.random.key(1), x, mask)
   params = jax.tree.map(lambda p: 3.0 * p, params)  # varied weights and sizes
   want = full.apply(params, x, mask)
   got = jax.jit(functools.partial(_stream, ContextPool(decode=True, **fields)))(params, x, mask)
@@ -86,7 +86,7 @@ def test_context_pool_stream_other_fields(fields):
   x = _x((B, N, D), seed=3)
   mask = jnp.ones((B, N), bool).at[1, 0].set(False)
   full = ContextPool(causal=True, **fields)
-  params = jax.tree.map(lambda p: 3.0 * p, init_variables(full, jax.random.key(2), x, mask))
+  params = jax.tree.map(lambda p: 3.0 * p, full.init(jax.random.key(2), x, mask))
   want = full.apply(params, x, mask)
   got = jax.jit(functools.partial(_stream, ContextPool(decode=True, causal=True, **fields)))(
       params, x, mask
