@@ -78,7 +78,7 @@ HASH_PRNG = jex_random.define_prng_impl(
 
 
 def init_key(seed: int = 0) -> jax.Array:
-  """A typed PRNG key of :data:`HASH_PRNG`, for ``jax.jit(model.init)(init_key(), ...)``."""
+  """A typed PRNG key of :data:`HASH_PRNG`, for ``init_variables(model, init_key(), ...)``."""
   return jax.random.key(seed, impl=HASH_PRNG)
 
 

@@ -181,7 +181,7 @@ def test_attention_reads_pooled_features_as_configured(reads, heads):
   layer = T.TransformerLayer(cfg, causal=True)
   x = jax.random.normal(jax.random.key(0), (1, 6, 32))
   valid = jnp.ones((1, 6), bool)
-  params = _spread(init_variables(layer, jax.random.key(1), x, valid))
+  params = _spread(layer.init(jax.random.key(1), x, valid))
   _, inter = layer.apply(params, x, valid, capture_intermediates=True, mutable=['intermediates'])
   got = lambda name: np.asarray(inter['intermediates'][name]['__call__'][0][0], np.float64)
   plain, pooled = got('self_attention_norm'), got('context_pool')
@@ -201,7 +201,7 @@ def test_mlp_input_pools_what_the_feed_forward_reads_and_leaves_attention_exact(
   x = jax.random.normal(jax.random.key(0), (2, 6, 16))
   valid = jnp.ones((2, 6), bool)
   layer = T.TransformerLayer(cfg, causal=True)
-  params = _spread(init_variables(layer, jax.random.key(1), x, valid))['params']
+  params = _spread(layer.init(jax.random.key(1), x, valid))['params']
   capture = lambda m, p: m.apply(
       {'params': p}, x, valid, capture_intermediates=True, mutable=['intermediates']
   )
