@@ -15,10 +15,11 @@ leaves open").
 Without ``--learning_rates`` each variant trains at the config's peak rate for
 it (``configs/default.py``: the baseline's and ContextPool's own tuned rates;
 every ContextPool variant at ContextPool's). Resumable: each run keeps
-``<workdir>/<run>/result.json`` and is skipped when it has one. Writes
-``<out>/ablation_default.md`` from every run recorded in ``<workdir>``: each
-variant at the config's rate, paired by seed with the baseline at its own, then
-one table per learning rate.
+``<workdir>/<run>/result.json`` and is skipped when it has one; each result is
+kept in ``--data`` (``benchmarks/ablation_default_data/``, committed). Writes
+``<out>/ablation_default.md`` from every run kept there: each variant at the
+config's rate, paired by seed with the baseline at its own, then one table per
+learning rate.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ DEFAULT = 'sigmoid_attention_input'  # the configs/default.py model
 
 # variant: (ContextPool overrides or None for no ContextPool, model overrides).
 # Every field studied is set explicitly, so results do not depend on defaults.
-_OUTPUT = dict(context_pool_position='output')
-_INPUT = dict(context_pool_position='attention_input')
+_OUTPUT = dict(context_pool_position='output', context_pool_reads='qkv')
+_INPUT = dict(context_pool_position='attention_input', context_pool_reads='qkv')
+_INPUT_KV = dict(context_pool_position='attention_input', context_pool_reads='kv')
 VARIANTS = {
     'baseline': (None, {}),
     'softmax': (dict(size_norm='softmax', residual=False), _OUTPUT),
@@ -51,6 +53,8 @@ VARIANTS = {
     'softmax_attention_input': (dict(size_norm='softmax', residual=False), _INPUT),
     DEFAULT: (dict(size_norm='sigmoid', residual=False), _INPUT),
     'sigmoid_residual_attention_input': (dict(size_norm='sigmoid', residual=True), _INPUT),
+    # Only keys and values read the pooled features (queries read LN x).
+    'sigmoid_attention_input_kv': (dict(size_norm='sigmoid', residual=False), _INPUT_KV),
 }
 
 
@@ -123,6 +127,24 @@ def recorded(workdir: pathlib.Path, steps: int) -> list[dict]:
   paths = sorted(workdir.glob('*/result.json'))
   results = [(p.parent, json.loads(p.read_text())) for p in paths]
   return [_scored(d, r) for d, r in results if r['steps'] == steps]
+
+
+def _key(result: dict) -> str:
+  return run_name(result['variant'], result['seed'], result['learning_rate'])
+
+
+def archive(results: list[dict], data: pathlib.Path) -> list[dict]:
+  """Copies ``results`` into ``data`` (one ``<run>.json`` each, a recorded run kept as
+  it is) and returns every run ``data`` holds of their length: the repository keeps
+  the results (``benchmarks/ablation_default_data/``), workdirs come and go."""
+  data.mkdir(parents=True, exist_ok=True)
+  for r in results:
+    path = data / f'{_key(r)}.json'
+    if not path.exists():
+      path.write_text(json.dumps(r, indent=1) + '\n')
+  steps = {r['steps'] for r in results}
+  kept = [json.loads(p.read_text()) for p in sorted(data.glob('*.json'))]
+  return [r for r in kept if not steps or r['steps'] in steps]
 
 
 def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
@@ -198,8 +220,9 @@ def main(argv):
         print(f'{run_name(variant, seed, rate)}: validation BPC {bpc:.4f}')
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
-  # The report shows every variant recorded in the workdir, not only this invocation's.
-  text = report(recorded(workdir, steps), list(VARIANTS), tuned)
+  # The report shows every run recorded in the workdir or kept in --data, not only this
+  # invocation's.
+  text = report(archive(recorded(workdir, steps), pathlib.Path(FLAGS.data)), list(VARIANTS), tuned)
   (out / 'ablation_default.md').write_text(text)
   print(text)
 
@@ -212,6 +235,9 @@ def define_flags() -> None:
   import this module beside others that define the same names)."""
   flags.DEFINE_string('workdir', '/tmp/contextpool_ablation', 'Runs directory.')
   flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Report directory.')
+  flags.DEFINE_string(
+      'data', str(ROOT / 'benchmarks' / 'ablation_default_data'), 'Where the results are kept.'
+  )
   flags.DEFINE_integer('steps', None, "Training steps per run (None: the config's).")
   flags.DEFINE_list('seeds', ['0'], 'Seeds (one run per seed and variant).')
   flags.DEFINE_list('learning_rates', [], "Peak learning rates (none: the config's).")

@@ -27,6 +27,8 @@ def test_ablation_variants_set_the_fields_they_name():
       == ablation_default.make_config('sigmoid_attention_input', 0, None, None).model.to_dict()
   )
   assert default.model.context_pool_position == 'attention_input'
+  kv = ablation_default.make_config('sigmoid_attention_input_kv', 0, None, None).model
+  assert (default.model.context_pool_reads, kv.context_pool_reads) == ('qkv', 'kv')
   assert ablation_default.run_name('sigmoid', 2, 0.004) == 'sigmoid_seed2_lr0.004'
   # Each arm's own rate in the config: the baseline's, and ContextPool's for every variant.
   assert ablation_default.config_lr('baseline') == base.optimizer.learning_rate
@@ -71,6 +73,20 @@ def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path,
   assert '| 0.002 | 2 | 2.450 |' in row(tuned, 'baseline')
   assert at_2e3.startswith('Peak learning rate 0.002') and f'| {variants[1]} |' not in at_2e3
   assert '(-0.300, -0.600)' in row(at_4e3, variants[1])  # at one rate: the baseline at 4e-3
+  # The results are kept beside the repository's: a kept run is never overwritten, and
+  # the report reads every kept run of the same length, the workdir's included.
+  data = tmp_path / 'data'
+  data.mkdir()
+  kept = dict(variant='baseline', seed=2, learning_rate=2e-3, steps=5, val_bpc_whole=2.0)
+  (data / 'baseline_seed2_lr0.002.json').write_text(json.dumps(kept))
+  (data / 'baseline_seed0_lr0.002.json').write_text(json.dumps(dict(kept, seed=0)))
+  (data / 'long.json').write_text(json.dumps(dict(kept, steps=9, seed=5)))
+  archived = ablation_default.archive(results, data)
+  assert len(archived) == len(bpc) + 1 and len(list(data.glob('*.json'))) == len(bpc) + 2
+  assert json.loads((data / 'baseline_seed0_lr0.002.json').read_text())['val_bpc_whole'] == 2.0
+  assert json.loads((data / 'baseline_seed1_lr0.002.json').read_text())['val_bpc_whole'] == 2.4
+  md = ablation_default.report(archived, variants, {'baseline': 2e-3, variants[1]: 4e-3})
+  assert '| 0.002 | 3 | 2.133 | 2.000, 2.400, 2.000 |' in row(md.split('## ')[1], 'baseline')
 
 
 def test_eval_spread_slices_read_their_own_bytes():
