@@ -91,6 +91,10 @@ class Arm:
   model: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# What every ContextPool arm's attention reads unless the arm says otherwise: the
+# paper's reading (queries, keys and values pooled, before every attention), as the
+# study was measured, whatever configs/default.py chooses.
+CONTEXT_POOL_PLACEMENT = dict(context_pool_position='attention_input', context_pool_reads='qkv')
 ARMS = {
     'baseline': Arm('transformer'),
     'cp': Arm('contextpool', {}),
@@ -309,8 +313,9 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
             emb_dim=sizes.emb_dim,
             mlp_dim=sizes.mlp_dim,
             num_heads=sizes.num_heads,
-            **resolved(arm.model),
         )
+        | (CONTEXT_POOL_PLACEMENT if arm.context_pool is not None else {})
+        | resolved(arm.model)
     )
     c.seed = run.seed
     seq_len = run.seq_len or sizes.seq_len

@@ -233,6 +233,11 @@ def test_late_arms_set_the_fields_they_name(tmp_path):
   assert config('cp_static_n').model.context_pool.sigma_length == 32  # the study's seq_len
   assert config('cp_half_heads').model.context_pool_heads == 2
   assert config('cp_kv').model.context_pool_reads == 'kv'
+  # The default arm and the ablations read as the study was measured, whatever the config.
+  for arm in ('cp', 'cp_uniform', 'cp_gate'):
+    assert config(arm).model.context_pool_reads == 'qkv', arm
+    assert config(arm).model.context_pool_position == 'attention_input', arm
+  assert config('cp_at_output').model.context_pool_position == 'output'
   assert config('cp_after_attention').model.context_pool_first_layer == 1
   assert config('cp_below_top').model.context_pool_last_layer == 0  # the layer below the top
   deep = lm_study.make_config(lm_study.Run('code', 'cp_below_top', 4, 6, 0), sizes, tmp_path)
