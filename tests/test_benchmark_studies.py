@@ -11,6 +11,7 @@ import numpy as np
 from benchmarks import ablation_default
 from benchmarks import corpus_splits
 from benchmarks import eval_spread
+from configs import default as default_config
 from test_old_workdir import old_workdir_copy  # a trained 2-step LM workdir
 
 
@@ -21,20 +22,19 @@ def test_ablation_variants_set_the_fields_they_name():
   c = ablation_default.make_config('softmax_residual', 0, None, 4e-3)
   assert (c.model.context_pool.size_norm, c.model.context_pool.residual) == ('softmax', True)
   assert c.model.context_pool_position == 'output' and c.optimizer.learning_rate == 4e-3
+  # The default variant is configs/default.py's model as it is, at its rate.
   default = ablation_default.make_config(ablation_default.DEFAULT, 0, None, None)
-  assert (
-      default.model.to_dict()
-      == ablation_default.make_config('sigmoid_attention_input', 0, None, None).model.to_dict()
-  )
-  assert default.model.context_pool_position == 'attention_input'
-  kv = ablation_default.make_config('sigmoid_attention_input_kv', 0, None, None).model
-  assert (default.model.context_pool_reads, kv.context_pool_reads) == ('qkv', 'kv')
+  config = default_config.get_config('')
+  assert default.model.to_dict() == config.model.to_dict()
+  qkv = ablation_default.make_config('sigmoid_attention_input', 0, None, None).model
+  assert (qkv.context_pool_reads, default.model.context_pool_reads) == ('qkv', 'kv')
   assert ablation_default.run_name('sigmoid', 2, 0.004) == 'sigmoid_seed2_lr0.004'
-  # Each arm's own rate in the config: the baseline's, and ContextPool's for every variant.
+  # The baseline and the default at the config's rates; the other variants at the
+  # rate they were screened at.
   assert ablation_default.config_lr('baseline') == base.optimizer.learning_rate
-  assert {ablation_default.config_lr(v) for v in ablation_default.VARIANTS if v != 'baseline'} == {
-      default.optimizer.learning_rate
-  }
+  assert ablation_default.config_lr(ablation_default.DEFAULT) == config.optimizer.learning_rate
+  others = set(ablation_default.VARIANTS) - {'baseline', ablation_default.DEFAULT}
+  assert {ablation_default.config_lr(v) for v in others} == {ablation_default.SCREEN_LR}
 
 
 def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path, monkeypatch):

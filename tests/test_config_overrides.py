@@ -261,7 +261,7 @@ def test_defaults_come_from_the_modules():
     assert config.model.context_pool[field] == getattr(pool_defaults, field), field
   lm = models.create('cp_transformer_lm')
   listed = {'name', 'num_layers', 'emb_dim', 'mlp_dim', 'num_heads', 'dropout_rate'}
-  listed |= {'context_pool_position', 'context_pool'}
+  listed |= {'context_pool_position', 'context_pool_reads', 'context_pool'}
   for field in set(config_fields.model_fields('cp_transformer_lm')) - listed:
     assert config.model[field] == getattr(lm, field), field
   # A preset's values, not the class defaults: the base NMT Transformer's sizes.
@@ -437,18 +437,27 @@ _OLD_DEFAULT_MODEL = dict(
 
 @pytest.mark.slow
 def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
-  config = config_fields.complete(default_config.get_config())  # as the trainer has it
+  # The old default model read pooled queries, keys and values (the model's default).
+  old = [('model.context_pool_reads', 'qkv')]
+  config = default_config.get_config()
+  config.model.context_pool_reads = 'qkv'
+  config = config_fields.complete(config)  # as the trainer has it
   saved = json.loads(config.to_json_best_effort())
   saved['model'] = _OLD_DEFAULT_MODEL
   (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
   checkpoints.check_resume_config(tmp_path, config)  # the same run: no error
-  checkpoints.check_resume_config(tmp_path, _parse('configs/default.py'))  # from the CLI
+  checkpoints.check_resume_config(tmp_path, _parse('configs/default.py', old))  # from the CLI
+  # Today's default reads 'kv': that run cannot resume from the old one's checkpoints.
+  with pytest.raises(
+      checkpoints.CheckpointError, match=r"model\.context_pool_reads: saved 'qkv', now 'kv'"
+  ):
+    checkpoints.check_resume_config(tmp_path, _parse('configs/default.py'))
   # A field the old config did not list still counts at its default value.
-  changed = _parse('configs/default.py', [('model.context_pool.ratio', '0.025')])
+  changed = _parse('configs/default.py', old + [('model.context_pool.ratio', '0.025')])
   with pytest.raises(
       checkpoints.CheckpointError, match=r'model\.context_pool\.ratio: saved None, now 0\.025'
   ):
     checkpoints.check_resume_config(tmp_path, changed)
-  changed = _parse('configs/default.py', [('model.context_pool_heads', '2')])
+  changed = _parse('configs/default.py', old + [('model.context_pool_heads', '2')])
   with pytest.raises(checkpoints.CheckpointError, match=r'model\.context_pool_heads: saved None'):
     checkpoints.check_resume_config(tmp_path, changed)
