@@ -141,18 +141,17 @@ def _key(result: dict) -> str:
   return run_name(result['variant'], result['seed'], result['learning_rate'])
 
 
-def archive(results: list[dict], data: pathlib.Path) -> list[dict]:
+def archive(results: list[dict], data: pathlib.Path, steps: int) -> list[dict]:
   """Copies ``results`` into ``data`` (one ``<run>.json`` each, a recorded run kept as
-  it is) and returns every run ``data`` holds of their length: the repository keeps
+  it is) and returns every run of ``steps`` steps ``data`` holds: the repository keeps
   the results (``benchmarks/ablation_default_data/``), workdirs come and go."""
   data.mkdir(parents=True, exist_ok=True)
   for r in results:
     path = data / f'{_key(r)}.json'
     if not path.exists():
       path.write_text(json.dumps(r, indent=1) + '\n')
-  steps = {r['steps'] for r in results}
   kept = [json.loads(p.read_text()) for p in sorted(data.glob('*.json'))]
-  return [r for r in kept if not steps or r['steps'] in steps]
+  return [r for r in kept if r['steps'] == steps]
 
 
 def _paired(mine: dict[int, float], other: dict[int, float]) -> str:
@@ -230,7 +229,8 @@ def main(argv):
   out.mkdir(parents=True, exist_ok=True)
   # The report shows every run recorded in the workdir or kept in --data, not only this
   # invocation's.
-  text = report(archive(recorded(workdir, steps), pathlib.Path(FLAGS.data)), list(VARIANTS), tuned)
+  kept = archive(recorded(workdir, steps), pathlib.Path(FLAGS.data), steps)
+  text = report(kept, list(VARIANTS), tuned)
   (out / 'ablation_default.md').write_text(text)
   print(text)
 

@@ -81,7 +81,7 @@ def test_ablation_resumes_recorded_runs_and_reports_paired_differences(tmp_path,
   (data / 'baseline_seed2_lr0.002.json').write_text(json.dumps(kept))
   (data / 'baseline_seed0_lr0.002.json').write_text(json.dumps(dict(kept, seed=0)))
   (data / 'long.json').write_text(json.dumps(dict(kept, steps=9, seed=5)))
-  archived = ablation_default.archive(results, data)
+  archived = ablation_default.archive(results, data, 5)
   assert len(archived) == len(bpc) + 1 and len(list(data.glob('*.json'))) == len(bpc) + 2
   assert json.loads((data / 'baseline_seed0_lr0.002.json').read_text())['val_bpc_whole'] == 2.0
   assert json.loads((data / 'baseline_seed1_lr0.002.json').read_text())['val_bpc_whole'] == 2.4
