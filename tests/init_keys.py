@@ -25,7 +25,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jex_core
 from jax.extend import random as jex_random
+
+# Dead-code elimination of a jaxpr: no public API has it.
+from jax._src.interpreters import partial_eval as pe  # pylint: disable=g-direct-jax-src-import
 
 
 def _mix(x):
@@ -83,11 +87,34 @@ def init_key(seed: int = 0) -> jax.Array:
 
 
 def init_variables(model, key, *args, **kwargs):
-  """``model.init(key, *args, **kwargs)`` without computing the forward: Flax's
-  ``lazy_init`` traces ``model`` on the shapes of ``args`` and runs only what the
-  variables depend on (the draws, each a small program reused across tests of the
-  same shapes, where a compiled ``init`` is a program per model)."""
-  shapes = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, 'shape') else a, args
+  """``model.init(key, *args, **kwargs)`` without computing the forward.
+
+  ``init`` is traced on the shapes of ``args`` (arrays become abstract, other
+  arguments stay as given), the trace is cut down to what the variables depend on
+  (JAX's dead-code elimination, which also prunes the bodies of scanned layers),
+  and that runs op by op: only the draws, each a small program that later tests
+  of the same shapes reuse. Flax's ``lazy_init`` ran every operation that depends
+  on shapes alone (masks, position tables: the forward's bookkeeping), each a
+  program of its own; a jitted ``init`` compiles a program per model."""
+  leaves, tree = jax.tree.flatten((args, kwargs))
+  traced = [i for i, a in enumerate(leaves) if hasattr(a, 'shape')]
+
+  def init(k, *arrays):
+    filled = list(leaves)
+    for i, a in zip(traced, arrays):
+      filled[i] = a
+    a, kw = jax.tree.unflatten(tree, filled)
+    return model.init(k, *a, **kw)
+
+  shapes = [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype) for i in traced]
+  closed, out_shape = jax.make_jaxpr(init, return_shape=True)(key, *shapes)
+  jaxpr, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  if any(used[1:]):
+    raise ValueError(
+        f'init_variables: the variables of {type(model).__name__} depend on the values of '
+        'its inputs (or its forward has side effects, e.g. a debug callback); use model.init'
+    )
+  flat = jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, closed.consts))(
+      *([key] if used[0] else [])
   )
-  return model.lazy_init(key, *shapes, **kwargs)
+  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)

@@ -210,11 +210,23 @@ def test_init_variables_equal_the_init_and_do_not_compute_the_forward():
     @nn.compact
     def __call__(self, x):
       y = nn.Dense(3)(x)
-      jax.debug.callback(lambda v: calls.append(v.shape), y)
-      return y
+      record = lambda v: calls.append(v.shape) or v
+      return jax.pure_callback(record, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
 
   variables = init_variables(Probe(), init_key(), x)
   chex.assert_shape(variables['params']['Dense_0']['kernel'], (4, 3))
   assert not calls
   Probe().init(init_key(), x)
+  assert calls == [(2, 5, 3)]
+
+  class Effect(nn.Module):  # a side effect of the forward cannot be left out: a clear error
+
+    @nn.compact
+    def __call__(self, x):
+      y = nn.Dense(3)(x)
+      jax.debug.callback(lambda v: calls.append(v.shape), y)
+      return y
+
+  with pytest.raises(ValueError, match='Effect depend on the values of its inputs'):
+    init_variables(Effect(), init_key(), x)
   assert calls == [(2, 5, 3)]
