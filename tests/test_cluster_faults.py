@@ -617,14 +617,16 @@ def test_kills_at_random_moments_then_resumes_equal_an_uninterrupted_run(
 def test_kills_at_random_moments_on_two_processes_then_resumes_equal_an_uninterrupted_run(
     reference, driver, tmp_path
 ):
-  """Slow (over a minute on 2 cores): two real processes on a loopback cluster are started,
-  killed at random moments and restarted several times, each start paying process start-up,
-  JAX's distributed initialisation and compilation; the kills are the point of the test."""
+  """Slow (about a minute on 2 cores): two real processes on a loopback cluster are started,
+  killed at random moments and restarted, each start paying process start-up, JAX's
+  distributed initialisation and compilation; the kills are the point of the test. Two
+  kills (the one-process test makes three): a killed run is resumed, killed again and
+  resumed, and the equality at the end needs one more uninterrupted two-process run."""
   args, _ = reference
   uninterrupted = tmp_path / 'uninterrupted'
   _ok(_run(driver, args(uninterrupted), processes=2))
   workdir = tmp_path / 'run'
   points = _kills_then_resume(
-      driver, args(workdir), workdir, uninterrupted, seed=31, kills=3, processes=2
+      driver, args(workdir), workdir, uninterrupted, seed=41, kills=2, processes=2
   )
   print('killed at:', points)

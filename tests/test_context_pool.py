@@ -515,7 +515,7 @@ def test_causal_jacobian_is_exactly_zero_above_diagonal(case):
   mask = _right_pad_mask(1, n, [7])
   module = ContextPool(causal=True, ratio=0.5, window=2, **case)
   params = jax.tree.map(lambda p: p * 3.0, module.init(jax.random.key(0), x, mask))
-  jac = jax.jacrev(lambda z: module.apply(params, z, mask))(x)[0, :, :, 0]  # [n, d, n, d]
+  jac = jax.jit(jax.jacrev(lambda z: module.apply(params, z, mask)))(x)[0, :, :, 0]  # [n,d,n,d]
   dep = np.asarray(jnp.abs(jac).sum((1, 3)))  # [i, j]
   assert np.all(dep[np.triu_indices(n, 1)] == 0.0), dep
   assert np.all(np.diag(dep)[:7] > 0.0)
@@ -619,15 +619,19 @@ def test_bfloat16_compute_is_finite_and_close(case):
   bf16 = ContextPool(dtype=jnp.bfloat16, **case)
   params = f32.init(jax.random.key(0), x)
   chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda p: p.astype(jnp.float32), params))
-  y32 = f32.apply(params, x)
-  y16 = bf16.apply(params, x)
+  loss = lambda module: lambda p: jnp.sum(module.apply(p, x).astype(jnp.float32) ** 2)
+
+  @jax.jit  # one program per case: both forwards and both gradients
+  def both(params):
+    grads = (jax.grad(loss(m))(params) for m in (bf16, f32))
+    return f32.apply(params, x), bf16.apply(params, x), *grads
+
+  y32, y16, grads, grads32 = both(params)
   assert y16.dtype == jnp.bfloat16
   # Measured: 0.7 (no locality) to 1.9 (attention mapping) bfloat16 epsilons
   # (2^-8) of max |y|.
   scale = float(jnp.max(jnp.abs(y32)))
   chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=4 * 2.0**-8 * scale, rtol=0)
-  loss = lambda module: lambda p: jnp.sum(module.apply(p, x).astype(jnp.float32) ** 2)
-  grads, grads32 = jax.grad(loss(bf16))(params), jax.grad(loss(f32))(params)
   chex.assert_tree_all_finite(grads)
   # Measured: at most 0.017 of max(1, max |gradient|) per leaf (attention mapping).
   for g, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads32)):
@@ -656,11 +660,14 @@ def test_empty_batch_gives_empty_outputs_and_gradients(implementation, case):
   module = ContextPool(implementation=implementation, block_size=4, dropout_rate=0.1, **case)
   params = module.init(jax.random.key(0), x, mask)
   rngs = {'dropout': jax.random.key(1)}
-  y = module.apply(params, x, mask, False, rngs=rngs)
+  loss = lambda p, z: jnp.sum(module.apply(p, z, mask, False, rngs=rngs))
+  apply_and_grad = lambda p, z: (
+      module.apply(p, z, mask, False, rngs=rngs),
+      jax.grad(loss, (0, 1))(p, z),
+  )
+  y, (g_params, g_x) = jax.jit(apply_and_grad)(params, x)
   out_shape = (0, 3, 3, D) if 'strides' in case else shape
   chex.assert_shape(y, out_shape)
-  loss = lambda p, z: jnp.sum(module.apply(p, z, mask, False, rngs=rngs))
-  g_params, g_x = jax.grad(loss, argnums=(0, 1))(params, x)
   chex.assert_shape(g_x, shape)
   chex.assert_trees_all_equal(g_params, jax.tree.map(jnp.zeros_like, params))
 

@@ -96,34 +96,38 @@ def reference(corpus, tmp_path_factory):
   return args, root / 'uninterrupted'
 
 
-# (what is killed, the function whose n-th call ends with SIGKILL)
-KILL_POINTS = {
-    # between checkpoints: after the 3rd training batch is put on the devices
-    'mid_training': ('contextpool_jax.training.sharding:put_batch', 3),
+# One run killed three times, then run to its end: (what is killed, the function whose
+# n-th call, counted from the start of the killed run, ends with SIGKILL). After the
+# first kill every rerun resumes from the step-2 checkpoint; none gets to commit step 4.
+KILLS = [
     # while the step-4 checkpoint is being written asynchronously: right after
-    # CheckpointManager.save returned for the second time
-    'during_async_checkpoint_write': ('orbax.checkpoint:CheckpointManager.save', 2),
+    # CheckpointManager.save returned for the second time (steps 2 and 4)
+    ('during_async_checkpoint_write', ('orbax.checkpoint:CheckpointManager.save', 2)),
+    # between checkpoints: after the first training batch of the resumed run (step 3)
+    # is put on the devices
+    ('mid_training', ('contextpool_jax.training.sharding:put_batch', 1)),
     # during the first evaluation (its first batch is on the devices), at step 4,
-    # before checkpoint 4
-    'during_evaluation': ('contextpool_jax.training.steps:zero_sums', 2),
-}
+    # before checkpoint 4 (the first call makes the training sums)
+    ('during_evaluation', ('contextpool_jax.training.steps:zero_sums', 2)),
+]
 
 
-@pytest.mark.parametrize('point', sorted(KILL_POINTS))
-def test_kill_9_then_rerun_equals_an_uninterrupted_run(reference, tmp_path, point):
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(reference, tmp_path):
+  """Each kill leaves the step-2 checkpoint as the last committed one (a cut
+  asynchronous write leaves at most its temporary directory, which the rerun
+  ignores), each rerun resumes there, and the last one ends with the uninterrupted
+  run's parameters and evaluation. One run for the three kill points: each rerun
+  is the next kill's run, so every kill is checked by the resume after it."""
   args, uninterrupted = reference
   workdir = tmp_path / 'run'
-  killed = _train(args(workdir), kill_at=KILL_POINTS[point], check=False)
-  assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-  steps = _committed_steps(workdir)
-  assert 8 not in steps  # the run really was cut short
-  if point == 'during_async_checkpoint_write':
-    # The step-4 write was cut: no committed step 4, its temporary directory
-    # may remain, and the rerun must ignore it.
-    assert steps == [2]
+  for point, kill_at in KILLS:
+    killed = _train(args(workdir), kill_at=kill_at, check=False)
+    assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
+    assert _committed_steps(workdir) == [2], point
+    if point != KILLS[0][0]:
+      assert f'Resumed from {workdir / "checkpoints"} at step 2.' in killed.stdout, point
   resumed = _train(args(workdir))
-  if steps:
-    assert f'Resumed from {workdir / "checkpoints"} at step {steps[-1]}.' in resumed.stdout
+  assert f'Resumed from {workdir / "checkpoints"} at step 2.' in resumed.stdout
   _assert_same_final(workdir, uninterrupted)
 
 
