@@ -15,17 +15,30 @@ import os
 import tempfile
 
 # XLA flags for compile speed: no LLVM optimisation; the program compiled in one piece
-# (no codegen threads competing with the other xdist worker); XLA's classic loop emitters
-# instead of its MLIR fusion emitters, which build an MLIR pass pipeline per fusion (on
-# the decoding, Transformer and blockwise ContextPool tests: XLA compile 656 -> 288 s,
-# the three files 522 -> 305 s wall). The classic emitters expand scatters into while
-# loops, so the optimised HLO differs from users' in how it computes a scatter, not in
-# what it computes.
+# (no codegen threads competing with the other xdist worker).
 COMPILE_FAST = {
     '--xla_backend_optimization_level': '0',
     '--xla_cpu_parallel_codegen_split_count': '1',
-    '--xla_cpu_use_fusion_emitters': 'false',
 }
+# On the oldest stack (jaxlib 0.10), also XLA's classic loop emitters instead of its MLIR
+# fusion emitters, which build an MLIR pass pipeline per fusion (on the decoding, Transformer
+# and blockwise ContextPool tests: XLA compile 656 -> 288 s, the three files 522 -> 305 s
+# wall). The classic emitters expand scatters into while loops, so the optimised HLO differs
+# from users' in how it computes a scatter, not in what it computes. jaxlib 0.11 removed the
+# classic emitters and the flag with them (an unknown flag in XLA_FLAGS aborts the process).
+CLASSIC_EMITTERS = {'--xla_cpu_use_fusion_emitters': 'false'}
+
+
+def _jaxlib_minor() -> tuple[int, int]:
+  """jaxlib's (major, minor), read from its metadata without importing it."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  major, minor = metadata.version('jaxlib').split('.')[:2]
+  return int(major), int(minor)
+
+
+if _jaxlib_minor() < (0, 11):
+  COMPILE_FAST |= CLASSIC_EMITTERS
 
 
 def _set_xla_flags(flags: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ These can fail: the tests at the end run the checks on small sources that break 
 
 import ast
 import pathlib
+import subprocess
 
 import pytest
 
@@ -32,13 +33,18 @@ def _sources() -> list[pathlib.Path]:
   return sorted(PACKAGE.rglob('*.py')) + [REPO / 'train.py']
 
 
-def _repository_sources() -> list[pathlib.Path]:
-  """Every Python file of the repository (not the docs' build, not git's)."""
-  return sorted(
-      p
-      for p in REPO.rglob('*.py')
-      if not {'.git', '_build', '.venv', 'venv'} & set(p.relative_to(REPO).parts)
+def _repository_sources(root: pathlib.Path = REPO) -> list[pathlib.Path]:
+  """Every Python file of the repository as git lists it: tracked, or new and not ignored.
+  Never what git ignores: build outputs (``build/lib/`` of a ``pip install .``, the docs'
+  build), virtualenvs, caches."""
+  listed = subprocess.run(
+      ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard', '--', '*.py'],
+      cwd=root,
+      capture_output=True,
+      text=True,
   )
+  assert listed.returncode == 0, f'this test reads a git checkout: {listed.stderr}'
+  return sorted(p for p in (root / n for n in listed.stdout.split('\0') if n) if p.is_file())
 
 
 def long_functions(source: str, limit: int = MAX_LINES) -> list[tuple[str, int, int]]:
@@ -103,6 +109,20 @@ def task_comparisons(source: str) -> list[int]:
     elif _is_get_task(node) or _reads_task_entry(node):
       lines.add(node.lineno)
   return sorted(lines)
+
+
+def test_the_repository_scan_skips_what_git_ignores(tmp_path):
+  """What a non-editable ``pip install .`` leaves in a checkout (``build/lib/``,
+  ``*.egg-info/``), ignored by this repository's .gitignore, is not scanned; a new file
+  not yet added to git is."""
+  (tmp_path / '.gitignore').write_text((REPO / '.gitignore').read_text())
+  for name in ('a.py', 'new.py', 'build/lib/contextpool_jax/tasks.py', 'x.egg-info/b.py'):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text('x = 1\n')
+  git = lambda *argv: subprocess.run(['git', *argv], cwd=tmp_path, check=True, capture_output=True)
+  git('init', '-q')
+  git('add', 'a.py', '.gitignore')
+  assert [p.name for p in _repository_sources(tmp_path)] == ['a.py', 'new.py']
 
 
 def test_the_checks_see_the_package():

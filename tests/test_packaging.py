@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from test_readme import TINY_TRAIN
+from test_readme import TINY_TRAIN, markdown_blocks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
@@ -87,9 +87,34 @@ def _extra_closure(extras: dict, name: str) -> set[str]:
   return out
 
 
+# The two tested stacks (docs/install.md): the pinned file -> the Python versions it is for.
+STACKS = {'requirements.txt': ('3.12', '3.13'), 'requirements-py311.txt': ('3.11',)}
+OLDEST, NEWEST = 'requirements-py311.txt', 'requirements.txt'
+
+
+def _pins(name: str) -> dict[str, str]:
+  """A pinned requirements file: distribution -> version (every line ``==``)."""
+  pinned = {}
+  for line in (REPO / name).read_text().splitlines():
+    line = line.split('#')[0].strip()
+    if line:
+      assert '==' in line, f'{name}: {line!r} is not pinned'
+      pinned[_name(line)] = line.split('==')[1].strip()
+  return pinned
+
+
+def _requirements(extras: dict) -> list[str]:
+  """Every requirement of pyproject.toml: the dependencies and the extras' own entries."""
+  found = list(PROJECT['dependencies'])
+  for requirements in extras.values():
+    found += [r for r in requirements if _name(r) != 'contextpool-jax']
+  return found
+
+
 def test_extras_and_the_pinned_requirements_agree():
-  """CI installs requirements.txt only: it pins everything the tests need (the ``[test]``
-  extra, which takes in the others but ``[profile]``, a viewer no test runs)."""
+  """CI installs a pinned file per stack only: each pins everything the tests need (the
+  ``[test]`` extra, which takes in the others but ``[profile]``, a viewer no test runs, and
+  ``[tpu]``, for TPU VMs)."""
   extras = PROJECT['optional-dependencies']
   assert set(extras) == {
       'train',
@@ -101,20 +126,92 @@ def test_extras_and_the_pinned_requirements_agree():
       'docs',
       'test',
       'all',
+      'tpu',
   }
   assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
   assert _extra_closure(extras, 'hub') >= {'huggingface-hub', 'safetensors'}
   assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
-  pinned = {}
-  for line in (REPO / 'requirements.txt').read_text().splitlines():
-    line = line.split('#')[0].strip()
-    if line:
-      assert '==' in line, f'requirements.txt: {line!r} is not pinned'
-      pinned[_name(line)] = line
   wanted = _extra_closure(extras, 'test') | {_name(r) for r in PROJECT['dependencies']}
-  missing = sorted(wanted - set(pinned))
-  assert not missing, f'requirements.txt does not pin {missing}'
+  for name in STACKS:
+    missing = sorted(wanted - set(_pins(name)))
+    assert not missing, f'{name} does not pin {missing}'
+  assert set(_pins(OLDEST)) == set(_pins(NEWEST))  # the same distributions, other versions
+
+
+def test_ci_finds_each_stacks_python_or_fails_loudly(tmp_path):
+  """``.ci/run``'s ``find_python``: the first given version that runs, from PATH or pyenv's
+  installs; none of them is an error naming what it looked for (never another version)."""
+  ci = (REPO / '.ci' / 'run').read_text()
+  function = ci[ci.index('find_python() {') : ci.index('\n}\n', ci.index('find_python() {')) + 3]
+  here = f'{sys.version_info.major}.{sys.version_info.minor}'
+  (tmp_path / 'bin').mkdir()
+  (tmp_path / 'bin' / f'python{here}').symlink_to(sys.executable)
+
+  def find(*versions):
+    script = f'{function}\nfind_python {" ".join(versions)}'
+    env = {'PATH': f'{tmp_path / "bin"}:/usr/bin:/bin', 'PYENV_ROOT': str(tmp_path / 'pyenv')}
+    return subprocess.run(['bash', '-c', script], capture_output=True, text=True, env=env)
+
+  found = find('2.1', here)
+  assert found.returncode == 0, found
+  assert found.stdout.strip() == str(tmp_path / 'bin' / f'python{here}'), found
+  missing = find('2.1', '2.2')
+  assert missing.returncode == 1 and not missing.stdout, missing
+  assert 'no Python 2.1 2.2 found' in missing.stderr and str(tmp_path / 'pyenv') in missing.stderr
+
+
+def _tested_upper_bound(version: str) -> str:
+  """Below the next release no stack tested: the next minor at 0.x (jax, flax, optax: their
+  minors break APIs), else the next major."""
+  major, minor = (int(x) for x in version.split('.')[:2])
+  return f'0.{minor + 1}' if major == 0 else f'{major + 1}'
+
+
+def test_the_ranges_are_what_the_two_stacks_test():
+  """Every range of pyproject.toml runs from the oldest stack's pin to below the next release
+  neither stack tested; ``requires-python`` covers the stacks' Pythons and no other."""
+  from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
+  from packaging.specifiers import SpecifierSet  # pylint: disable=g-import-not-at-top
+
+  oldest, newest = _pins(OLDEST), _pins(NEWEST)
+  checked = set()
+  for text in _requirements(PROJECT['optional-dependencies']):
+    requirement = Requirement(text)
+    name = _name(requirement.name)
+    if name not in oldest:
+      assert name == 'xprof', f'{text}: no stack pins {name}; pin it or leave it out'
+      continue
+    wanted = SpecifierSet(f'>={oldest[name]},<{_tested_upper_bound(newest[name])}')
+    assert requirement.specifier == wanted, f'pyproject.toml: {text!r}, tested: {name}{wanted}'
+    checked.add(name)
+  assert {'jax', 'flax', 'numpy', 'optax', 'orbax-checkpoint', 'chex'} <= checked
+  python = SpecifierSet(PROJECT['requires-python'])
+  tested = {v for versions in STACKS.values() for v in versions}
+  assert {v for v in ('3.10', '3.11', '3.12', '3.13', '3.14') if v in python} == tested
+
+
+def test_the_tpu_extra_takes_the_libtpu_of_the_installed_jax():
+  """``[tpu]`` is jax's own ``tpu`` extra within the tested range: jax's metadata pins the
+  libtpu it was built against, the one docs/install.md names for this stack."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  (tpu,) = PROJECT['optional-dependencies']['tpu']
+  jax_range = next(r for r in PROJECT['dependencies'] if _name(r) == 'jax')
+  assert tpu == jax_range.replace('jax', 'jax[tpu]', 1)
+  libtpu = [
+      r
+      for r in metadata.requires('jax')
+      if r.startswith('libtpu') and "'tpu'" in r.replace('"', "'")
+  ]
+  assert len(libtpu) == 1, metadata.requires('jax')
+  pinned = re.match(r'libtpu\s*==\s*([0-9.*]+)', libtpu[0]).group(1)
+  row = next(
+      line
+      for line in (REPO / 'docs' / 'install.md').read_text().splitlines()
+      if line.startswith('| ') and f'| {metadata.version("jax")} |' in line
+  )
+  assert f'| {pinned} |' in row, (row, pinned)
 
 
 def test_licence_and_typing_marker_ship():
@@ -144,23 +241,29 @@ def test_every_package_is_listed_and_the_configs_install_from_their_one_home():
   }
 
 
-def _build_wheel(out: pathlib.Path) -> pathlib.Path:
-  """The wheel of a copy of the sources (the build writes build/ and *.egg-info next to
-  them: not in the checkout), built as CI's install builds (pip, build isolation)."""
-  src = out / 'src'
+def _copy_sources(src: pathlib.Path) -> pathlib.Path:
+  """What a build reads, copied to ``src`` (the build writes build/ and *.egg-info next to
+  them: not in the checkout)."""
   src.mkdir(parents=True)
   for name in ('pyproject.toml', 'README.md', 'LICENSE'):
     shutil.copy(REPO / name, src / name)
   for name in ('contextpool_jax', 'configs'):
     shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns('__pycache__'))
+  return src
+
+
+def _build_wheel(src: pathlib.Path, dist: pathlib.Path) -> pathlib.Path:
+  """The wheel of ``src``, built as users build one (pip, with build isolation), from a
+  directory that is not the sources."""
   run = subprocess.run(
-      [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '-q', '-w', str(out / 'dist'), str(src)],
+      [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '-q', '-w', str(dist), str(src)],
       capture_output=True,
       text=True,
       timeout=600,
+      cwd=dist.parent,
   )
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-  (wheel,) = (out / 'dist').glob('contextpool_jax-*.whl')
+  (wheel,) = dist.glob('contextpool_jax-*.whl')
   return wheel
 
 
@@ -176,6 +279,7 @@ def _venv_with(wheel: pathlib.Path, where: pathlib.Path) -> pathlib.Path:
       capture_output=True,
       text=True,
       timeout=300,
+      cwd=where.parent,  # not the checkout, whatever an earlier install left there
   )
   assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
   site = subprocess.run(
@@ -195,7 +299,7 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
   fresh virtualenv and trains 4 steps of a tiny model with ``contextpool-train --config
   default`` from a directory that is not the checkout, then samples the workdir with
   ``contextpool-sample``."""
-  wheel = _build_wheel(tmp_path / 'build')
+  wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
   names = zipfile.ZipFile(wheel).namelist()
   assert (
       'contextpool_jax/configs/default.py' in names and 'contextpool_jax/configs/common.py' in names
@@ -241,3 +345,27 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
   assert any('bpc' in json.dumps(m) for m in metrics), metrics[-1]
   text = run('contextpool-sample', '--workdir', str(workdir), '--prompt', 'def ', '--length', '8')
   assert text.startswith('def ') and len(text.encode()) >= 8, text
+
+
+@pytest.mark.slow
+def test_an_earlier_builds_leftovers_ship_unless_cleaned_as_the_docs_say(tmp_path):
+  """Slow (two wheel builds, seconds each): setuptools reuses ``build/lib/`` of an earlier
+  build from the same sources, so a module deleted since would ship in the next wheel; the
+  cleaning command docs/install.md gives keeps it out."""
+  (clean,) = [
+      b.code
+      for b in markdown_blocks((REPO / 'docs' / 'install.md').read_text())
+      if b.code.startswith('rm -rf build')
+  ]
+  src = _copy_sources(tmp_path / 'src')
+  stale = 'contextpool_jax/deleted_since.py'
+  (src / 'build' / 'lib' / stale).parent.mkdir(parents=True)
+  (src / 'build' / 'lib' / stale).write_text('x = 1\n')
+  (src / 'contextpool_jax.egg-info').mkdir()
+  (src / 'contextpool_jax.egg-info' / 'SOURCES.txt').write_text(stale + '\n')
+  dirty = _build_wheel(src, tmp_path / 'dirty')
+  assert stale in zipfile.ZipFile(dirty).namelist()  # the hazard the docs warn of
+  subprocess.run(['bash', '-c', clean], cwd=src, check=True)
+  assert not (src / 'build').exists() and not (src / 'contextpool_jax.egg-info').exists()
+  names = zipfile.ZipFile(_build_wheel(src, tmp_path / 'cleaned')).namelist()
+  assert stale not in names and 'contextpool_jax/training/tasks.py' in names

@@ -96,7 +96,7 @@ BIN = pathlib.Path(sys.executable).parent
 # Blocks skipped by design: the reason their marker gives -> how the block's first line starts.
 SKIPPED = {
     'a fresh virtualenv and install: CI (.ci/run) runs exactly this '
-    '(test_install_line_is_what_ci_runs)': 'python3 -m venv .venv',
+    '(test_install_line_is_what_ci_runs)': 'python3.12 -m venv .venv',
     'installs an accelerator build of JAX: needs an NVIDIA GPU or a Cloud TPU VM': (
         'pip install -U "jax[cuda12]'
     ),
@@ -110,6 +110,10 @@ SKIPPED = {
     'from an offline Hub cache': 'from huggingface_hub import upload_folder',
     'minutes of benchmarks (the full tables are for a GPU/TPU); tests/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',
+    "removes an earlier build's leftovers from the checkout: tests/test_packaging.py runs it "
+    'on a copy with leftovers (test_an_earlier_builds_leftovers_ship_unless_cleaned_as_the_docs_say)': (
+        'rm -rf build'
+    ),
     'rewrites the stored notebooks from real-size runs (minutes each); tests/test_notebooks.py '
     'checks the stored outputs and executes copies smoke-sized': 'python notebooks/execute.py',
 }
@@ -796,14 +800,17 @@ def test_every_inline_command_checks():
 
 
 def test_install_line_is_what_ci_runs():
-  """The README's install block (skipped by design) is the install .ci/run performs."""
-  (install,) = [b for b in page_blocks() if b.first_line.startswith('python3 -m venv')]
+  """The README's install block (skipped by design) is the install .ci/run performs for the
+  newest stack: its Python, then each pip step (``make_venv``, given ``requirements.txt``)."""
+  (install,) = [b for b in page_blocks() if b.first_line.startswith('python3.12 -m venv')]
   assert install.file == 'README.md'
   ci = (REPO / '.ci' / 'run').read_text()
+  assert 'NEWEST_PYTHON="$(find_python 3.12 3.13)"' in ci
+  assert 'make_venv "$NEWEST_PYTHON" requirements.txt' in ci
   for step in install.code.split('&&'):
     step = step.strip()
     if step.startswith('pip install'):
-      args = ' '.join(step.split()[2:])
+      args = ' '.join(step.split()[2:]).replace('requirements.txt', '"$2"')
       assert re.search(r'pip install -q ' + re.escape(args), ci), step
 
 
