@@ -96,8 +96,8 @@ def _corpus(config):
 
 
 def test_files_default_is_the_standard_library_and_an_empty_pattern_is_an_error(tmp_path):
-  assert tb.make_local_text_config((), max_bytes=1000).name.startswith('stdlib_')
-  assert tb.make_local_text_config(None, max_bytes=1000).name.startswith('stdlib_')
+  assert tb.make_local_text_config((), max_bytes=2**16).name.startswith('stdlib_')
+  assert tb.make_local_text_config(None, max_bytes=2**16).name.startswith('stdlib_')
   with pytest.raises(ValueError) as e:  # `--config.dataset.files=` gives ('',)
     _train(_lm_config(tmp_path, ('',)))
   assert "config.dataset.files=('',) has an empty pattern" in str(e.value)

@@ -801,17 +801,21 @@ def test_every_inline_command_checks():
 
 def test_install_line_is_what_ci_runs():
   """The README's install block (skipped by design) is the install .ci/run performs for the
-  newest stack: its Python, then each pip step (``make_venv``, given ``requirements.txt``)."""
+  newest stack: its Python, then each pip step (the pins in ``make_venv``, given
+  ``requirements.txt``; then the package, editable)."""
   (install,) = [b for b in page_blocks() if b.first_line.startswith('python3.12 -m venv')]
   assert install.file == 'README.md'
   ci = (REPO / '.ci' / 'run').read_text()
   assert 'NEWEST_PYTHON="$(find_python 3.12 3.13)"' in ci
-  assert 'make_venv "$NEWEST_PYTHON" requirements.txt' in ci
+  assert 'make_venv "$NEWEST_PYTHON" requirements.txt "$NEWEST"' in ci
+  pip = {
+      '-r requirements.txt': 'pip install -q -r "$2"',
+      '--no-deps -e .': 'pip install -q --no-deps -e .',
+  }
   for step in install.code.split('&&'):
     step = step.strip()
     if step.startswith('pip install'):
-      args = ' '.join(step.split()[2:]).replace('requirements.txt', '"$2"')
-      assert re.search(r'pip install -q ' + re.escape(args), ci), step
+      assert pip[' '.join(step.split()[2:])] in ci, step
 
 
 def test_doctests_are_found():

@@ -6,6 +6,7 @@ go to the workers whole, the longest first; MLIR contexts are shared, the progra
 
 import json
 import types
+import warnings
 
 import pytest
 
@@ -230,3 +231,15 @@ def test_init_variables_equal_the_init_and_do_not_compute_the_forward():
   with pytest.raises(ValueError, match='Effect depend on the values of its inputs'):
     init_variables(Effect(), init_key(), x)
   assert calls == [(2, 5, 3)]
+
+
+@pytest.mark.parametrize('category', [DeprecationWarning, PendingDeprecationWarning, FutureWarning])
+def test_a_deprecated_api_the_package_calls_fails_its_test(category):
+  """pyproject.toml's filterwarnings: a deprecation warned at a call in ``contextpool_jax``
+  (where jax, flax and numpy attribute theirs) is an error; one warned elsewhere is not."""
+  call = compile(f'warnings.warn("old API", {category.__name__})', 'caller.py', 'exec')
+  with pytest.raises(category, match='old API'):
+    exec(call, {'__name__': 'contextpool_jax.layers.some_layer', 'warnings': warnings})
+  with warnings.catch_warnings(record=True) as caught:  # the filters stay as they are
+    exec(call, {'__name__': 'some_library', 'warnings': warnings})
+  assert [w.category for w in caught] == [category]
