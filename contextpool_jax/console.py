@@ -21,6 +21,10 @@ prints as it does by default.
 
 Library code (notebooks, tests that call the trainer directly) is not quiet
 unless it calls :func:`set_quiet` itself.
+
+The training loop's progress (:class:`Progress`) is a bar on a terminal and one plain line per
+log step where stdout is a file or a pipe (a run redirected into a log file): a log holds no
+redrawn frames.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import contextlib
 import io
 import logging
 import os
-from typing import Iterator
+import sys
+from typing import Iterator, TextIO
 
 # TFDS warnings (their unformatted message templates) that say nothing a user can act on.
 QUIET_TFDS_WARNINGS = (
@@ -103,3 +108,58 @@ def library_logs(*names: str) -> Iterator[None]:
 def event(message: str) -> None:
   """One line on the console (and nothing else): an event of the run."""
   print(message, flush=True)
+
+
+class Progress:
+  """The training loop's progress from step ``start`` to ``total``.
+
+  Where stderr is a terminal, tqdm's bar there (steps/s, time left) with the last logged loss
+  beside it. Where stdout is not a terminal (a run redirected into a log file), one line per
+  log step in it, ``step 50/500: loss 2.1234, 1.26 steps/s, 05:57 left`` (the rate of the
+  steps since the last log): a file holds no bar's redrawn frames, and a terminal keeps its
+  bar. Disabled (``config.progress_bar=False``, or not the first process), neither.
+  :meth:`write` prints an event line to stdout in every case (above the bar).
+  """
+
+  def __init__(
+      self,
+      start: int,
+      total: int,
+      enabled: bool,
+      out: TextIO | None = None,
+      err: TextIO | None = None,
+  ):
+    import tqdm  # pylint: disable=g-import-not-at-top
+
+    self.out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    self.total = total
+    self.lines = enabled and not self.out.isatty()
+    self.bar = tqdm.tqdm(
+        total=total,
+        initial=start,
+        disable=not (enabled and err.isatty()),
+        unit='step',
+        dynamic_ncols=True,
+        mininterval=2.0,
+        smoothing=0.1,
+        file=err,
+    )
+
+  def write(self, message: str) -> None:
+    self.bar.write(message, file=self.out)
+
+  def update(self, steps: int = 1) -> None:
+    self.bar.update(steps)
+
+  def logged(self, step: int, loss: float, steps_per_sec: float) -> None:
+    """A log step's loss and rate: beside the bar, and a line of its own off a terminal."""
+    self.bar.set_postfix(loss=f'{loss:.4f}', refresh=False)
+    if self.lines:
+      left = self.bar.format_interval((self.total - step) / max(steps_per_sec, 1e-9))
+      self.write(
+          f'step {step}/{self.total}: loss {loss:.4f}, {steps_per_sec:.2f} steps/s, {left} left'
+      )
+
+  def close(self) -> None:
+    self.bar.close()

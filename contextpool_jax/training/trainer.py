@@ -63,11 +63,10 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-import tqdm
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import config_fields, storage, workdirs
+from contextpool_jax import config_fields, console, storage, workdirs
 from contextpool_jax.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
@@ -140,19 +139,6 @@ def _train_summary(sums: dict, seconds: float) -> dict[str, float]:
     summary['grad_norm'] = sums['grad_norm'] / max(steps_done - skipped, 1.0)
     summary.update(skipped_steps=skipped, loss_scale=sums['loss_scale'] / steps_done)
   return summary
-
-
-def _progress_bar(start: int, total: int, enabled: bool):
-  """A console progress bar with steps/s and ETA (tqdm), or a no-op."""
-  return tqdm.tqdm(
-      total=total,
-      initial=start,
-      disable=not enabled,
-      unit='step',
-      dynamic_ncols=True,
-      mininterval=2.0,
-      smoothing=0.1,
-  )
 
 
 # ----------------------------------------------------------------------------
@@ -360,7 +346,7 @@ class _Loop:
     self.history.append({'step': done, **summary})
     for hook in self.hooks:
       hook(done, self.state, batch, self.writer)
-    self.pbar.set_postfix(loss=f'{summary["loss"]:.4f}', refresh=False)
+    self.pbar.logged(done, summary['loss'], summary['steps_per_sec'])
 
   def evaluate(self, done: int) -> None:
     by_split: dict[str, dict[str, float]] = {}
@@ -461,7 +447,7 @@ def _train(
     ctx = dict(manager=manager, saver=saver, lock=lock, directory=directory, profiler=profiler)
     loop = _Loop(setup, run, state, start, ctx)
     loop.writer = writer = writers.Writers(config, workdir, is_main, start)
-    loop.pbar = pbar = _progress_bar(start, run.num_train_steps, is_main and run.progress_bar)
+    loop.pbar = pbar = console.Progress(start, run.num_train_steps, is_main and run.progress_bar)
     preemption = Preemption()
     closers = [profiler.close, preemption.close, pbar.close, writer.close]
     loop(preemption)
