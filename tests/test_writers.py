@@ -4,8 +4,10 @@ on a local store, your own)."""
 import importlib.metadata
 import importlib.util
 import json
+import pathlib
 import re
 import subprocess
+import sys
 import tomllib
 
 import numpy as np
@@ -82,7 +84,8 @@ def _mlflow_history(client, run_id, key):
 def _wandb_records(run_dir):
   """The records of an offline W&B run (its .wandb log, read by wandb's own reader)."""
   out = subprocess.run(
-      ['wandb', 'leet', 'inspect', '--json', str(run_dir)],
+      # wandb's command beside this Python: its virtualenv need not be on PATH.
+      [pathlib.Path(sys.executable).parent / 'wandb', 'leet', 'inspect', '--json', str(run_dir)],
       capture_output=True,
       text=True,
       timeout=300,
