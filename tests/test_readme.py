@@ -34,9 +34,8 @@ Markers (in a page: an HTML comment right before a fenced block; several may pre
     The block's training commands (``train.py``, directly or through the launcher) run at toy
     size: ``TINY_TRAIN`` is appended (a few steps, a tiny model, 64 KiB of the corpus, the TFDS
     data in the temporary directory). Nothing else in a command is changed.
-``<!-- readme-test: given CODE -->``
-    Python run before a Python block, in its namespace: what the prose leaves to the reader (the
-    ``tokens`` of "any config", the ``x`` of a comment).
+There is no hidden set-up: a block runs as a reader copies it, its inputs defined in it (a
+``given`` marker, which ran hidden lines before a block, is an error).
 ``<!-- readme-test: check CODE -->``
     Python run after a Python block, in its namespace: calls what the block defines and checks
     what its comments promise (shapes, counts).
@@ -159,7 +158,7 @@ SCRIPTS = {
 # A code span that starts with one of these is a command.
 PROGRAMS = ('python', 'python3', 'pip', 'tensorboard', 'tfds', 'pyink', 'pytest', *SCRIPTS)
 LANGUAGES = ('python', 'bash', 'text')
-DIRECTIVES = ('skip', 'shrink', 'given', 'check')
+DIRECTIVES = ('skip', 'shrink', 'check')
 ABSL_FLAGS = {
     'help',
     'helpfull',
@@ -247,8 +246,13 @@ def markdown_blocks(text: str, file: str = 'README.md') -> list[Block]:
         raise MarkupError(f'{file}:{start + 1}: not a marker: {comment!r}')
       directive, raw = m.group(1), m.group(2)
       arg = raw.strip()
-      # The line the marker's text starts on (given/check code may start on the next one).
+      # The line the marker's text starts on (check code may start on the next one).
       text_line = start + 1 + raw[: len(raw) - len(raw.lstrip())].count('\n')
+      if directive == 'given':
+        raise MarkupError(
+            f'{file}:{start + 1}: no hidden set-up (given): a block defines what it uses, '
+            'as a reader copies it'
+        )
       if directive not in DIRECTIVES:
         raise MarkupError(
             f'{file}:{start + 1}: unknown directive {directive!r}; expected one of {DIRECTIVES}'
@@ -272,8 +276,8 @@ def markdown_blocks(text: str, file: str = 'README.md') -> list[Block]:
   for block in blocks:
     if block.lang == 'text' and block.markers:
       raise MarkupError(f'{block.where}: a text block takes no marker')
-    if block.lang == 'bash' and ({'given', 'check'} & set(block.markers)):
-      raise MarkupError(f'{block.where}: given/check are for Python blocks')
+    if block.lang == 'bash' and 'check' in block.markers:
+      raise MarkupError(f'{block.where}: check is for Python blocks')
   return blocks
 
 
@@ -598,13 +602,10 @@ def run_shell_block(block: Block, tmp: pathlib.Path, session: bool = False) -> l
 
 
 def run_python_block(block: Block, tmp: pathlib.Path) -> dict:
-  """Runs a Python block (given, the block, check) in a fresh namespace; returns it."""
+  """Runs a Python block (then its check) in a fresh namespace, as a reader who copies it
+  runs it; returns the namespace."""
   namespace = {'__name__': '__readme__'}
-  parts = [
-      (block.markers.get('given'), None),
-      (None, block.code),
-      (block.markers.get('check'), None),
-  ]
+  parts = [(None, block.code), (block.markers.get('check'), None)]
   for marker, code in parts:
     if marker is None and code is None:
       continue
@@ -832,17 +833,21 @@ def test_doctests_are_found():
 def test_markers_are_read_and_misplaced_ones_fail():
   text = (
       'x\n<!-- readme-test: skip needs a TPU -->\n```bash\ngcloud x\n```\n'
-      '<!-- readme-test: given\nx = 1\n-->\n<!-- readme-test: check assert y == 2 -->\n'
-      '```python\ny = x + 1\n```\n```text\ndiagram\n```\n'
+      '<!-- readme-test: check\nassert y == 2\n-->\n'
+      '```python\nx = 1\ny = x + 1\n```\n```text\ndiagram\n```\n'
   )
   skip, python, diagram = markdown_blocks(text)
   assert skip.marker('skip') == 'needs a TPU' and skip.code == 'gcloud x' and skip.line == 4
-  assert python.marker('given') == 'x = 1' and python.markers['given'].line == 7
+  assert python.marker('check') == 'assert y == 2' and python.markers['check'].line == 7
   assert run_python_block(python, pathlib.Path('/unused'))['y'] == 2
+  python.markers['check'] = dataclasses.replace(python.markers['check'], text='assert y == 3')
+  with pytest.raises(AssertionError):
+    run_python_block(python, pathlib.Path('/unused'))
   assert diagram.lang == 'text'
   for bad, message in [
       ('<!-- readme-test: skip why -->\nprose\n```bash\nx\n```\n', 'right before'),
       ('<!-- readme-test: skipp why -->\n```bash\nx\n```\n', 'unknown directive'),
+      ('<!-- readme-test: given x = 1 -->\n```python\ny = x\n```\n', 'no hidden set-up'),
       ('<!-- readme-test: skip -->\n```bash\nx\n```\n', 'needs a reason'),
       ('```\nx\n```\n', "labelled ''"),
       ('```sh\nx\n```\n', "labelled 'sh'"),

@@ -153,8 +153,12 @@ class TransformerConfig:
       last layer); the layers after it read ``LN x``. An extension (issue 27):
       the top layer's attention reads exact features, the lower ones pooled.
     context_pool_reads: ``'attention_input'`` only: which inputs of the
-      self-attention read the pooled features, ``'qkv'`` (default) | ``'kv'``
-      (queries read ``LN x``) | ``'q'`` (keys and values read ``LN x``).
+      self-attention read the pooled features, ``'qkv'`` | ``'kv'`` (queries read
+      ``LN x``) | ``'q'`` (keys and values read ``LN x``). The default, ``'qkv'``, is
+      the paper's reading and its recipes' (``configs/enwik8.py``, ``text8.py``,
+      ``wmt14.py``); ``configs/default.py`` reads ``'kv'``, which ended ahead of
+      ``'qkv'`` on that small LM and is not measured at the paper's scale
+      (docs/context_pool.md, A6).
     context_pool_heads: ``'attention_input'`` only: how many heads (the first
       ones) read the pooled features; the others read ``LN x``. None: all.
     scan_layers: one ``nn.scan`` over the identical layers of each stack.
