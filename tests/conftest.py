@@ -29,7 +29,7 @@ COMPILE_FAST = {
 CLASSIC_EMITTERS = {'--xla_cpu_use_fusion_emitters': 'false'}
 
 
-def _jaxlib_minor() -> tuple[int, int]:
+def _jaxlib_version() -> tuple[int, int]:
   """jaxlib's (major, minor), read from its metadata without importing it."""
   from importlib import metadata  # pylint: disable=g-import-not-at-top
 
@@ -37,7 +37,7 @@ def _jaxlib_minor() -> tuple[int, int]:
   return int(major), int(minor)
 
 
-if _jaxlib_minor() < (0, 11):
+if _jaxlib_version() < (0, 11):
   COMPILE_FAST |= CLASSIC_EMITTERS
 
 
