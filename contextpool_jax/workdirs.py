@@ -511,8 +511,8 @@ def _card_data(data: ml_collections.ConfigDict) -> list[str]:
     return lines + ["- split: the dataset's own train / validation / test splits"]
   return lines + [
       f'- split: the seeded `local_text` rule (docs/data.md, `contextpool_jax/data/'
-      'text_splits.py`): files cut into blocks of `split_block_bytes` (0: whole files), one '
-      'block in 20 to validation and one to test (90/5/5%), by hashes seeded with '
+      'text_splits.py`): files cut into blocks of `split_block_bytes` (0: whole files), '
+      "about 5% of each top folder's bytes to validation and 5% to test, by hashes seeded with "
       f'`split_seed`; split_block_bytes: {_value(data.get("split_block_bytes"))}, '
       f'split_seed: {_value(data.get("split_seed"))}'
   ]

@@ -95,13 +95,15 @@ def _corpus(config):
 # ---------------------------------------------------------------------------
 
 
-def test_files_default_is_the_standard_library_and_an_empty_pattern_is_an_error(tmp_path):
-  assert tb.make_local_text_config((), max_bytes=2**16).name.startswith('stdlib_')
-  assert tb.make_local_text_config(None, max_bytes=2**16).name.startswith('stdlib_')
+def test_files_default_is_the_snapshot_stdlib_is_named_and_an_empty_pattern_is_an_error(tmp_path):
+  assert tb.make_local_text_config((), max_bytes=2**16).name.startswith('snapshot_')
+  assert tb.make_local_text_config(None, max_bytes=2**16).name.startswith('snapshot_')
+  stdlib = tb.make_local_text_config((tb.STDLIB,), max_bytes=2**16)
+  assert stdlib.name.startswith('stdlib_') and stdlib.root == tb.stdlib_source_dir()
   with pytest.raises(ValueError) as e:  # `--config.dataset.files=` gives ('',)
     _train(_lm_config(tmp_path, ('',)))
   assert "config.dataset.files=('',) has an empty pattern" in str(e.value)
-  assert 'files=() reads the standard library' in str(e.value)
+  assert "files=() reads the default corpus (cpython-3.11.7-lib), '<stdlib>'" in str(e.value)
   assert _prepared(tmp_path) == []
 
 
@@ -140,9 +142,10 @@ def test_empty_files_are_skipped_with_a_warning_naming_them(tmp_path):
   # Only empty files: no data.
   with pytest.raises(DatasetNotFoundError, match=r'names only empty files \(.*b\.txt\)'):
     _train(_lm_config(tmp_path, (str(tmp_path / 'b.txt'),)))
-  # The standard library has empty __init__.py files by design: no warning for the default.
+  # The standard library has empty __init__.py files by design: no warning for it.
   with warnings.catch_warnings():
     warnings.simplefilter('error')
+    tb.make_local_text_config((tb.STDLIB,), max_bytes=0)
     tb.make_local_text_config((), max_bytes=0)
 
 
@@ -186,7 +189,7 @@ def test_a_corpus_too_small_for_three_splits_fails_before_preparing(tmp_path):
     _train(_lm_config(tmp_path, files, max_bytes=19))
   assert str(e.value).startswith(
       f'local_text: config.dataset.files={files!r} gives 19 piece(s) of 19 bytes'
-      ' (config.dataset.max_bytes=19, 0 = no cap; config.dataset.split_block_bytes=4096,'
+      ' (config.dataset.max_bytes=19, 0 = no cap; config.dataset.split_block_bytes=65536,'
       ' 0 = files whole), too few for a validation split of at least 2 bytes'
   )
   # Whole files: one file cannot make three splits; the message says what would.

@@ -1,23 +1,24 @@
 """How local_text splits a corpus (``data/text_splits.py``): representative, seeded, stable.
 
-The rule's properties on constructed trees (pieces tile every file, one piece in
-twenty to each evaluation split in every stretch of the tree, whole files with
-``split_block_bytes=0``, the cap's sample drawn across the tree), its independence
+The rule's properties on constructed trees (pieces tile every file, each
+evaluation split gets its share of every folder's bytes, whole files with
+``split_block_bytes=0``, the cap's sample drawn across the tree), the share of
+bytes whose context crosses a seam against a byte-by-byte count, its independence
 of the working directory and of where the corpus lies, a one-file corpus's
 evaluation text taken from its beginning, middle and end, and, on the default
-corpus (this Python's standard library at the default config's cap), validation
-and test holding every large folder near its share of the corpus.
+corpus (the pinned snapshot, corpus_snapshot), validation and test holding every
+large folder near its share and no context crossing a seam inside a file.
 """
 
 import collections
 import json
 import os
-import sysconfig
 
 import numpy as np
 import pytest
 
 from configs import default as default_config
+from contextpool_jax.data import corpus_snapshot
 from contextpool_jax.data import text_builders as tb
 from contextpool_jax.data import text_splits as ts
 
@@ -74,33 +75,103 @@ def test_cut_tiles_every_file_and_keeps_small_files_whole():
 
 
 def test_block_size_shrinks_for_a_small_corpus_only():
-  assert ts.block_size(4096, 4 * 2**20, 30 * 2**20) == 4096
-  assert ts.block_size(4096, 100_000, 100_000) == 100_000 // ts.MIN_PIECES
-  assert ts.block_size(4096, 10, 10) == 1
-  assert ts.block_size(0, 100_000, 100_000) == 0
+  tree = {f'f{i:04d}.py': 30 * 2**20 // 5000 for i in range(5000)}  # 5,000 files, 30 MiB
+  assert ts.block_size(2**16, tree, 4 * 2**20) == 2**16  # 4 MiB kept: ~670 pieces
+  big = {f'f{i:03d}.py': 30 * 2**20 // 500 for i in range(500)}  # 500 files of 61 KiB
+  assert ts.block_size(2**16, big, 4 * 2**20) == 4 * 2**20 // ts.MIN_PIECES  # ~67 would be kept
+  assert ts.block_size(2**16, {'a.txt': 100_000}, 100_000) == 100_000 // ts.MIN_PIECES
+  assert ts.block_size(4096, {'a.txt': 10}, 10) == 1
+  assert ts.block_size(0, {'a.txt': 100_000}, 100_000) == 0
+  # Enough whole files: never cut, whatever their sizes.
+  files = {f'f{i:03d}.py': 1000 + 50 * i for i in range(ts.MIN_PIECES)}
+  assert ts.block_size(2**16, files, sum(files.values())) == 2**16
   # A 1,000-byte cap on a 30 MiB tree: blocks of tree / MAX_PIECES, not of 5 bytes.
-  tree = 30 * 2**20
-  block = ts.block_size(4096, 1000, tree)
-  assert block == tree // ts.MAX_PIECES
-  assert len(ts.cut({f'f{i}.py': tree // 100 for i in range(100)}, block)) <= ts.MAX_PIECES + 100
+  block = ts.block_size(4096, tree, 1000)
+  assert block == sum(tree.values()) // ts.MAX_PIECES
+  assert len(ts.cut(tree, block)) <= ts.MAX_PIECES + 5000
 
 
-def test_assign_sends_one_piece_in_every_group_to_each_evaluation_split():
-  pieces = ts.cut({f'd{i:02d}/f.txt': 100 for i in range(203)}, 0)
+def _folder_share(splits, folder, split):
+  return sum(p.length for p in splits[split] if ts.top_folder(p.path) == folder)
+
+
+def test_assign_gives_each_evaluation_split_its_share_of_every_folder():
+  rng = np.random.default_rng(0)
+  sizes = {  # folders of small, mixed and large pieces
+      **{f'small/f{i:03d}.txt': int(rng.integers(100, 400)) for i in range(300)},
+      **{f'mixed/f{i:03d}.txt': int(rng.integers(100, 5000)) for i in range(200)},
+      **{f'large/f{i:03d}.txt': int(rng.integers(2000, 8000)) for i in range(60)},
+  }
+  pieces = ts.cut(sizes, 0)
   splits = ts.assign(pieces, seed=3)
   assert sorted(p for s in splits.values() for p in s) == pieces  # a partition
-  position = {p: i for i, p in enumerate(pieces)}
-  groups = round(len(pieces) / ts.GROUP)
-  for split in ts.EVAL_SPLITS:
-    assert len(splits[split]) == groups
-    # One in every stretch of the tree: the k-th piece lies in the k-th group.
-    at = sorted(position[p] for p in splits[split])
-    for k, i in enumerate(at):
-      assert k * len(pieces) // groups <= i < (k + 1) * len(pieces) // groups
+  for folder in ('small', 'mixed', 'large'):
+    share = ts.EVAL_SHARE * sum(n for p, n in sizes.items() if p.startswith(folder))
+    biggest = max(n for p, n in sizes.items() if p.startswith(folder))
+    for split in ts.EVAL_SPLITS:
+      held = _folder_share(splits, folder, split)
+      assert held <= (1 + ts.OVERSHOOT) * share, (folder, split)
+      # Short of its share by less than a piece: the pass stops only when nothing fits.
+      assert held > share - biggest, (folder, split)
+  small = ts.EVAL_SHARE * sum(n for p, n in sizes.items() if p.startswith('small'))
+  for split in ts.EVAL_SPLITS:  # small pieces: within a tenth of the share
+    assert abs(_folder_share(splits, 'small', split) / small - 1) < 0.1
   # Stored order: train in tree order; evaluation splits in a seeded order.
   assert splits['train'] == sorted(splits['train'])
   assert splits['validation'] != sorted(splits['validation'])
   assert ts.assign(pieces, seed=3) == splits and ts.assign(pieces, seed=4) != splits
+
+
+def test_assign_pools_the_small_folders():
+  """Forty folders of 5 pieces: each alone is too small for a 5% share of it to be
+  a whole piece; pooled, they give each evaluation split its 5% of their bytes."""
+  sizes = {f'd{i:02d}/f{j}.txt': 100 + 10 * j for i in range(40) for j in range(5)}
+  splits = ts.assign(ts.cut(sizes, 0), seed=0)
+  total = sum(sizes.values())
+  for split in ts.EVAL_SPLITS:
+    held = sum(p.length for p in splits[split])
+    assert ts.EVAL_SHARE * total - 140 < held <= (1 + ts.OVERSHOOT) * ts.EVAL_SHARE * total
+    assert len({ts.top_folder(p.path) for p in splits[split]}) > 5  # from across the pool
+
+
+def test_assign_gives_a_tiny_corpus_one_piece_per_split():
+  pieces = ts.cut({'a.txt': 100, 'b.txt': 100, 'c.txt': 100}, 0)
+  splits = ts.assign(pieces, seed=0)
+  assert sorted(len(held) for held in splits.values()) == [1, 1, 1]
+  two = ts.assign(pieces[:2], seed=0)  # train keeps one: only one evaluation split is served
+  assert len(two['train']) == 1 and len(two['validation']) + len(two['test']) == 1
+
+
+def _crossing_reference(stored, sizes, context):
+  """Byte by byte: does the context of the byte at stream position i (the bytes
+  [max(0, i - context), i)) hold two neighbours that are not consecutive bytes of
+  one file; and is one such pair not the end of a file followed by a file start?"""
+  owner = [(p.path, p.offset + k) for p in stored for k in range(p.length)]
+  unrelated = seam = 0
+  for i in range(len(owner)):
+    pairs = [(owner[j - 1], owner[j]) for j in range(max(1, i - context + 1), i + 1)]
+    cuts = [(a, b) for a, b in pairs if not (a[0] == b[0] and a[1] + 1 == b[1])]
+    seam += bool(cuts)
+    unrelated += any(a[1] + 1 != sizes[a[0]] or b[1] != 0 for a, b in cuts)
+  return unrelated / len(owner), seam / len(owner)
+
+
+@pytest.mark.parametrize('context', [1, 7, 40])
+def test_crossing_share_is_the_byte_by_byte_count(context):
+  sizes = {'a.txt': 30, 'b.txt': 25, 'c.txt': 12}
+  stored = [  # a whole file, a block of a, a's next block, another file, a gap in c
+      ts.Piece('b.txt', 0, 25),
+      ts.Piece('a.txt', 10, 10),
+      ts.Piece('a.txt', 20, 10),
+      ts.Piece('c.txt', 0, 5),
+      ts.Piece('c.txt', 8, 4),
+      ts.Piece('a.txt', 0, 10),
+  ]
+  got = ts.crossing_share(stored, sizes, context)
+  np.testing.assert_allclose(got, _crossing_reference(stored, sizes, context), rtol=0, atol=1e-12)
+  whole = [ts.Piece('b.txt', 0, 25), ts.Piece('a.txt', 0, 30)]
+  assert ts.crossing_share(whole, sizes, context)[0] == 0.0
+  assert ts.crossing_share(whole, sizes, context)[1] == min(context, 30) / 55
 
 
 def test_sample_keeps_max_bytes_drawn_across_the_tree():
@@ -156,17 +227,19 @@ def test_whole_files_each_go_to_one_split(tmp_path):
       assert piece.offset == 0 and piece.length == len(files[piece.path])  # whole
       assert owner.setdefault(piece.path, split) == split  # in one split only
   assert set(owner) == set(files)
-  assert collections.Counter(owner.values())['validation'] == round(len(files) / ts.GROUP)
+  for split in ts.EVAL_SPLITS:
+    assert 0.03 < sum(p.length for p in config.splits[split]) / sum(map(len, files.values())) < 0.06
 
 
 def test_the_split_size_check_uses_the_configured_seed(tmp_path):
-  """Four whole files, one of them a single byte: whether a split gets under
-  tb.MIN_SPLIT_BYTES depends on the seed, and the check sees the seed's own split."""
-  _tree(tmp_path / 'text', {'a.txt': 1, 'b.txt': 100, 'c.txt': 100, 'd.txt': 100})
+  """Four whole files too large for a 5% share (16 bytes), one of them a single
+  byte: whether a split gets under tb.MIN_SPLIT_BYTES depends on the seed, and the
+  check sees the seed's own split."""
+  _tree(tmp_path / 'text', {'a/x.txt': 1, 'b/x.txt': 5, 'c/x.txt': 5, 'd/x.txt': 5})
   make = lambda seed: tb.make_local_text_config(
       (str(tmp_path / 'text'),), max_bytes=0, split_block_bytes=0, split_seed=seed
   )
-  pieces = [ts.Piece('a.txt', 0, 1)] + [ts.Piece(f'{c}.txt', 0, 100) for c in 'bcd']
+  pieces = [ts.Piece('a/x.txt', 0, 1)] + [ts.Piece(f'{c}/x.txt', 0, 5) for c in 'bcd']
   too_short = {
       seed: min(sum(p.length for p in held) for held in ts.assign(pieces, seed).values()) < 2
       for seed in range(12)
@@ -259,29 +332,25 @@ def _default_corpus_config():
 
 
 def test_the_default_corpus_evaluates_on_text_from_across_the_library():
-  """Every top folder holding at least 5% of the corpus holds at most twice its share
-  of validation and of test (and at least half of it); the corpus itself holds each
-  such folder of the library near its share. The old rule put all of validation in
-  14 codec tables of ``encodings/``."""
+  """The default corpus is the pinned snapshot, kept whole; every top folder holding
+  at least 5% of it holds 0.7-1.4x its share of validation and of test, each 4-6% of
+  the corpus; no window of up to 2,048 bytes reads across a seam inside a file."""
   config = _default_corpus_config()
-  assert config.root == sysconfig.get_paths()['stdlib']
+  assert config.name.startswith('snapshot_')
+  assert os.path.basename(config.root).startswith(corpus_snapshot.NAME)
   summary = ts.summary(config.splits)
   corpus = summary['corpus']
-  library = collections.Counter()
-  for dirpath, dirnames, filenames in os.walk(config.root):
-    dirnames[:] = [d for d in dirnames if not d.startswith('.') and 'packages' not in d]
-    for name in filenames:
-      if name.endswith('.py') and not name.startswith('.'):
-        path = os.path.join(dirpath, name)
-        library[ts.top_folder(os.path.relpath(path, config.root))] += os.path.getsize(path)
+  sizes = {p: os.path.getsize(os.path.join(config.root, p)) for p, _, _, _ in config.inputs}
+  assert corpus['bytes'] == sum(sizes.values())  # every file of the snapshot, whole
   large = [f for f, n in corpus['folders'].items() if n >= 0.05 * corpus['bytes']]
   assert len(large) >= 2
   for folder in large:
     share = corpus['folders'][folder] / corpus['bytes']
-    assert 0.67 < share / (library[folder] / sum(library.values())) < 1.5, folder
     for split in tb.SPLITS[1:]:
       held = summary[split]['folders'].get(folder, 0) / summary[split]['bytes']
-      assert 0.5 < held / share < 2.0, (split, folder, held, share)
+      assert 0.7 < held / share < 1.4, (split, folder, held, share)
   for split in tb.SPLITS[1:]:
     assert 0.04 < summary[split]['bytes'] / corpus['bytes'] < 0.06
-    assert summary[split]['files'] > 40
+    assert summary[split]['files'] > 20
+  for split in tb.SPLITS:
+    assert ts.crossing_share(config.splits[split], sizes, 2048)[0] == 0.0

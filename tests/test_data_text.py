@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.data import lm_input
+from contextpool_jax.data import corpus_snapshot
 from contextpool_jax.data import text_builders as tb
 
 _SMALL = dict(train_bytes=180_000, validation_bytes=10_000, test_bytes=10_000, chunk_bytes=4096)
@@ -187,10 +188,12 @@ def test_local_text_files_order_independent_and_keyed_by_content(tmp_path):
     tb.LocalText(files=[str(tmp_path / 'nothing' / '*.txt')])
 
 
-def test_local_text_default_is_stdlib_sources(tmp_path):
+def test_local_text_default_is_the_snapshot_and_stdlib_the_running_library(tmp_path):
+  stdlib = tb.LocalText(files=(tb.STDLIB,), max_bytes=100_000).builder_config
+  assert stdlib.name.startswith('stdlib_') and stdlib.root == tb.stdlib_source_dir()
   builder = tb.LocalText(max_bytes=100_000, data_dir=str(tmp_path))
   config = builder.builder_config
-  assert config.name.startswith('stdlib_') and config.root == tb.stdlib_source_dir()
+  assert config.name.startswith('snapshot_') and config.root == corpus_snapshot.path()
   assert config.name == tb.LocalText(max_bytes=100_000).builder_config.name
   paths = [p for p, _, _, _ in config.inputs]
   assert paths == sorted(paths) and all(p.endswith('.py') for p in paths)

@@ -21,14 +21,15 @@ receives (never the config):
   ``text8.zip`` (or the extracted file) for offline preparation; None =
   ``<data_dir>/downloads/manual``.
 * ``config.dataset.files`` (``()``): local_text only: files, directories or glob
-  patterns (``**`` recursive); ``()`` (or None) = the running Python's
-  standard-library ``*.py`` sources. An empty pattern (``''``) is an error,
-  not the default.
+  patterns (``**`` recursive); ``()`` (or None) = the pinned snapshot of
+  CPython 3.11.7's ``Lib/*.py`` (``corpus_snapshot``); ``'<stdlib>'`` = the
+  running Python's standard-library ``*.py`` sources. An empty pattern (``''``)
+  is an error, not the default.
 * ``config.dataset.allow_binary`` (``False``): local_text only: accept files
   containing NUL bytes (default: a ValueError naming them).
 * ``config.dataset.max_bytes`` (``16 * 2**20``): local_text only: cap on the
   corpus in bytes (a seeded sample across the tree), 0 = no cap.
-* ``config.dataset.split_block_bytes`` (``4096``) and ``config.dataset.split_seed``
+* ``config.dataset.split_block_bytes`` (``65536``) and ``config.dataset.split_seed``
   (``0``): local_text only: files larger than this are cut into blocks of this
   many bytes before the seeded split (0: files whole); the seed of the split and
   of the cap's sample (not of the training order). See ``text_splits``.

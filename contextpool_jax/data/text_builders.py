@@ -10,8 +10,9 @@ Three builders, all with a vocabulary of 256 (one token per byte):
   space; http://mattmahoney.net/dc/text8.zip), with the same 90M/5M/5M split.
   Tokens are still raw bytes (vocabulary 256): bits per byte equals bits per
   character for text8.
-* :class:`LocalText` -- any local text files (or, by default, the running
-  Python's standard-library ``*.py`` sources), cut into pieces (whole files, and
+* :class:`LocalText` -- any local text files (by default a pinned snapshot of
+  CPython 3.11.7's ``Lib/*.py``, :mod:`.corpus_snapshot`; ``'<stdlib>'``: the
+  running Python's standard library), cut into pieces (whole files, and
   blocks of large files) that go to train / validation / test by a seeded,
   machine-independent rule spread over the whole tree (:mod:`.text_splits`).
   Files are checked when the builder is made (patterns naming nothing, binary
@@ -62,6 +63,7 @@ import tensorflow_datasets as tfds
 
 from contextpool_jax import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
+from contextpool_jax.data import corpus_snapshot
 from contextpool_jax.data import text_splits
 from contextpool_jax.errors import DataError
 
@@ -432,11 +434,16 @@ class Text8(_StandardCorpusBuilder):
 # ---------------------------------------------------------------------------
 
 
+# The config.dataset.files entry that names the running Python's standard-library *.py
+# sources (files=() is the pinned snapshot instead: corpus_snapshot).
+STDLIB = '<stdlib>'
+
+
 def stdlib_source_dir() -> str:
   return sysconfig.get_paths()['stdlib']
 
 
-def _walk_files(root: str, suffix: str = '') -> list[str]:
+def walk_files(root: str, suffix: str = '') -> list[str]:
   """Regular files under root (no hidden or site/dist-packages dirs)."""
   found, folders = [], [root]
   while folders:
@@ -458,14 +465,14 @@ def _walk_files(root: str, suffix: str = '') -> list[str]:
 def files_setting(patterns: Sequence[str]) -> str:
   """How messages name the input setting, e.g. ``config.dataset.files=('a/*.txt',)``."""
   if not patterns:
-    return "config.dataset.files=() (the standard library's *.py sources)"
+    return f"config.dataset.files=() (the default corpus, {corpus_snapshot.NAME}'s *.py)"
   return f'config.dataset.files={tuple(patterns)!r}'
 
 
 _EXPECTED_FILES = (
     'expected existing files, directories (every non-hidden file under them)'
-    " or glob patterns ('**' recursive); files=() reads the standard"
-    " library's *.py sources"
+    " or glob patterns ('**' recursive); files=() reads the default corpus"
+    f" ({corpus_snapshot.NAME}), {STDLIB!r} the running Python's standard library"
 )
 
 
@@ -473,7 +480,7 @@ def _match(pattern: str) -> tuple[list[str], str]:
   """The regular files one pattern names, and why there are none (if so)."""
   expanded = os.path.expanduser(pattern)
   if os.path.isdir(expanded):
-    return _walk_files(expanded), 'a directory without non-hidden files'
+    return walk_files(expanded), 'a directory without non-hidden files'
   if _GLOB_CHARS & set(expanded):
     matched = glob.glob(expanded, recursive=True)
     return ([p for p in matched if os.path.isfile(p)], 'a glob pattern that matches no file')
@@ -483,29 +490,27 @@ def _match(pattern: str) -> tuple[list[str], str]:
 def resolve_files(patterns: Sequence[str]) -> list[str]:
   """Sorted, de-duplicated absolute paths named by files/dirs/glob patterns.
 
-  An empty ``patterns`` (the default ``files=()``) means the standard
-  library's ``*.py`` sources. A directory means every (non-hidden) file under
-  it, recursively; ``**`` in a glob is recursive. A pattern naming no file (a
-  missing path, a glob matching nothing, a directory without files) raises
+  An empty ``patterns`` (the default ``files=()``) means the pinned snapshot of
+  CPython 3.11.7's ``Lib/*.py`` (:mod:`.corpus_snapshot`: the same bytes on every
+  machine); the entry :data:`STDLIB` (``'<stdlib>'``) means the running Python's
+  standard-library ``*.py`` sources. A directory means every (non-hidden) file
+  under it, recursively; ``**`` in a glob is recursive. A pattern naming no file
+  (a missing path, a glob matching nothing, a directory without files) raises
   DatasetNotFoundError naming it; an empty pattern (``''``, e.g. from
   ``--config.dataset.files=`` with nothing after it) raises ValueError: it is
   never read as "the default".
   """
   if not patterns:
-    root = stdlib_source_dir()
-    paths = _walk_files(root, '.py')
-    if not paths:
-      raise DatasetNotFoundError(
-          f'local_text: no *.py files under the standard library {root};'
-          ' name text files in config.dataset.files.'
-      )
-    return sorted({os.path.abspath(p) for p in paths})
+    return sorted(os.path.abspath(p) for p in walk_files(corpus_snapshot.path(), '.py'))
   setting = files_setting(patterns)
   paths = set()
   for pattern in patterns:
     if not pattern.strip():
       raise DataError(f'local_text: {setting} has an empty pattern; {_EXPECTED_FILES}.')
-    matched, why = _match(pattern)
+    if pattern == STDLIB:
+      matched, why = walk_files(stdlib_source_dir(), '.py'), f'no *.py under {stdlib_source_dir()}'
+    else:
+      matched, why = _match(pattern)
     if not matched:
       raise DatasetNotFoundError(
           f'local_text: {setting}: {pattern!r} names no file ({why}); {_EXPECTED_FILES}.'
@@ -618,7 +623,7 @@ def _local_inputs(paths: Sequence[str], max_bytes: int, block_bytes: int, seed: 
   root, relative = text_splits.relative_paths(full)
   sizes = {rel: stats[path].st_size for rel, path in zip(relative, full)}
   total = sum(sizes.values())
-  block = text_splits.block_size(block_bytes, min(total, max_bytes) if max_bytes else total, total)
+  block = text_splits.block_size(block_bytes, sizes, min(total, max_bytes) if max_bytes else total)
   pieces = text_splits.kept_pieces(tuple(sorted(sizes.items())), block, max_bytes, seed)
   inputs, binary = [], []
   for rel, file_pieces in _by_file(pieces).items():
@@ -668,7 +673,7 @@ def _check_local_corpus(
         f'local_text: {setting} names only empty files ({_some(found.empty)});'
         ' name files that hold text.'
     )
-  if found.empty and files:
+  if found.empty and set(files) - {STDLIB}:
     warnings.warn(
         f'local_text: {setting}: skipping {len(found.empty)} empty'
         f' file(s): {_some(found.empty)}.',
@@ -731,12 +736,13 @@ def make_local_text_config(
           sort_keys=True,
       ).encode()
   ).hexdigest()[:16]
-  kind = 'files' if files else 'stdlib'
+  kind = 'files' if set(files) - {STDLIB} else 'stdlib' if files else 'snapshot'
   return LocalTextConfig(
       name=f'{kind}_{fingerprint}',
       description=(
           f'{len(found.inputs)} pieces ({total} bytes) of'
-          f' {list(files) if files else stdlib_source_dir() + " (*.py)"}; blocks of'
+          f' {list(files) if files else corpus_snapshot.NAME + " (*.py)"} under {found.root};'
+          ' blocks of'
           f' {found.block or "whole files"} bytes; split rule {text_splits.RULE}, seed'
           f' {split_seed} (90/5/5%).'
       ),
@@ -755,7 +761,7 @@ SPLITS_SUMMARY = 'splits.json'
 
 
 class LocalText(_ByteCorpusBuilder):
-  """Local text files as a byte corpus (default: stdlib ``*.py`` sources).
+  """Local text files as a byte corpus (default: the pinned ``corpus_snapshot``).
 
   The files (named by files, directories or glob patterns; duplicates removed)
   are cut into pieces that go to train / validation / test by the seeded rule
@@ -792,15 +798,16 @@ class LocalText(_ByteCorpusBuilder):
     """Builder for ``files`` (files, directories or glob patterns).
 
     Args:
-      files: what to read; None/empty = the running Python's standard-library
-        ``*.py`` sources (``sysconfig.get_paths()['stdlib']``, without
-        site-packages).
+      files: what to read; None/empty = the pinned snapshot of CPython
+        3.11.7's ``Lib/*.py`` (:mod:`.corpus_snapshot`); an entry ``'<stdlib>'``
+        (:data:`STDLIB`) = the running Python's standard-library ``*.py``
+        sources (``sysconfig.get_paths()['stdlib']``, without site-packages).
       max_bytes: cap on the corpus (0 = no cap), default 16 MiB: a seeded
         sample of the pieces across the tree.
       chunk_bytes: bytes per stored record, default 64 KiB.
       allow_binary: accept files with NUL bytes (default: ValueError).
       split_block_bytes: files larger than this are cut into blocks of this
-        many bytes before the split (0: every file whole); default 4 KiB.
+        many bytes before the split (0: every file whole); default 64 KiB.
       split_seed: seeds the cap's sample and the split (not the training order).
       config: a ready LocalTextConfig (then the arguments above are unused).
       **kwargs: for ``tfds.core.DatasetBuilder`` (``data_dir``, ...).

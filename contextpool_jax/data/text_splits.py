@@ -5,24 +5,31 @@ sizes and ``seed`` (no absolute path, no working directory, no file system order
 
 1. **Pieces.** A file of at most ``block_bytes`` goes whole; a larger file is cut
    into blocks of ``block_bytes`` (the last one shorter). ``block_bytes=0`` keeps
-   every file whole. A small corpus gets smaller blocks, so that it still has
-   about :data:`MIN_PIECES` pieces, but a corpus is never cut into more than
+   every file whole. A corpus that would have fewer than :data:`MIN_PIECES`
+   pieces gets smaller blocks, so that it still has about that many, but a corpus is never cut into more than
    about :data:`MAX_PIECES` (a small cap on a large tree; :func:`block_size`).
 2. **Cap.** If the pieces hold more than ``max_bytes``, a seeded sample of them is
    kept: pieces in the order of a hash of ``(seed, path, offset)`` until the cap
    (the last one in part), so the sample is drawn from the whole tree.
-3. **Splits.** The kept pieces, in tree order (path, then offset), form
-   consecutive groups of about :data:`GROUP` pieces; in each group the piece
-   ranked first by another seeded hash goes to validation, the second to test,
-   the rest to train. Every stretch of the tree so gives 1 in 20 of its pieces to
-   each evaluation split (5% / 5% / 90%).
+3. **Splits, by bytes per top folder.** In each top folder of the tree (the folders
+   of fewer than :data:`MIN_FOLDER_PIECES` pieces pooled into one), its pieces
+   in the order of another seeded hash go to the evaluation split holding less of
+   the folder so far (validation on a tie), or else to the other, while that split
+   holds less than :data:`EVAL_SHARE` (5%) of the folder's bytes and the piece does
+   not take it past that share by more than :data:`OVERSHOOT` of it; the rest go
+   to train. So every large folder gives each evaluation split its
+   share of bytes, whether the pieces are small or large. An evaluation split
+   that gets nothing (a tiny corpus) takes the train piece first in that order.
 4. **Order.** Train is stored in tree order; validation and test in hash order,
    so any prefix of them (``eval_max_bytes``) is a sample of the whole split.
 
-Why blocks by default (docs/data.md#local_text-splits): with a 4 MiB cap, whole files put
-only a dozen files in a 5% validation split and one folder could hold several
-times its share of it; 4 KiB blocks keep every folder near its share. The cost is
-that a large file's blocks can sit in different splits.
+Why 64 KiB blocks by default (docs/data.md#local_text-splits): a window of context
+that crosses from one piece into an unrelated one reads text the model cannot
+use. With whole files it only ever crosses a file boundary; a block boundary
+inside a file is rare at 64 KiB (the default corpus's files are all smaller:
+:mod:`.corpus_snapshot`), where the old 4 KiB blocks put a fifth to a half of the
+evaluation bytes at 1-2 KiB of context behind such a boundary
+(:func:`crossing_share`, benchmarks/results/corpus_splits.md).
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 
 SPLITS = ('train', 'validation', 'test')
 EVAL_SPLITS = SPLITS[1:]
-GROUP = 20  # pieces per group: one to validation, one to test
+EVAL_SHARE = 0.05  # of each top folder's bytes, for validation and for test
+OVERSHOOT = 0.1  # a piece may take a split past its share by this much of the share
+MIN_FOLDER_PIECES = 20  # a top folder of fewer pieces is pooled with the other small ones
 MIN_PIECES = 200  # blocks shrink (never below 1 byte) so that a small corpus has this many
 MAX_PIECES = 2**16  # ... but not below (tree bytes) / this: hashing every piece stays cheap
-DEFAULT_BLOCK_BYTES = 4096
-RULE = 'pieces-v2'  # in the prepared data's fingerprint: a new rule, new directories
+DEFAULT_BLOCK_BYTES = 2**16
+RULE = 'pieces-v3'  # in the prepared data's fingerprint: a new rule, new directories
 
 
 class Piece(NamedTuple):
@@ -61,13 +70,19 @@ def relative_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
   return root, [p[start:].replace(os.sep, '/') for p in absolute]
 
 
-def block_size(block_bytes: int, kept_bytes: int, tree_bytes: int) -> int:
-  """The block length used: ``block_bytes`` (0: files whole), but at most
-  ``kept_bytes // MIN_PIECES`` (the bytes under the cap), so a small corpus still
-  splits, and at least ``tree_bytes // MAX_PIECES`` (all the files' bytes) and 1 byte,
-  so a small cap on a large tree is not a sample of millions of tiny pieces."""
+def block_size(block_bytes: int, sizes: Mapping[str, int], kept_bytes: int) -> int:
+  """The block length used for files of ``sizes`` (``{path: bytes}``) of which
+  ``kept_bytes`` are kept: ``block_bytes`` (0: files whole) when the kept bytes
+  hold about :data:`MIN_PIECES` pieces at that length; otherwise shorter blocks,
+  ``kept_bytes // MIN_PIECES``, so that a small corpus still splits, but at least
+  (all the files' bytes) / :data:`MAX_PIECES` and 1 byte, so that a small cap on a
+  large tree is not a sample of millions of tiny pieces."""
   if not block_bytes:
     return 0
+  tree_bytes = sum(sizes.values())
+  pieces = sum(-(-n // block_bytes) for n in sizes.values())
+  if pieces * kept_bytes >= MIN_PIECES * tree_bytes:
+    return block_bytes
   return max(1, min(block_bytes, max(kept_bytes // MIN_PIECES, tree_bytes // MAX_PIECES)))
 
 
@@ -111,18 +126,69 @@ def kept_pieces(
 
 def assign(pieces: Sequence[Piece], seed: int) -> dict[str, list[Piece]]:
   """``{split: pieces in storage order}`` (rule, steps 3-4); ``pieces`` in tree order."""
-  n = len(pieces)
-  groups = max(1, round(n / GROUP))
-  out = {split: [] for split in SPLITS}
-  for g in range(groups):
-    group = pieces[g * n // groups : (g + 1) * n // groups]
-    ranked = sorted(group, key=lambda p: _rank(seed, 'split', p))
-    chosen = dict(zip(ranked, EVAL_SPLITS))
-    for piece in group:
-      out[chosen.get(piece, 'train')].append(piece)
+  by_folder: dict[str, list[Piece]] = collections.defaultdict(list)
+  for piece in pieces:
+    by_folder[top_folder(piece.path)].append(piece)
+  folders: dict[str, list[Piece]] = collections.defaultdict(list)  # small ones pooled
+  for folder, held_pieces in by_folder.items():
+    folders[folder if len(held_pieces) >= MIN_FOLDER_PIECES else ''] += held_pieces
+  chosen: dict[Piece, str] = {}
+  for folder in sorted(folders):
+    share = EVAL_SHARE * sum(p.length for p in folders[folder])
+    held = dict.fromkeys(EVAL_SPLITS, 0)
+    for piece in sorted(folders[folder], key=lambda p: _rank(seed, 'split', p)):
+      for split in sorted(EVAL_SPLITS, key=held.get):  # the one holding less first
+        if held[split] < share and held[split] + piece.length <= (1 + OVERSHOOT) * share:
+          chosen[piece] = split
+          held[split] += piece.length
+          break
+  ranked = sorted(pieces, key=lambda p: _rank(seed, 'split', p))
+  for split in EVAL_SPLITS:  # a tiny corpus: at least one piece each, while train keeps one
+    left = [p for p in ranked if p not in chosen]
+    if split not in chosen.values() and len(left) > 1:
+      chosen[left[0]] = split
+  out = {split: [p for p in pieces if chosen.get(p, 'train') == split] for split in SPLITS}
   for split in EVAL_SPLITS:
     out[split].sort(key=lambda p: _rank(seed, 'order', p))
   return out
+
+
+def crossing_share(
+    stored: Sequence[Piece], sizes: Mapping[str, int], context: int
+) -> tuple[float, float]:
+  """How much of one split reads context across a seam, at ``context`` bytes.
+
+  ``stored``: the split's pieces in storage order; ``sizes``: ``{path: bytes}`` of
+  the files. A byte reads the ``context`` bytes before it in the stored split (as
+  many as there are). Returns the share of the split's bytes whose context reaches
+  across (a) a seam that is not a file boundary, i.e. into unrelated text: not the
+  end of one file followed by the start of another (a block of a file followed by
+  a block of another, or by a non-adjacent block of the same file); and (b) any seam
+  between two pieces that are not consecutive bytes of one file (a new document,
+  whole or not)."""
+  total = sum(p.length for p in stored)
+  if not total:
+    return 0.0, 0.0
+  position, unrelated, seams = 0, [], []
+  for a, b in zip(stored, stored[1:]):
+    position += a.length
+    if a.path == b.path and a.offset + a.length == b.offset:
+      continue
+    seams.append(position)
+    if a.offset + a.length != sizes[a.path] or b.offset != 0:
+      unrelated.append(position)
+
+  def share(starts):
+    # The byte at stream position i reads [i - context, i), so it crosses the seam
+    # before position q when q <= i < q + context.
+    covered, reached = 0, 0
+    for q in starts:
+      lo, hi = max(q, reached), min(q + context, total)
+      covered += max(0, hi - lo)
+      reached = max(reached, hi)
+    return covered / total
+
+  return share(unrelated), share(seams)
 
 
 def top_folder(path: str) -> str:
