@@ -305,6 +305,7 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
       'contextpool_jax/configs/default.py' in names and 'contextpool_jax/configs/common.py' in names
   )
   assert not any(n.startswith(('configs/', 'train.py', 'tests/')) for n in names)
+  assert 'contextpool_jax/data/corpora/cpython-3.11.7-lib.tar.xz' in names  # the default corpus
   bin_dir = _venv_with(wheel, tmp_path / 'venv')
   env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'VIRTUAL_ENV')}
   env['PATH'] = f'{bin_dir}{os.pathsep}{env.get("PATH", "")}'
@@ -328,6 +329,14 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
       'from contextpool_jax.training import command_line as c; print(c.load_config_file("mine.py"))'
   )
   assert 'transformer_lm' in run('python', '-c', code)
+  # The default corpus from the wheel's archive: checked, extracted, every file read.
+  env['XDG_CACHE_HOME'] = str(tmp_path / 'cache')
+  code = (
+      'from contextpool_jax.data import text_builders as t; c = t.make_local_text_config(());'
+      ' print(c.root, c.total_bytes, len(c.inputs))'
+  )
+  root, total, files = run('python', '-c', code).split()
+  assert root.startswith(str(tmp_path / 'cache')) and (int(total), int(files)) == (4194301, 373)
   tiny = {  # the pages' shrunk run (test_readme.TINY_TRAIN) on this test's corpus
       **TINY_TRAIN,
       'num_train_steps': 4,
