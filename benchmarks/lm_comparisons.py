@@ -117,6 +117,85 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
   ]
 
 
+# Issue 68: every arm compared at a context is tuned at that context. Peak rate x
+# warm-up for the baseline and both ContextPool readings (pooled keys and values, the
+# config's; queries, keys and values, the paper's), seed 0, at the long setup, the
+# context at the same bytes per step (batch 16, 4 and 2). Run order: 1,024 bytes (the
+# result in question), then 2,048, then 256. A best setting at the edge of a range
+# extends that range before the comparisons use it (tuning_table says which).
+TUNING_ARMS = ('baseline', 'cp_kv', 'cp')
+TUNING_CONTEXTS = (1024, 2048, 256)
+TUNING_LRS = (2e-3, 4e-3, 8e-3)
+TUNING_WARMUPS = (50, 500)
+
+
+def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
+  """One tuning run (the study's own context, 256, keeps the key of its other runs)."""
+  seq_len = None if context == 256 else context
+  return Run(
+      LONG['corpus'], arm, LONG['depth'], LONG['steps'], 0, lr=lr, seq_len=seq_len, warmup=warmup
+  )
+
+
+def tuning_runs() -> list[Run]:
+  return [
+      tuning_run(arm, context, lr, warmup)
+      for context in TUNING_CONTEXTS
+      for arm in TUNING_ARMS
+      for warmup in TUNING_WARMUPS
+      for lr in TUNING_LRS
+  ]
+
+
+def tuned_setting(
+    results: Mapping[str, Mapping[str, Any]], arm: str, context: int
+) -> Optional[tuple[float, int, bool]]:
+  """``(lr, warmup, bracketed)``: the setting of ``arm`` at ``context`` with the lowest
+  validation BPC at the end of its tuning run, and whether its rate is bracketed
+  (a lower and a higher rate both ended worse); None until every run of the grid has a
+  result."""
+  grid = {
+      (lr, w): results.get(tuning_run(arm, context, lr, w).key)
+      for lr in TUNING_LRS
+      for w in TUNING_WARMUPS
+  }
+  if not all(grid.values()):
+    return None
+  (lr, warmup), _ = min(grid.items(), key=lambda item: item[1]['val_bpc'])
+  inside = TUNING_LRS[0] < lr < TUNING_LRS[-1]
+  return lr, warmup, inside
+
+
+def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+  """Per context and arm, validation BPC at the end of each tuning run (rows: warm-up,
+  columns: peak rate); the best in bold, and whether it is bracketed."""
+  lines = [
+      '### Rate and warm-up at every context (code, depth 2, 4,000 steps, seed 0; cosine schedule;'
+      ' the same bytes per step)',
+      '',
+      '| context | arm | warm-up | ' + ' | '.join(f'{lr:g}' for lr in TUNING_LRS) + ' | best |',
+      '| ---: | --- | ---: | ' + ' | '.join('---:' for _ in TUNING_LRS) + ' | --- |',
+  ]
+  for context in TUNING_CONTEXTS:
+    for arm in TUNING_ARMS:
+      best = tuned_setting(results, arm, context)
+      for warmup in TUNING_WARMUPS:
+        cells = []
+        for lr in TUNING_LRS:
+          r = results.get(tuning_run(arm, context, lr, warmup).key)
+          cell = '-' if r is None else f'{r["val_bpc"]:.3f}'
+          cells.append(f'**{cell}**' if best and best[:2] == (lr, warmup) else cell)
+        verdict = (
+            '-'
+            if best is None
+            else (
+                f'{best[0]:g}, {best[1]} steps' + ('' if best[2] else ' (rate at an edge: extend)')
+            )
+        )
+        lines.append(f'| {context:,} | {arm} | {warmup} | ' + ' | '.join(cells) + f' | {verdict} |')
+  return lines + ['']
+
+
 def sweep_runs() -> list[Run]:
   """The learning-rate sweep and the prose dropout choice (seed 0)."""
   runs = [
@@ -290,6 +369,14 @@ def report(
   by_key = {r['key']: r for r in results}
   lines = ['## ContextPool against the tuned baseline (representative splits)', '']
   lines += sweep_table(by_key)
+  if any(
+      tuning_run(a, c, lr, w).key in by_key
+      for a in TUNING_ARMS
+      for c in TUNING_CONTEXTS
+      for lr in TUNING_LRS
+      for w in TUNING_WARMUPS
+  ):
+    lines += tuning_table(by_key)
   for comparison in study(best_arm):
     lines += comparison_table(comparison, by_key, costs or {})
   if any(c.get('measured_under_load') for c in (costs or {}).values()):

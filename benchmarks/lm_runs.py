@@ -13,9 +13,10 @@ CostKey = tuple[str, int, Optional[int]]
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One training run. ``lr``, ``seq_len`` and ``dropout`` (None: the study's
-  default) override the peak learning rate, the context (at the same bytes per
-  step: the batch shrinks as the context grows) and the model's dropout."""
+  """One training run. ``lr``, ``seq_len``, ``dropout`` and ``warmup`` (None: the
+  study's default) override the peak learning rate, the context (at the same bytes
+  per step: the batch shrinks as the context grows), the model's dropout and the
+  learning rate's warm-up steps."""
 
   corpus: str
   arm: str
@@ -25,6 +26,7 @@ class Run:
   lr: Optional[float] = None
   seq_len: Optional[int] = None
   dropout: Optional[float] = None
+  warmup: Optional[int] = None
 
   @property
   def key(self) -> str:
@@ -41,21 +43,22 @@ class Run:
     """The key's suffix for the overridden settings ('' when none is)."""
     return ''.join(
         f'-{tag}{value:g}'
-        for tag, value in zip(_OPTION_TAGS, (self.lr, self.seq_len, self.dropout))
+        for tag, value in zip(_OPTION_TAGS, (self.lr, self.seq_len, self.dropout, self.warmup))
         if value is not None
     )
 
 
-_OPTION_TAGS = ('lr', 'ctx', 'drop')
+_OPTION_TAGS = ('lr', 'ctx', 'drop', 'wu')
+_INT_OPTIONS = ('seq_len', 'warmup')
 
 
 def parse_key(key: str) -> Run:
   corpus, rest = key.split('-', 1)
   options = {}
-  for field, tag in reversed(list(zip(('lr', 'seq_len', 'dropout'), _OPTION_TAGS))):
+  for field, tag in reversed(list(zip(('lr', 'seq_len', 'dropout', 'warmup'), _OPTION_TAGS))):
     head, _, last = rest.rpartition(f'-{tag}')
     if head and last and last[0].isdigit() and '-' not in last:
-      options[field] = int(last) if field == 'seq_len' else float(last)
+      options[field] = int(last) if field in _INT_OPTIONS else float(last)
       rest = head
   arm, depth, steps, seed = rest.rsplit('-', 3)
   return Run(corpus, arm, int(depth[1:]), int(steps[1:]), int(seed[1:]), **options)

@@ -42,6 +42,9 @@ are paired per seed.
 * ``images``: ResNet vs CP-ResNet (``configs/digits_resnet.py``, depths
   ``--image_depths``) on the one real image dataset that is offline,
   scikit-learn's 8x8 digits; reported as classification error (%);
+* ``tuning``: peak rate x warm-up (:data:`benchmarks.lm_comparisons.TUNING_LRS`,
+  ``TUNING_WARMUPS``) of the baseline and both ContextPool readings at every
+  context compared (256, 1,024 and 2,048 bytes), seed 0 (issue 68);
 * ``costs``: per (arm, depth, context) compiled GFLOPs of the trainer's step and its
   step time paired with the baseline's at the same depth and context
   (``benchmarks.harness``; run it on a quiet machine), for the runs of the
@@ -169,7 +172,7 @@ DIAGNOSED_SEEDS = (0,)
 DIAGNOSTIC_PERIOD = 500
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
-GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'sweep', 'comparisons')
+GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'sweep', 'comparisons', 'tuning')
 # What each corpus reports (lower is better): bits per character, or the
 # classification error in percent.
 METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
@@ -236,8 +239,11 @@ def plan(
           for d in image_depths
           for a in ('baseline', 'cp')
       ]
-  if 'sweep' in groups or 'comparisons' in groups:
+  if 'sweep' in groups or 'comparisons' in groups or 'tuning' in groups:
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
+
+    if 'tuning' in groups:
+      runs += lm_comparisons.tuning_runs()
 
     if 'sweep' in groups:
       runs += lm_comparisons.sweep_runs()
@@ -325,6 +331,8 @@ def make_config(run: Run, sizes: Sizes, study_dir: pathlib.Path):
       c.optimizer.learning_rate = run.lr
     if run.dropout is not None:
       c.model.dropout_rate = run.dropout
+    if run.warmup is not None:
+      c.optimizer.warmup_steps = run.warmup
     c.eval_every_steps = sizes.eval_every
     c.checkpoint_every_steps = sizes.eval_every
     c.log_every_steps = sizes.eval_every

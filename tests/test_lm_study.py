@@ -76,6 +76,57 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
   assert c.batch_size * 64 == base.batch_size * base.dataset.seq_len  # the same bytes per step
 
 
+def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_path):
+  lc = lm_comparisons
+  runs = lm_study.plan(
+      ['tuning'],
+      corpora=['code'],
+      depths=[2],
+      seeds=[0, 1],
+      sizes=TINY,
+      ablation_corpus='code',
+      ablation_depth=2,
+  )
+  assert len(runs) == len(set(runs)) == 3 * 3 * 3 * 2  # contexts x arms x rates x warm-ups
+  assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == {
+      (a, c, lr, w, 0)
+      for a in ('baseline', 'cp_kv', 'cp')
+      for c in (256, 1024, 2048)
+      for lr in lc.TUNING_LRS
+      for w in lc.TUNING_WARMUPS
+  }
+  assert runs[0].seq_len == 1024 and runs[-1].seq_len is None  # the result in question first
+  assert all(lm_study.parse_key(r.key) == r for r in runs)
+  run = runs[1]
+  assert run.key == f'code-baseline-L2-n4000-s0-lr{run.lr:g}-ctx1024-wu{run.warmup}'
+  c = lm_study.make_config(run, TINY, tmp_path)
+  assert (c.optimizer.learning_rate, c.optimizer.warmup_steps) == (run.lr, run.warmup)
+  assert c.dataset.seq_len == 1024
+
+
+def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
+  lc = lm_comparisons
+  grid = [(lr, w) for lr in lc.TUNING_LRS for w in lc.TUNING_WARMUPS]
+
+  def results(best):
+    return {
+        lc.tuning_run('baseline', 1024, lr, w).key: {
+            'val_bpc': 1.0 if (lr, w) == best else 2.0 + lr
+        }
+        for lr, w in grid
+    }
+
+  middle = (lc.TUNING_LRS[1], lc.TUNING_WARMUPS[-1])
+  assert lc.tuned_setting(results(middle), 'baseline', 1024) == (*middle, True)
+  edge = (lc.TUNING_LRS[-1], lc.TUNING_WARMUPS[0])
+  assert lc.tuned_setting(results(edge), 'baseline', 1024) == (*edge, False)
+  partial = results(middle)
+  partial.pop(lc.tuning_run('baseline', 1024, *grid[0]).key)
+  assert lc.tuned_setting(partial, 'baseline', 1024) is None  # not until the grid is done
+  table = '\n'.join(lc.tuning_table(results(edge)))
+  assert '**1.000**' in table and 'rate at an edge: extend' in table
+
+
 def test_text_corpus_is_the_python_reference_topics(tmp_path):
   from pydoc_data import topics
 
