@@ -113,8 +113,8 @@ def _requirements(extras: dict) -> list[str]:
 
 def test_extras_and_the_pinned_requirements_agree():
   """CI installs a pinned file per stack only: each pins everything the tests need (the
-  ``[test]`` extra, which takes in the others but ``[profile]``, a viewer no test runs, and
-  ``[tpu]``, for TPU VMs)."""
+  ``[test]`` extra, which takes in the others but ``[profile]``, a viewer no test runs),
+  libtpu included (``[tpu]``: the suite compiles for TPU)."""
   extras = PROJECT['optional-dependencies']
   assert set(extras) == {
       'train',
@@ -133,6 +133,7 @@ def test_extras_and_the_pinned_requirements_agree():
   assert _extra_closure(extras, 'hub') >= {'huggingface-hub', 'safetensors'}
   assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
   wanted = _extra_closure(extras, 'test') | {_name(r) for r in PROJECT['dependencies']}
+  wanted |= {'libtpu'}  # what jax[tpu] brings
   for name in STACKS:
     missing = sorted(wanted - set(_pins(name)))
     assert not missing, f'{name} does not pin {missing}'
@@ -238,6 +239,7 @@ def test_every_package_is_listed_and_the_configs_install_from_their_one_home():
       'contextpool-train': 'contextpool_jax.training.cli:command',
       'contextpool-sample': 'contextpool_jax.sample:command',
       'contextpool-viz': 'contextpool_jax.viz:command',
+      'contextpool-compile': 'contextpool_jax.training.aot:command',
   }
 
 
@@ -297,8 +299,8 @@ def _venv_with(wheel: pathlib.Path, where: pathlib.Path) -> pathlib.Path:
 def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_path, corpus):
   """Slow (a minute or two): builds the wheel (pip, with build isolation), installs it into a
   fresh virtualenv and trains 4 steps of a tiny model with ``contextpool-train --config
-  default`` from a directory that is not the checkout, then samples the workdir with
-  ``contextpool-sample``."""
+  default`` from a directory that is not the checkout, samples the workdir with
+  ``contextpool-sample`` and compiles the default for a TPU chip with ``contextpool-compile``."""
   wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
   names = zipfile.ZipFile(wheel).namelist()
   assert (
@@ -354,6 +356,11 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
   assert any('bpc' in json.dumps(m) for m in metrics), metrics[-1]
   text = run('contextpool-sample', '--workdir', str(workdir), '--prompt', 'def ', '--length', '8')
   assert text.startswith('def ') and len(text.encode()) >= 8, text
+  # The compile command from the wheel (libtpu: this environment's, through the .pth).
+  out = run(
+      'contextpool-compile', '--config', 'default', '--topology', 'v5e-1', '--config.batch_size=4'
+  )
+  assert out.startswith('v5e:1x1: 1 chip(s)') and '| train step |' in out, out
 
 
 @pytest.mark.slow

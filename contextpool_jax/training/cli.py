@@ -33,8 +33,11 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
+
+# Importing the package touches no JAX backend: that waits for main, after JAX's
+# distributed runtime is up.
+from contextpool_jax.training import command_line
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config',
@@ -60,42 +63,6 @@ flags.mark_flags_as_required(['config', 'workdir'])
 PREEMPTED_EXIT_CODE = 143
 
 
-def _fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(1)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """``app.run``'s flag parsing, with one line for an override that does not fit the config.
-
-  The config file's config is completed (every field of its model, with its
-  default: ``command_line.load_config_file``), then config_flags applies the
-  ``--config.<path>`` overrides while parsing; a path the config does not have
-  ends there in a traceback (KeyError / AttributeError / ValueError), which
-  becomes ``error: config file F: unknown override --config.<path>; did you mean:
-  ...?``. Changing ``model.name`` is refused: the config's model fields were
-  filled in for its own model.
-  """
-  # Importing the package touches no JAX backend: that waits for main, after JAX's
-  # distributed runtime is up.
-  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
-
-  flags.FLAGS['config'].parser = command_line.ConfigFileParser()
-  try:
-    rest = app.parse_flags_with_usage(argv)
-  except Exception:  # pylint: disable=broad-except  # explained below, or re-raised
-    message = command_line.override_error(argv)
-    if message is None:
-      raise
-    _fail(message)
-  message = command_line.model_name_error(
-      argv, config_flags.get_override_values(flags.FLAGS['config'])
-  )
-  if message:
-    _fail(message)
-  return rest
-
-
 def initialize_distributed() -> None:
   """``jax.distributed.initialize`` from the flags; nothing for a single process."""
   explicit = {
@@ -118,26 +85,10 @@ def initialize_distributed() -> None:
   jax.distributed.initialize(**{k: v for k, v in explicit.items() if v is not None})
 
 
-def quiet_console() -> None:
-  """One line per event unless ``--verbosity`` (``-v``) is given (docs/training.md#console).
-
-  Without it: absl at WARNING (orbax's and grain's INFO logs would drown the
-  progress bar) and TFDS quiet (``console.set_quiet``: no progress bars while it
-  prepares a dataset, none of its warnings a user cannot act on). With it: the
-  level asked for, and TFDS as it is by default.
-  """
-  from contextpool_jax import console  # pylint: disable=g-import-not-at-top
-
-  quiet = not flags.FLAGS['verbosity'].present
-  if quiet:
-    logging.set_verbosity(logging.WARNING)
-  console.set_quiet(quiet)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  quiet_console()
+  command_line.quiet_console()
   initialize_distributed()
   # After jax.distributed.initialize: importing the trainer (orbax, grain, the data
   # modules) must not touch a JAX backend first.
@@ -151,7 +102,7 @@ def main(argv):
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except ContextPoolJaxError as e:
-    _fail(str(e))
+    command_line.fail(str(e))
   if result.get('preempted'):
     # The checkpoint is saved; end like a process stopped by SIGTERM (128 + 15), so
     # `train.py ... && next-stage` does not go on with an unfinished run.
@@ -167,7 +118,7 @@ def main(argv):
 
 def command() -> None:
   """The console script ``contextpool-train`` (and ``python train.py``)."""
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)
 
 
 if __name__ == '__main__':

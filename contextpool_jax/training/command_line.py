@@ -17,8 +17,11 @@ import sys
 import types
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
+from ml_collections import config_flags
 
 from contextpool_jax import config_fields
 from contextpool_jax.errors import ConfigError
@@ -260,3 +263,55 @@ def model_name_error(argv: Sequence[str], override_values: Mapping[str, Any]) ->
       f'config.model holds the fields of {filled!r} (its preset where the file sets none); '
       "choose the model with the config file's argument (FILE:ARG) or another config file."
   )
+
+
+# ----------------------------------------------------------------------------
+# What the commands (contextpool-train, contextpool-compile) share.
+# ----------------------------------------------------------------------------
+
+
+def fail(message: str) -> None:
+  """Ends a command with ``error: <message>`` on stderr and exit status 1."""
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """``app.run``'s flag parsing, with one line for an override that does not fit the config.
+
+  The config file's config is completed (every field of its model, with its
+  default: :func:`load_config_file`), then config_flags applies the
+  ``--config.<path>`` overrides while parsing; a path the config does not have
+  ends there in a traceback (KeyError / AttributeError / ValueError), which
+  becomes ``error: config file F: unknown override --config.<path>; did you mean:
+  ...?``. Changing ``model.name`` is refused: the config's model fields were
+  filled in for its own model.
+  """
+  flags.FLAGS['config'].parser = ConfigFileParser()
+  try:
+    rest = app.parse_flags_with_usage(argv)
+  except Exception:  # pylint: disable=broad-except  # explained below, or re-raised
+    message = override_error(argv)
+    if message is None:
+      raise
+    fail(message)
+  message = model_name_error(argv, config_flags.get_override_values(flags.FLAGS['config']))
+  if message:
+    fail(message)
+  return rest
+
+
+def quiet_console() -> None:
+  """One line per event unless ``--verbosity`` (``-v``) is given (docs/training.md#console).
+
+  Without it: absl at WARNING (orbax's and grain's INFO logs would drown the
+  progress bar) and TFDS quiet (``console.set_quiet``: no progress bars while it
+  prepares a dataset, none of its warnings a user cannot act on). With it: the
+  level asked for, and TFDS as it is by default.
+  """
+  from contextpool_jax import console  # pylint: disable=g-import-not-at-top
+
+  quiet = not flags.FLAGS['verbosity'].present
+  if quiet:
+    logging.set_verbosity(logging.WARNING)
+  console.set_quiet(quiet)

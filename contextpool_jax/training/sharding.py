@@ -30,8 +30,9 @@ DATA_AXIS = 'data'
 _FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated under FSDP
 
 
-def make_mesh() -> Mesh:
-  """A 1D ``'data'`` mesh over ``jax.devices()`` (all hosts), built by ``jax.make_mesh``.
+def make_mesh(devices=None) -> Mesh:
+  """A 1D ``'data'`` mesh over ``devices`` (default ``jax.devices()``: all hosts), built by
+  ``jax.make_mesh``; the compile command passes an abstract TPU slice's devices.
 
   ``jax.make_mesh`` orders the devices for the hardware (a ring on TPU, by id on
   GPU, ``jax.devices()`` order on CPU) and makes its axes ``Explicit`` unless told;
@@ -39,9 +40,8 @@ def make_mesh() -> Mesh:
   the jitted steps' inputs and outputs are the only ones the code states, XLA
   propagates the rest. (``jax.make_mesh`` refuses multi-slice TPU topologies.)
   """
-  return jax.make_mesh(
-      (jax.device_count(),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=jax.devices()
-  )
+  devices = jax.devices() if devices is None else list(devices)
+  return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=devices)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -315,11 +315,20 @@ def summing(step: Callable) -> Callable:
   return summed
 
 
+def abstract_sums(step: Callable, state, batch, sharding) -> dict:
+  """The metric sums of ``step(state, batch)`` as ``ShapeDtypeStruct`` s placed with
+  ``sharding`` (``state`` and ``batch`` may be abstract too: the compile command's)."""
+  out = jax.eval_shape(step, state, batch)
+  metrics = out[1] if isinstance(out, tuple) else out
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), metrics)
+
+
 def zero_sums(step: Callable, state, batch, sharding) -> dict:
   """Zeros shaped like the metric sums of ``step(state, batch)``, placed with ``sharding``.
 
   ``step`` jitted (the one :func:`summing` wraps) is traced once for both: its trace
   is cached for the arguments' shapes, dtypes and shardings."""
-  out = jax.eval_shape(step, state, batch)
-  metrics = out[1] if isinstance(out, tuple) else out
-  return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), sharding), metrics)
+  return jax.tree.map(
+      lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding),
+      abstract_sums(step, state, batch, sharding),
+  )

@@ -80,6 +80,12 @@ class DataPipeline:
     """A small batch with the right dtypes and trailing shapes, for ``init``."""
     raise NotImplementedError
 
+  def batch_shapes(self, batch_size: int) -> tuple[dict, dict]:
+    """``(train, evaluation)``: each global batch as ``{key: (shape, dtype)}``, what
+    ``train_dataset`` and ``eval_batches`` yield over all processes (the compile
+    command's abstract batches; ``batch_size``: ``config.batch_size``)."""
+    raise NotImplementedError
+
 
 class LanguageModelData(DataPipeline):
   """Byte-level corpora (:mod:`contextpool_jax.data.lm_input`)."""
@@ -92,6 +98,11 @@ class LanguageModelData(DataPipeline):
   def init_batch(self):
     n = self.spec.seq_len
     return {'tokens': np.zeros((1, n + 1), np.int32), 'weights': np.ones((1, n), np.float32)}
+
+  def batch_shapes(self, batch_size):
+    shapes = lambda b, n: {'tokens': ((b, n + 1), np.int32), 'weights': ((b, n), np.float32)}
+    spec = self.spec
+    return shapes(batch_size, spec.seq_len), shapes(spec.eval_batch_size, spec.eval_context)
 
 
 class TranslationData(DataPipeline):
@@ -132,6 +143,14 @@ class TranslationData(DataPipeline):
         'targets': np.ones((1, self.spec.max_target_len), np.int32),
     }
 
+  def batch_shapes(self, batch_size):
+    spec = self.spec
+    shapes = lambda b: {
+        'inputs': ((b, spec.max_source_len), np.int32),
+        'targets': ((b, spec.max_target_len), np.int32),
+    }
+    return shapes(batch_size), shapes(spec.eval_batch_size or batch_size)
+
 
 class ImageData(DataPipeline):
   """Labelled images (:mod:`contextpool_jax.data.image_input`)."""
@@ -141,6 +160,11 @@ class ImageData(DataPipeline):
   def init_batch(self):
     s = self.spec.image_size
     return {'image': np.zeros((2, s, s, 3), np.float32), 'label': np.zeros((2,), np.int32)}
+
+  def batch_shapes(self, batch_size):
+    s, b = self.spec.image_size, self.spec.eval_batch_size
+    shapes = lambda b: {'image': ((b, s, s, 3), np.float32), 'label': ((b,), np.int32)}
+    return shapes(batch_size), {**shapes(b), 'mask': ((b,), np.bool_)}
 
 
 # ----------------------------------------------------------------------------

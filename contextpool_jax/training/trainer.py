@@ -71,7 +71,7 @@ from contextpool_jax.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
-from contextpool_jax.training import profiling, steps, tasks, writers
+from contextpool_jax.training import profiling, programs, steps, tasks, writers
 
 METRICS_FILE = writers.METRICS_FILE
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
@@ -154,12 +154,6 @@ def _prepare_on_first_process(task: tasks.Task) -> None:
     multihost_utils.sync_global_devices('contextpool_jax: task prepared')
 
 
-def _abstract_with_shardings(abstract, shardings):
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
-  )
-
-
 # ----------------------------------------------------------------------------
 # The loop.
 # ----------------------------------------------------------------------------
@@ -195,6 +189,7 @@ class _Setup:
   task: tasks.Task
   tx: Any
   schedule: Any
+  mesh: Any
   data_sharding: Any
   replicated: Any
   shardings: Any  # of the train state
@@ -212,12 +207,8 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
   tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh()
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
-  init_fn = jax.jit(  # jitted: the sharded init (_initial_state) reuses this trace
-      steps.make_init_fn(
-          task.model, task.objective, task.data.init_batch(), tx, steps.uses_loss_scaling(run.dtype)
-      )
-  )
-  abstract = jax.eval_shape(init_fn, init_rng)  # runs every module's checks, no compile
+  init_fn = programs.make_init_fn(task, tx, run)
+  abstract = programs.abstract_state(init_fn, init_rng)  # runs every module's checks
   _prepare_on_first_process(task)  # after the checks: a bad field fails before any data work
   shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
   process = (jax.process_index(), jax.process_count())
@@ -228,13 +219,14 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
       task=task,
       tx=tx,
       schedule=schedule,
+      mesh=mesh,
       data_sharding=sharding.batch_sharding(mesh),
       replicated=sharding.replicated(mesh),
       shardings=shardings,
       init_fn=init_fn,
       init_rng=init_rng,
       train_rng=train_rng,
-      target=_abstract_with_shardings(abstract, shardings),
+      target=programs.abstract_state(init_fn, init_rng, shardings),
       train_iter=train_iter,
   )
 
@@ -264,38 +256,21 @@ def _initial_state(setup: _Setup, run: spec_lib.RunSpec, manager, saver, directo
 
 
 def _compile_steps(setup: _Setup, run: spec_lib.RunSpec):
-  """``(train_step_fn, jitted train step, evaluators.Devices)`` in the run's shardings.
+  """``(train_step_fn, jitted train step, evaluators.Devices)`` in the run's shardings
+  (``programs.make_programs``, which the compile command builds too).
 
   The steps are jitted once more inside (``train_step_fn``, ``Devices.eval_step_fn``):
   :func:`steps.zero_sums` and the summed programs share one trace of each."""
-  task = setup.task
-  train_step_fn = jax.jit(
-      steps.make_train_step(
-          task.model,
-          task.objective,
-          setup.tx,
-          setup.schedule,
-          setup.train_rng,
-          run.grad_accum_steps,
-      )
-  )
-  eval_step_fn = jax.jit(steps.make_eval_step(task.model, task.objective))
-  in_shardings = (setup.shardings, setup.data_sharding, setup.replicated)
-  train_step = jax.jit(
-      steps.summing(train_step_fn),
-      in_shardings=in_shardings,
-      out_shardings=(setup.shardings, setup.replicated),
-      donate_argnums=(0,),
+  built = programs.make_programs(
+      setup.task, run, setup.tx, setup.schedule, setup.train_rng, setup.shardings, setup.mesh
   )
   devices = evaluators.Devices(
       state_shardings=setup.shardings,
       data_sharding=setup.data_sharding,
-      eval_step_fn=eval_step_fn,
-      eval_step=jax.jit(
-          steps.summing(eval_step_fn), in_shardings=in_shardings, out_shardings=setup.replicated
-      ),
+      eval_step_fn=built.eval_step_fn,
+      eval_step=built.eval_step,
   )
-  return train_step_fn, train_step, devices
+  return built.train_step_fn, built.train_step, devices
 
 
 class _Loop:

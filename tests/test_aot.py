@@ -1,0 +1,214 @@
+"""The compile command (``training/aot.py``): topologies by both names, costs, the
+message of a step that does not fit, and every task's steps compiled for a TPU slice.
+
+Compiling for TPU needs libtpu (the ``[tpu]`` extra; both pinned stacks install it);
+those tests are ``slow`` (seconds each). The rest reads no libtpu.
+"""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from configs import default as default_config
+from contextpool_jax.training import aot, command_line, sharding, tasks
+
+# ---------------------------------------------------------------------------
+# Topologies.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    'name,libtpu,chips',
+    [
+        ('v5e:2x2', 'v5e:2x2', 4),
+        ('v4:2x2x2', 'v4:2x2x2', 8),
+        ('v5p:2x2x1', 'v5p:2x2x1', 4),
+        ('v6e:2x2', 'v6e:2x2', 4),
+        # Cloud accelerator types: chips for v5e/v6e, TensorCores (2 per chip) for v4/v5p.
+        ('v5litepod-16', 'v5e:4x4', 16),
+        ('v5e-1', 'v5e:1x1', 1),
+        ('v6e-8', 'v6e:2x4', 8),
+        ('v4-32', 'v4:2x2x4', 16),
+        ('v4-8', 'v4:2x2x1', 4),
+        ('v5p-128', 'v5p:4x4x4', 64),
+        ('V5LITEPOD-256', 'v5e:16x16', 256),
+    ],
+)
+def test_topologies_by_either_name(name, libtpu, chips):
+  topology = aot.parse_topology(name)
+  assert (topology.name, topology.chips) == (libtpu, chips)
+
+
+def test_cloud_slice_shapes_are_the_documented_ones():
+  """The shapes the Cloud TPU pages list for v4/v5p (3D) and v5e/v6e (2D) slices."""
+  three = ['2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8', '4x8x8', '8x8x8', '8x8x16']
+  two = ['2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16']
+  for shapes, dims in ((three, 3), (two, 2)):
+    for shape in shapes:
+      chips = int(np.prod([int(n) for n in shape.split('x')]))
+      assert 'x'.join(map(str, aot.slice_shape(chips, dims))) == shape
+
+
+@pytest.mark.parametrize(
+    'name,why',
+    [
+        ('v9:2x2', 'not a topology name'),
+        ('v4:2x2', 'v4 slices have 3 axes'),
+        ('v5e:2x2x1', 'v5e slices have 2 axes'),
+        ('v4-7', '7 TensorCores is not a whole number of v4 chips'),
+        ('v5litepod-12', '12 chips: a slice of more than one chip has 4, 8, 16'),
+        ('banana', 'not a topology name'),
+    ],
+)
+def test_a_bad_topology_names_itself_and_what_is_accepted(name, why):
+  with pytest.raises(ValueError) as e:
+    aot.parse_topology(name)
+  assert f'--topology={name!r}: {why}' in str(e.value)
+  assert aot.ACCEPTED in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# Costs and messages.
+# ---------------------------------------------------------------------------
+
+
+def test_the_bound_is_the_slower_of_compute_and_memory_traffic():
+  chip = aot.CHIPS['v5e']
+  compute = aot.StepCost('s', 10, 20, 5, 5, flops=197e12, bytes_accessed=819e9 / 2)
+  assert compute.peak_bytes == 30 and compute.bound_seconds(chip) == pytest.approx(1.0)
+  traffic = aot.StepCost('s', 0, 0, 0, 0, flops=197e12 / 4, bytes_accessed=3 * 819e9)
+  assert traffic.bound_seconds(chip) == pytest.approx(3.0)
+  text = aot.report(aot.parse_topology('v5e:2x2'), [compute], 16)
+  assert '197 TFLOP/s bf16 peak, 819 GB/s HBM (https://cloud.google.com/tpu/docs/v5e)' in text
+  assert '| s | 10 B | 20 B | 5 B | 30 B (0.0%) | 197,000.0 | 1 s |' in text
+
+
+def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_settings():
+  error = (
+      'RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory'
+      ' required for HLO temporaries (48.86G) exceeds available HBM (15.75G). HLO module:'
+      ' jit_summed.\nmore lines'
+  )
+  message = aot.does_not_fit_message('train step', aot.parse_topology('v5e-4'), error)
+  assert '\n' not in message
+  assert message.startswith('The train step does not fit one v5e chip of v5e:2x2 (16.00 GiB')
+  assert 'HLO temporaries (48.86G) exceeds available HBM (15.75G)' in message
+  assert 'HLO module' not in message
+  for setting in ('batch_size', 'model.remat', 'param_sharding=fsdp', 'model.attention_impl'):
+    assert f'--config.{setting}' in message
+
+
+def test_without_libtpu_the_command_says_so_in_one_line():
+  code = (
+      'import importlib.util, sys\n'
+      'find = importlib.util.find_spec\n'
+      "importlib.util.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a)\n"
+      'from contextpool_jax.training import aot\n'
+      "sys.argv = ['contextpool-compile', '--config', 'default', '--topology', 'v5e:2x2']\n"
+      'aot.command()\n'
+  )
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      "error: compiling for a TPU needs libtpu: pip install 'contextpool-jax[tpu]'"
+      ' (jax[tpu]; it runs on any machine, no TPU needed).'
+  ]
+
+
+# ---------------------------------------------------------------------------
+# The abstract batches are the batches a run reads.
+# ---------------------------------------------------------------------------
+
+
+def test_the_abstract_batches_are_the_pipelines_batches(tmp_path):
+  text = tmp_path / 'text'
+  text.mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(3):
+    (text / f'f{i}.txt').write_bytes(rng.integers(32, 127, 40_000, np.uint8).tobytes())
+  config = default_config.get_config()
+  with config.unlocked():
+    config.dataset.files = (str(text),)
+    config.dataset.data_dir = str(tmp_path / 'tfds')
+    config.dataset.seq_len, config.dataset.eval_context, config.dataset.eval_step = 32, 64, 32
+    config.dataset.eval_batch_size = 4
+    config.batch_size = 8
+  task = tasks.make_task(config, str(tmp_path))
+  task.data.prepare()
+  train, evaluation = task.data.batch_shapes(config.batch_size)
+  real_train = next(iter(task.data.train_dataset(0, 1)))
+  real_eval = next(iter(task.data.eval_batches('validation', 0, 1)))
+  for shapes, real in ((train, real_train), (evaluation, real_eval)):
+    assert {k: (np.shape(v), np.asarray(v).dtype) for k, v in real.items()} == {
+        k: (shape, np.dtype(dtype)) for k, (shape, dtype) in shapes.items()
+    }
+
+
+# ---------------------------------------------------------------------------
+# Compiled for TPU (libtpu).
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def v5e_2x2():
+  aot.libtpu_as_compiler()
+  return aot.parse_topology('v5e:2x2')
+
+
+@pytest.mark.slow
+def test_the_flops_of_a_matmul_are_the_count_by_hand(v5e_2x2):
+  """2 M K N FLOPs for x [M, K] @ w [K, N], the rows split over 4 chips: a quarter each."""
+  devices = aot.tpu_devices(v5e_2x2)
+  mesh = sharding.make_mesh(devices)
+  m, k, n = 1024, 512, 256
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=NamedSharding(mesh, P('data')))
+  w = jax.ShapeDtypeStruct((k, n), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+  cost = aot.step_cost('matmul', jax.jit(lambda x, w: x @ w).lower(x, w).compile())
+  assert cost.flops == 2 * m * k * n / 4
+  assert cost.arguments == (m // 4) * k * 2 + k * n * 2 and cost.outputs == (m // 4) * n * 2
+
+
+# A small config of every task, as the command would get it (its overrides keep it quick).
+SMALL_CONFIGS = {
+    'lm': ('default', {'batch_size': 8}),
+    'translation': ('wmt14:en-de,tiny,cp', {'batch_size': 8}),
+    'vit': ('imagenet_vit:cp_vit_ti16', {'batch_size': 8, 'dataset.eval_batch_size': 8}),
+    'resnet': ('cifar10_resnet:cp_resnet20', {'batch_size': 8, 'dataset.eval_batch_size': 8}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('task', sorted(SMALL_CONFIGS))
+def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
+  name, overrides = SMALL_CONFIGS[task]
+  config = command_line.load_config_file(name)
+  with config.unlocked():
+    for key, value in overrides.items():
+      node = config
+      *parents, leaf = key.split('.')
+      for parent in parents:
+        node = node[parent]
+      node[leaf] = value
+  costs = aot.compile_config(config, v5e_2x2)
+  assert [c.name for c in costs] == ['train step', 'evaluation step']
+  for c in costs:
+    assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['v5e'].hbm_bytes
+  # The train step: its state donated (outputs alias arguments), more FLOPs than evaluating.
+  assert costs[0].aliased > 0
+
+
+@pytest.mark.slow
+def test_a_model_too_large_for_a_chip_gets_the_message(v5e_2x2):
+  config = command_line.load_config_file('default')
+  with config.unlocked():
+    config.model.update(num_layers=1, emb_dim=16384, mlp_dim=65536, num_heads=16)
+  with pytest.raises(aot.DoesNotFit) as e:
+    aot.compile_config(config, aot.parse_topology('v5e:1x1'))
+  message = str(e.value)
+  assert message.startswith('The train step does not fit one v5e chip of v5e:1x1')
+  assert 'exceeds available HBM' in message and '--config.param_sharding=fsdp' in message
