@@ -176,8 +176,19 @@ def test_the_flops_of_a_matmul_are_the_count_by_hand(v5e_2x2):
 # A small config of every task, as the command would get it (its overrides keep it quick).
 SMALL_CONFIGS = {
     'lm': ('default', {'batch_size': 8}),
-    'translation': ('wmt14:en-de,tiny,cp', {'batch_size': 8}),
-    'vit': ('imagenet_vit:cp_vit_ti16', {'batch_size': 8, 'dataset.eval_batch_size': 8}),
+    'translation': (
+        'wmt14:en-de,tiny,cp',
+        {'batch_size': 8, 'dataset.max_source_len': 32, 'dataset.max_target_len': 32},
+    ),
+    'vit': (
+        'imagenet_vit:cp_vit_ti16',
+        {
+            'batch_size': 8,
+            'dataset.eval_batch_size': 8,
+            'dataset.image_size': 64,
+            'model.num_layers': 2,
+        },
+    ),
     'resnet': ('cifar10_resnet:cp_resnet20', {'batch_size': 8, 'dataset.eval_batch_size': 8}),
 }
 
