@@ -63,6 +63,7 @@ from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
+from contextpool_jax.models import tpu_attention
 from contextpool_jax.models.common import module_fields, remat, remat_policy
 from contextpool_jax.numerics import NEG_INF
 
@@ -101,8 +102,9 @@ def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
 
 CONTEXT_POOL_POSITIONS = ('output', 'attention_input', 'mlp_input')
 # TransformerConfig.attention_implementation: jax.nn.dot_product_attention's
-# implementation (None: automatic).
-ATTENTION_IMPLEMENTATIONS = (None, 'xla', 'cudnn')
+# implementation (None: automatic), or jax's Pallas TPU flash-attention kernel
+# ('pallas_tpu': tpu_attention.py).
+ATTENTION_IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'pallas_tpu')
 # Which inputs of the self-attention read the pooled features
 # (context_pool_position='attention_input'): queries, keys and values; keys and
 # values only; queries only.
@@ -135,7 +137,11 @@ class TransformerConfig:
       attention dropout, not when decoding step by step), one of
       :data:`ATTENTION_IMPLEMENTATIONS`: None (JAX chooses: cuDNN where it
       can, else XLA), ``'xla'``, ``'cudnn'`` (GPU only: elsewhere a ConfigError
-      when the model is traced, before XLA compiles). It changes no parameter.
+      when the model is traced, before XLA compiles), or ``'pallas_tpu'``: jax's
+      Pallas TPU flash-attention kernel, memory linear in the length (TPU, or
+      the CPU in Pallas interpret mode; standard attention: a local window is a
+      ConfigError; :mod:`~contextpool_jax.models.tpu_attention`). It changes no
+      parameter.
     local_window: tokens on each side (causal: before) for ``'local'``.
     num_area_layers: the first layers that use area attention (``'area'``).
     max_area_width: largest area (``'area'``).
@@ -423,13 +429,25 @@ class MultiHeadAttention(nn.Module):
     if self.kind == 'local':
       window = (cfg.local_window, 0 if self.causal else cfg.local_window)
     stepping = self.decode and self.has_variable('cache', 'cache_index')
+    padding = mask
     if self.causal and not stepping:
       if self.decode:  # the first call: create the cache for this length
         self._cached_keys_values(k, val, window)
       cm = causal_mask(q.shape[1])
       mask = cm if mask is None else mask & cm
     rate = cfg.attention_dropout_rate
-    if stepping:
+    if (
+        cfg.attention_implementation == 'pallas_tpu'
+        and not stepping
+        and not (rate > 0.0 and not deterministic)
+    ):
+      if window is not None:
+        raise ConfigError(
+            "MultiHeadAttention: attention_implementation='pallas_tpu' has no local window;"
+            " use attention='standard' with it, or another implementation."
+        )
+      y = tpu_attention.flash_attention(q, k, val, causal=self.causal, mask=padding)
+    elif stepping:
       y = _cached_attention(q, *self._cached_keys_values(k, val, window))
     elif rate > 0.0 and not deterministic:
       # jax.nn.dot_product_attention has no dropout on the probabilities.
@@ -461,6 +479,8 @@ class MultiHeadAttention(nn.Module):
       k, val = dense(name='key')(memory), dense(name='value')(memory)
       for name, a in (('cached_memory_key', k), ('cached_memory_value', val)):
         self.variable('cache', name, lambda a=a: jnp.swapaxes(a, 1, 2))
+      if self.config.attention_implementation == 'pallas_tpu':
+        return tpu_attention.flash_attention(q, k, val, causal=False, mask=mask)
       return _dot_product_attention(q, k, val, self.config.attention_implementation, mask=mask)
     keys = self.get_variable('cache', 'cached_memory_key')
     values = self.get_variable('cache', 'cached_memory_value')

@@ -234,9 +234,12 @@ def does_not_fit_message(step: str, topology: Topology, error: str) -> str:
   )
 
 
-def compile_config(config, topology: Topology) -> list[StepCost]:
-  """The train and evaluation steps of ``config`` compiled for ``topology``; their
-  :class:`StepCost` s. Raises :class:`DoesNotFit` for a step the compiler refuses
+STEPS = ('train', 'eval')
+
+
+def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -> list[StepCost]:
+  """The train and evaluation steps of ``config`` (those of ``which``) compiled for
+  ``topology``; their :class:`StepCost` s. Raises :class:`DoesNotFit` for a step the compiler refuses
   for memory, and the config's own errors (as ``train.py`` would) before compiling."""
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -259,10 +262,12 @@ def compile_config(config, topology: Topology) -> list[StepCost]:
   train_batch, eval_batch = programs.abstract_batches(task, run, sharding.batch_sharding(mesh))
   replicated = sharding.replicated(mesh)
   costs = []
-  for name, step_fn, step, batch in (
-      ('train step', built.train_step_fn, built.train_step, train_batch),
-      ('evaluation step', built.eval_step_fn, built.eval_step, eval_batch),
+  for key, name, step_fn, step, batch in (
+      ('train', 'train step', built.train_step_fn, built.train_step, train_batch),
+      ('eval', 'evaluation step', built.eval_step_fn, built.eval_step, eval_batch),
   ):
+    if key not in which:
+      continue
     sums = steps.abstract_sums(step_fn, state, batch, replicated)
     try:
       compiled = step.lower(state, batch, sums).compile()
@@ -313,6 +318,7 @@ def define_flags() -> None:
       lock_config=True,
   )
   flags.DEFINE_string('topology', None, f'The TPU slice: {ACCEPTED}.')
+  flags.DEFINE_list('steps', list(STEPS), f'The steps to compile, of {STEPS}.')
   flags.mark_flags_as_required(['config', 'topology'])
 
 
@@ -325,12 +331,15 @@ def main(argv) -> None:
     topology = parse_topology(FLAGS.topology)
   except ValueError as e:
     command_line.fail(str(e))
+  unknown = sorted(set(FLAGS.steps) - set(STEPS))
+  if unknown or not FLAGS.steps:
+    command_line.fail(f'--steps={",".join(FLAGS.steps)}: expected some of {",".join(STEPS)}.')
   missing = libtpu_missing()
   if missing:
     command_line.fail(missing)
   command_line.quiet_console()
   try:
-    costs = compile_config(FLAGS.config, topology)
+    costs = compile_config(FLAGS.config, topology, tuple(FLAGS.steps))
   except (ContextPoolJaxError, DoesNotFit) as e:
     command_line.fail(str(e))
   print(report(topology, costs, FLAGS.config.batch_size))

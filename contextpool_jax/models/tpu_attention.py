@@ -1,0 +1,82 @@
+"""Attention through jax's Pallas TPU flash-attention kernel: memory linear in the length.
+
+``attention_implementation='pallas_tpu'`` (``TransformerConfig``) computes softmax
+attention with ``jax.experimental.pallas.ops.tpu.flash_attention`` (Dao et al.'s
+online softmax over blocks of 128 keys, on the TPU's vector memory): no
+``[batch, heads, q_len, kv_len]`` logits are ever stored, in the forward pass or
+in its backward kernels. It is what lets a 32k-byte context fit a TPU chip (one
+v5e chip: 33 GiB of temporaries for ``jax.nn.dot_product_attention`` at batch 1,
+8 heads of 64, bfloat16, against 192 MiB: issue 67).
+
+The kernel masks by two things only, and :func:`flash_attention` maps the model's
+masks onto them:
+
+* **causal**: query ``i`` reads keys ``j <= i``;
+* **padding**, as segment ids: a query reads a key when both are real tokens (id
+  1) or both padding (id 0). The model's padding mask is the outer product of
+  query and key validity (``transformer.padding_mask``), so each side's validity
+  is read back from it (``any`` along the other axis). Padding queries' outputs are
+  not the dense path's (those rows are never used); real tokens' are.
+
+Lengths are padded up to a multiple of :data:`BLOCK` (the kernel's block), the
+added keys as padding. Local windows are not a mask this kernel has (raise).
+
+On a CPU the kernel runs in Pallas interpret mode only
+(``jax.experimental.pallas.tpu.force_tpu_interpret_mode()``): that is how the
+tests check it against the dense path; ``contextpool-compile`` compiles it for
+TPU from any machine.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+Array = jax.Array
+BLOCK = 128  # the kernel's default block along both lengths
+
+
+def _pad_to_block(x: Array, axis: int) -> Array:
+  extra = -x.shape[axis] % BLOCK
+  if not extra:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths)
+
+
+def segment_ids(mask: Optional[Array], batch: int, q_len: int, kv_len: int):
+  """``(q ids [batch, q_len], kv ids [batch, kv_len])``, int32, 1 for a real token and
+  0 for padding, read from a padding ``mask`` (bool, broadcastable to ``[batch, 1,
+  q_len, kv_len]``: an outer product of validities); every token real for None."""
+  if mask is None:
+    return jnp.ones((batch, q_len), jnp.int32), jnp.ones((batch, kv_len), jnp.int32)
+  mask = jnp.broadcast_to(mask, (batch, 1, q_len, kv_len))[:, 0]
+  return mask.any(axis=2).astype(jnp.int32), mask.any(axis=1).astype(jnp.int32)
+
+
+def flash_attention(
+    q: Array, k: Array, v: Array, *, causal: bool, mask: Optional[Array] = None
+) -> Array:
+  """Softmax attention of ``q`` ``[batch, q_len, heads, head_dim]`` over ``k`` / ``v``
+  ``[batch, kv_len, heads, head_dim]`` by the Pallas TPU kernel; ``mask``: the padding
+  mask (without the causal part: ``causal`` says that); output like ``q``."""
+  batch, q_len, _, head_dim = q.shape
+  kv_len = k.shape[1]
+  if causal and q_len != kv_len:
+    raise ValueError(f'causal flash attention needs q_len == kv_len, got {q_len} and {kv_len}.')
+  q_ids, kv_ids = segment_ids(mask, batch, q_len, kv_len)
+  heads_major = lambda x: _pad_to_block(jnp.swapaxes(x, 1, 2), 2)  # [b, h, len, d]
+  out = tpu_flash.flash_attention(
+      heads_major(q),
+      heads_major(k),
+      heads_major(v),
+      segment_ids=tpu_flash.SegmentIds(_pad_to_block(q_ids, 1), _pad_to_block(kv_ids, 1)),
+      causal=causal,
+      sm_scale=1.0 / math.sqrt(head_dim),
+  )
+  return jnp.swapaxes(out[:, :, :q_len], 1, 2)

@@ -1,0 +1,149 @@
+"""The Pallas TPU flash-attention path (``models/tpu_attention.py``,
+``attention_implementation='pallas_tpu'``) against the dense path, on the CPU in Pallas
+interpret mode: forward and gradients, causal, padded, and the translation decoder's
+cross-attention (other lengths); the models' outputs and parameter gradients; the causal
+Jacobian; a local window refused; and the kernel compiled for a TPU chip at 32k.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from contextpool_jax import models
+from contextpool_jax.errors import ConfigError
+from contextpool_jax.models import tpu_attention
+from contextpool_jax.models import transformer as tr
+
+
+@pytest.fixture(autouse=True)
+def interpret():
+  with pltpu.force_tpu_interpret_mode():
+    yield
+
+
+def _qkv(rng, batch, q_len, kv_len, heads=2, depth=8, dtype=jnp.float32):
+  r = np.random.default_rng(rng)
+  make = lambda n: jnp.asarray(r.normal(size=(batch, n, heads, depth)), dtype)
+  return make(q_len), make(kv_len), make(kv_len)
+
+
+def _valid(lengths, n):
+  return jnp.arange(n)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+CASES = {  # (q_len, kv_len, causal, q lengths or None, kv lengths or None)
+    'causal': (40, 40, True, None, None),
+    'causal, padded': (40, 40, True, [40, 23], [40, 23]),
+    'padded': (33, 33, False, [33, 17], [33, 17]),
+    'cross-attention': (21, 50, False, [21, 9], [50, 31]),
+    'two blocks': (130, 130, True, [130, 100], [130, 100]),
+}
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_forward_and_gradients_equal_the_dense_path_on_real_tokens(case):
+  q_len, kv_len, causal, q_lengths, kv_lengths = CASES[case]
+  q, k, v = _qkv(0, 2, q_len, kv_len)
+  padding = None
+  q_valid = jnp.ones((2, q_len), bool)
+  if q_lengths is not None:
+    q_valid = _valid(q_lengths, q_len)
+    padding = tr.padding_mask(q_valid, _valid(kv_lengths, kv_len))
+  full = padding
+  if causal:
+    cm = tr.causal_mask(q_len)
+    full = cm if padding is None else padding & cm
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+  real = q_valid[:, :, None, None]
+
+  def loss(attend, q, k, v):  # only real queries' outputs count
+    return jnp.sum(jnp.where(real, attend(q, k, v) * cotangent, 0.0))
+
+  flash = lambda q, k, v: tpu_attention.flash_attention(q, k, v, causal=causal, mask=padding)
+  dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=full)
+  chex.assert_trees_all_close(
+      jnp.where(real, flash(q, k, v), 0), jnp.where(real, dense(q, k, v), 0), atol=2e-6
+  )
+  grads = [jax.grad(loss, argnums=(1, 2, 3))(f, q, k, v) for f in (flash, dense)]
+  chex.assert_trees_all_close(*grads, atol=5e-6)
+
+
+def test_bfloat16_is_close_to_float32():
+  q, k, v = _qkv(2, 2, 64, 64, dtype=jnp.bfloat16)
+  out = tpu_attention.flash_attention(q, k, v, causal=True)
+  f32 = lambda x: x.astype(jnp.float32)
+  want = jax.nn.dot_product_attention(f32(q), f32(k), f32(v), is_causal=True)
+  assert out.dtype == jnp.bfloat16
+  chex.assert_trees_all_close(f32(out), want, atol=3e-2)
+
+
+def test_segment_ids_read_the_validity_of_each_side():
+  q_valid, kv_valid = _valid([3, 1], 4), _valid([2, 4], 5)
+  q_ids, kv_ids = tpu_attention.segment_ids(tr.padding_mask(q_valid, kv_valid), 2, 4, 5)
+  np.testing.assert_array_equal(q_ids, q_valid.astype(np.int32))
+  np.testing.assert_array_equal(kv_ids, kv_valid.astype(np.int32))
+
+
+# ---------------------------------------------------------------------------
+# In the models.
+# ---------------------------------------------------------------------------
+
+SMALL = dict(num_layers=2, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=61)
+
+
+def _pair(name, **kw):
+  dense = models.create(name, **SMALL, **kw)
+  return dense, models.create(name, attention_implementation='pallas_tpu', **SMALL, **kw)
+
+
+def test_the_lm_gives_the_dense_outputs_and_gradients():
+  dense, flash = _pair('cp_transformer_lm')
+  tokens = jnp.asarray(np.random.default_rng(3).integers(1, 61, (2, 48)), jnp.int32)
+  variables = dense.init(jax.random.key(0), tokens)
+  loss = lambda m: lambda p: jnp.mean(m.apply({**variables, 'params': p}, tokens) ** 2)
+  chex.assert_trees_all_close(
+      flash.apply(variables, tokens), dense.apply(variables, tokens), atol=2e-5
+  )
+  chex.assert_trees_all_close(
+      jax.grad(loss(flash))(variables['params']),
+      jax.grad(loss(dense))(variables['params']),
+      atol=2e-5,
+  )
+
+
+def test_the_lm_cannot_read_the_future():
+  """Changing the token at position j leaves every logit before j exactly as it was, for
+  every j (the kernel's causal mask; padding blocks included: 24 of 128 are real)."""
+  _, flash = _pair('transformer_lm')
+  tokens = jnp.asarray(np.random.default_rng(4).integers(1, 61, (1, 24)), jnp.int32)
+  variables = flash.init(jax.random.key(0), tokens)
+  apply = jax.jit(lambda t: flash.apply(variables, t))
+  before = np.asarray(apply(tokens))
+  for j in range(tokens.shape[1]):
+    changed = np.asarray(apply(tokens.at[0, j].set(tokens[0, j] % 60 + 1)))
+    np.testing.assert_array_equal(changed[:, :j], before[:, :j])
+    assert not np.array_equal(changed[:, j:], before[:, j:])
+
+
+def test_the_translation_model_gives_the_dense_outputs_on_real_tokens():
+  dense, flash = _pair('transformer_tiny')
+  r = np.random.default_rng(5)
+  inputs = jnp.asarray(r.integers(1, 61, (2, 19)), jnp.int32).at[1, 11:].set(0)
+  targets = jnp.asarray(r.integers(1, 61, (2, 13)), jnp.int32).at[1, 7:].set(0)
+  variables = dense.init(jax.random.key(0), inputs, targets)
+  real = (targets > 0)[:, :, None]
+  chex.assert_trees_all_close(
+      jnp.where(real, flash.apply(variables, inputs, targets), 0),
+      jnp.where(real, dense.apply(variables, inputs, targets), 0),
+      atol=2e-5,
+  )
+
+
+def test_a_local_window_is_refused():
+  _, flash = _pair('transformer_lm', attention='local', local_window=4)
+  tokens = jnp.ones((1, 16), jnp.int32)
+  with pytest.raises(ConfigError, match="'pallas_tpu' has no local window"):
+    flash.init(jax.random.key(0), tokens)
