@@ -94,13 +94,16 @@ def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_sett
       ' required for HLO temporaries (48.86G) exceeds available HBM (15.75G). HLO module:'
       ' jit_summed.\nmore lines'
   )
-  message = aot.does_not_fit_message('train step', aot.parse_topology('v5e-4'), error)
+  message = aot.does_not_fit_message('train', aot.parse_topology('v5e-4'), error)
   assert '\n' not in message
   assert message.startswith('The train step does not fit one v5e chip of v5e:2x2 (16.00 GiB')
   assert 'HLO temporaries (48.86G) exceeds available HBM (15.75G)' in message
   assert 'HLO module' not in message
   for setting in ('batch_size', 'model.remat', 'param_sharding=fsdp', 'model.attention_impl'):
     assert f'--config.{setting}' in message
+  evaluation = aot.does_not_fit_message('eval', aot.parse_topology('v5e-4'), error)
+  assert evaluation.startswith('The evaluation step does not fit')
+  assert '--config.dataset.eval_batch_size' in evaluation and 'remat' not in evaluation
 
 
 def test_without_libtpu_the_command_says_so_in_one_line():
@@ -193,6 +196,15 @@ SMALL_CONFIGS = {
 }
 
 
+# The Pallas TPU attention kernel in each model with attention (the LM's: the 32k test below).
+KERNEL = {'model.attention_implementation': 'pallas_tpu'}
+SMALL_CONFIGS['translation, pallas_tpu'] = (
+    SMALL_CONFIGS['translation'][0],
+    {**SMALL_CONFIGS['translation'][1], **KERNEL},
+)
+SMALL_CONFIGS['vit, pallas_tpu'] = (SMALL_CONFIGS['vit'][0], {**SMALL_CONFIGS['vit'][1], **KERNEL})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('task', sorted(SMALL_CONFIGS))
 def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
@@ -223,3 +235,19 @@ def test_a_model_too_large_for_a_chip_gets_the_message(v5e_2x2):
   message = str(e.value)
   assert message.startswith('The train step does not fit one v5e chip of v5e:1x1')
   assert 'exceeds available HBM' in message and '--config.param_sharding=fsdp' in message
+
+
+@pytest.mark.slow
+def test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel(v5e_2x2):
+  """The CP-Transformer(12) of configs/enwik8.py, its evaluation step at the paper's 32k
+  bytes of context (one row): the dense attention's temporaries are refused by the TPU
+  compiler (33 GiB); the Pallas kernel's step fits, ContextPool on its memory-linear path."""
+  config = command_line.load_config_file('enwik8:stage1')
+  with config.unlocked():
+    config.dataset.update(eval_context=32768, eval_batch_size=1)
+  one_chip = aot.parse_topology('v5e:1x1')
+  with pytest.raises(aot.DoesNotFit, match='evaluation step does not fit'):
+    aot.compile_config(config, one_chip, ('eval',))
+  config.model.attention_implementation = 'pallas_tpu'
+  (cost,) = aot.compile_config(config, one_chip, ('eval',))
+  assert cost.peak_bytes < 2**30  # under 1 GiB of the 16

@@ -5,6 +5,9 @@ cross-attention (other lengths); the models' outputs and parameter gradients; th
 Jacobian; a local window refused; and the kernel compiled for a TPU chip at 32k.
 """
 
+import subprocess
+import sys
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -147,3 +150,60 @@ def test_a_local_window_is_refused():
   tokens = jnp.ones((1, 16), jnp.int32)
   with pytest.raises(ConfigError, match="'pallas_tpu' has no local window"):
     flash.init(jax.random.key(0), tokens)
+
+
+def test_the_vit_gives_the_dense_outputs_and_gradients():
+  kw = dict(num_layers=2, hidden_size=32, num_heads=2, image_size=32, patch_size=8, num_classes=5)
+  dense = models.create('cp_vit_ti16', **kw)
+  flash = models.create('cp_vit_ti16', attention_implementation='pallas_tpu', **kw)
+  images = jnp.asarray(np.random.default_rng(6).normal(size=(2, 32, 32, 3)), jnp.float32)
+  variables = dense.init(jax.random.key(0), images)
+  loss = lambda m: lambda p: jnp.sum(m.apply({**variables, 'params': p}, images) ** 2)
+  chex.assert_trees_all_close(
+      flash.apply(variables, images), dense.apply(variables, images), atol=2e-5
+  )
+  chex.assert_trees_all_close(
+      jax.grad(loss(flash))(variables['params']),
+      jax.grad(loss(dense))(variables['params']),
+      atol=2e-5,
+  )
+  with pytest.raises(ConfigError, match="'pallas_tpu' has no attention dropout"):
+    models.create(
+        'vit_ti16', attention_implementation='pallas_tpu', attention_dropout_rate=0.1, **kw
+    ).init(jax.random.key(0), images)
+
+
+MESH_SCRIPT = r"""
+import os
+os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'
+os.environ['JAX_PLATFORMS'] = 'cpu'
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental.pallas import tpu as pltpu
+from contextpool_jax import models
+from contextpool_jax.training import programs, sharding
+kw = dict(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=61)
+dense = models.create('transformer_lm', **kw)
+flash = models.create('transformer_lm', attention_implementation='pallas_tpu', **kw)
+tokens = jnp.asarray(np.random.default_rng(0).integers(1, 61, (8, 40)), jnp.int32)
+variables = dense.init(jax.random.key(0), tokens)
+mesh = sharding.make_mesh()
+rows = sharding.batch_sharding(mesh)
+apply = lambda m: jax.jit(
+    programs.under_mesh(lambda t: m.apply(variables, t), mesh), in_shardings=rows, out_shardings=rows
+)
+with pltpu.force_tpu_interpret_mode():
+  got = apply(flash)(tokens)
+want = apply(dense)(tokens)
+print(len(jax.devices()), float(jnp.abs(got - want).max()))
+"""
+
+
+def test_on_several_devices_each_runs_the_kernel_on_its_rows():
+  """Under the run's mesh (4 CPU devices, the batch split over them) the kernel runs per
+  device (shard_map) and gives the dense path's outputs."""
+  out = subprocess.run(
+      [sys.executable, '-c', MESH_SCRIPT], capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  devices, error = out.stdout.split()
+  assert devices == '4' and float(error) < 2e-5, out.stdout

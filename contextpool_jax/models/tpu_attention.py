@@ -20,6 +20,9 @@ masks onto them:
 
 Lengths are padded up to a multiple of :data:`BLOCK` (the kernel's block), the
 added keys as padding. Local windows are not a mask this kernel has (raise).
+XLA cannot partition a Pallas kernel over several devices: under a mesh (the one
+the run's steps trace under: ``training/programs.py``) each device runs it on its
+own rows of the batch (``jax.shard_map``).
 
 On a CPU the kernel runs in Pallas interpret mode only
 (``jax.experimental.pallas.tpu.force_tpu_interpret_mode()``): that is how the
@@ -35,6 +38,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+from jax.sharding import PartitionSpec as P
 
 Array = jax.Array
 BLOCK = 128  # the kernel's default block along both lengths
@@ -71,12 +75,36 @@ def flash_attention(
     raise ValueError(f'causal flash attention needs q_len == kv_len, got {q_len} and {kv_len}.')
   q_ids, kv_ids = segment_ids(mask, batch, q_len, kv_len)
   heads_major = lambda x: _pad_to_block(jnp.swapaxes(x, 1, 2), 2)  # [b, h, len, d]
-  out = tpu_flash.flash_attention(
+
+  def kernel(q, k, v, q_ids, kv_ids):
+    return tpu_flash.flash_attention(
+        q,
+        k,
+        v,
+        segment_ids=tpu_flash.SegmentIds(q_ids, kv_ids),
+        causal=causal,
+        sm_scale=1.0 / math.sqrt(head_dim),
+    )
+
+  args = (
       heads_major(q),
       heads_major(k),
       heads_major(v),
-      segment_ids=tpu_flash.SegmentIds(_pad_to_block(q_ids, 1), _pad_to_block(kv_ids, 1)),
-      causal=causal,
-      sm_scale=1.0 / math.sqrt(head_dim),
+      _pad_to_block(q_ids, 1),
+      _pad_to_block(kv_ids, 1),
   )
-  return jnp.swapaxes(out[:, :, :q_len], 1, 2)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.size > 1:
+    # XLA cannot partition a Pallas kernel: each device runs it on its rows of the
+    # batch, which the run splits over every axis of its mesh.
+    rows = P(tuple(mesh.axis_names))
+    kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(rows,) * 5, out_specs=rows, check_vma=False)
+  return jnp.swapaxes(kernel(*args)[:, :, :q_len], 1, 2)
+
+
+def flax_attention_fn(query, key, value, bias=None, mask=None, **unused) -> Array:
+  """``flax.linen.MultiHeadDotProductAttention``'s ``attention_fn`` through the kernel
+  (the ViT's: no bias, a padding ``mask`` or none, no dropout, which the model checks)."""
+  if bias is not None:
+    raise ValueError('the Pallas TPU flash-attention path takes no attention bias.')
+  return flash_attention(query, key, value, causal=False, mask=mask)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks
 from contextpool_jax.layers.context_pool import make_context_pool
+from contextpool_jax.models import tpu_attention
 from contextpool_jax.models.common import module_fields, remat, remat_policy
 
 Array = jax.Array
@@ -40,6 +41,8 @@ Dtype = Any
 
 CLASSIFIERS = ('token', 'gap')
 POOL_POSITIONS = ('block', 'attention')
+# ViTConfig.attention_implementation: flax's attention, or the Pallas TPU kernel.
+ATTENTION_IMPLEMENTATIONS = (None, 'pallas_tpu')
 POSEMB_RESIZE_METHODS = (
     None,
     'nearest',
@@ -208,6 +211,9 @@ class ViTConfig:
     dropout_rate: dropout after the position embeddings, the attention
       sub-layer and in the MLP.
     attention_dropout_rate: dropout on the attention weights.
+    attention_implementation: None (flax's attention) or ``'pallas_tpu'``
+      (jax's Pallas TPU flash-attention kernel, memory linear in the number of
+      tokens: :mod:`~contextpool_jax.models.tpu_attention`; no attention dropout).
     context_pool: None: plain ViT; a mapping (possibly empty): CP-ViT with
       these ContextPool field overrides.
     context_pool_position: ``'block' | 'attention'`` (see :class:`ViT`).
@@ -239,6 +245,7 @@ class ViTConfig:
   classifier: str = 'token'
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  attention_implementation: Optional[str] = None
   context_pool: Optional[Mapping[str, Any]] = None
   context_pool_position: str = 'block'
   context_pool_last: bool = False
@@ -270,6 +277,14 @@ class ViTConfig:
     checks.check_choice(_OWNER, 'posemb_resize', self.posemb_resize, POSEMB_RESIZE_METHODS)
     checks.check_probability(_OWNER, 'dropout_rate', self.dropout_rate)
     checks.check_probability(_OWNER, 'attention_dropout_rate', self.attention_dropout_rate)
+    checks.check_choice(
+        _OWNER, 'attention_implementation', self.attention_implementation, ATTENTION_IMPLEMENTATIONS
+    )
+    if self.attention_implementation == 'pallas_tpu' and self.attention_dropout_rate:
+      raise ConfigError(
+          f"{_OWNER}.attention_implementation='pallas_tpu' has no attention dropout; got"
+          f' attention_dropout_rate={self.attention_dropout_rate}.'
+      )
     remat_policy(_OWNER, self.remat)
     for name in ('context_pool_last', 'scan_layers'):
       if not isinstance(getattr(self, name), bool):
@@ -384,6 +399,11 @@ class EncoderBlock(nn.Module):
         kernel_init=_dense_init,
         broadcast_dropout=False,
         dropout_rate=cfg.attention_dropout_rate,
+        attention_fn=(
+            tpu_attention.flax_attention_fn
+            if cfg.attention_implementation == 'pallas_tpu'
+            else nn.dot_product_attention
+        ),
         name='attention',
     )(y, y, deterministic=not train)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=not train)

@@ -69,14 +69,28 @@ ACCEPTED = (
     ' type (v5litepod-16, v5e-16, v6e-8: chips; v4-32, v5p-8: TensorCores, two per chip),'
     f' chip one of {sorted(CHIPS)}'
 )
-# What changes a step's memory, for the message of a step that does not fit.
-MEMORY_SETTINGS = (
-    '--config.batch_size (the activations scale with it)',
-    "--config.model.remat ('full': keep only each layer's input for the backward pass)",
-    '--config.param_sharding=fsdp (parameters and optimizer state split over the chips)',
-    '--config.model.attention_implementation (a memory-efficient kernel on TPU)',
-    'a larger slice (--topology), for fsdp and a smaller batch per chip',
+STEPS = ('train', 'eval')  # --steps
+STEP_NAMES = {'train': 'train step', 'eval': 'evaluation step'}
+# What changes a step's memory, per step, for the message of a step that does not fit.
+_ATTENTION = (
+    '--config.model.attention_implementation=pallas_tpu (attention memory linear in length)'
 )
+_SLICE = 'a larger slice (--topology), for fsdp and fewer rows per chip'
+MEMORY_SETTINGS = {
+    'train': (
+        '--config.batch_size (the activations scale with it)',
+        "--config.model.remat ('full': keep only each layer's input for the backward pass)",
+        '--config.param_sharding=fsdp (parameters and optimizer state split over the chips)',
+        _ATTENTION,
+        _SLICE,
+    ),
+    'eval': (
+        '--config.dataset.eval_batch_size (the activations scale with it)',
+        '--config.param_sharding=fsdp (parameters split over the chips)',
+        _ATTENTION,
+        _SLICE,
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,18 +237,16 @@ def _seconds(t: float) -> str:
 
 
 def does_not_fit_message(step: str, topology: Topology, error: str) -> str:
-  """One message: the compiler's own numbers and the settings that change them."""
+  """One message for ``step`` (``'train'`` or ``'eval'``): the compiler's own numbers and
+  the settings that change them."""
   found = re.search(r'(Ran out of memory[^\n]*|exceeds? [^\n]*|RESOURCE_EXHAUSTED[^\n]*)', error)
   detail = found.group(1).split('. HLO module')[0].strip() if found else error.strip()[:300]
   return (
-      f'The {step} does not fit one {topology.chip_name} chip of {topology.name}'
+      f'The {STEP_NAMES[step]} does not fit one {topology.chip_name} chip of {topology.name}'
       f' ({_gib(topology.chip.hbm_bytes)} of HBM): {detail}. What changes it: '
-      + '; '.join(MEMORY_SETTINGS)
+      + '; '.join(MEMORY_SETTINGS[step])
       + '.'
   )
-
-
-STEPS = ('train', 'eval')
 
 
 def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -> list[StepCost]:
@@ -263,8 +275,8 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   replicated = sharding.replicated(mesh)
   costs = []
   for key, name, step_fn, step, batch in (
-      ('train', 'train step', built.train_step_fn, built.train_step, train_batch),
-      ('eval', 'evaluation step', built.eval_step_fn, built.eval_step, eval_batch),
+      ('train', STEP_NAMES['train'], built.train_step_fn, built.train_step, train_batch),
+      ('eval', STEP_NAMES['eval'], built.eval_step_fn, built.eval_step, eval_batch),
   ):
     if key not in which:
       continue
@@ -274,7 +286,7 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
     except Exception as e:  # pylint: disable=broad-except  # the compiler's memory refusal
       text = str(e)
       if 'RESOURCE_EXHAUSTED' in text or 'Ran out of memory' in text:
-        raise DoesNotFit(does_not_fit_message(name, topology, text)) from None
+        raise DoesNotFit(does_not_fit_message(key, topology, text)) from None
       raise
     costs.append(step_cost(name, compiled))
   return costs

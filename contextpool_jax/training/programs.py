@@ -51,6 +51,19 @@ def abstract_batches(task: tasks.Task, run: spec_lib.RunSpec, data_sharding) -> 
   return as_abstract(train), as_abstract(evaluation)
 
 
+def under_mesh(step: Callable, mesh) -> Callable:
+  """``step`` traced under ``mesh`` (as an abstract mesh): what the model sees through
+  ``jax.sharding.get_abstract_mesh()``, so that a kernel XLA cannot partition (the Pallas
+  TPU attention: ``models/tpu_attention.py``) runs per device on its rows. The shardings
+  stay the jitted step's own (``Auto`` axes)."""
+
+  def traced(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return step(*args)
+
+  return traced
+
+
 @dataclasses.dataclass(frozen=True)
 class Programs:
   """The steps of a run. ``train_step_fn`` and ``eval_step_fn`` are ``(state,
@@ -76,11 +89,14 @@ def make_programs(
   """The run's train and evaluation steps with their shardings on ``mesh``."""
   data, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   train_step_fn = jax.jit(
-      steps.make_train_step(
-          task.model, task.objective, tx, schedule, train_rng, run.grad_accum_steps
+      under_mesh(
+          steps.make_train_step(
+              task.model, task.objective, tx, schedule, train_rng, run.grad_accum_steps
+          ),
+          mesh,
       )
   )
-  eval_step_fn = jax.jit(steps.make_eval_step(task.model, task.objective))
+  eval_step_fn = jax.jit(under_mesh(steps.make_eval_step(task.model, task.objective), mesh))
   in_shardings = (state_shardings, data, replicated)
   return Programs(
       train_step_fn=train_step_fn,
