@@ -165,7 +165,10 @@ def libtpu_as_compiler() -> None:
   (on a TPU VM too: the command never takes the chips a training run may hold); libtpu
   skips its one-process lock file (several compiles may run at once, beside a run) and
   the TPU VM metadata it would look for (and log errors about) at start-up."""
-  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  if not os.environ.get('JAX_PLATFORMS'):  # read by jax at import: set the option itself
+    import jax  # pylint: disable=g-import-not-at-top
+
+    jax.config.update('jax_platforms', 'cpu')
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   os.environ.setdefault('TPU_ACCELERATOR_TYPE', 'v5litepod-1')
   os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
