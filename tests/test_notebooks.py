@@ -6,9 +6,14 @@ The checks of the stored outputs are fast (they read the files); executing is ``
 """
 
 import base64
+import importlib.metadata
 import importlib.util
+import json
 import pathlib
 import re
+import subprocess
+import sys
+import types
 
 import nbclient
 import nbformat
@@ -128,3 +133,65 @@ def test_notebook_runs_smoke_sized_and_draws_its_figures(name, tmp_path, monkeyp
   setup = notebook.cells[1].outputs[0]['text']
   assert 'repository: .. | small run: True' in setup  # ran from the checkout, smoke-sized
   assert (NOTEBOOKS / name).read_bytes() == stored  # the committed file is untouched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(EXPECTED_FIGURES))
+def test_the_colab_install_keeps_the_runtimes_jax(name, tmp_path, monkeypatch):
+  """The first cell as Colab runs it (no checkout, REPO_URL set): it clones, then installs
+  with the runtime's jax pinned as a constraint. Run here with pip's --dry-run against this
+  environment: the keep-file holds the installed jax and jaxlib, and pip resolves the package
+  without installing another jax; a runtime jax outside the tested range makes pip fail."""
+  notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+  source = next(c for c in notebook.cells if c.cell_type == 'code').source
+  source = source.replace(
+      "REPO_URL = ''", "REPO_URL = 'https://example.invalid/contextpool-jax.git'"
+  )
+  monkeypatch.chdir(tmp_path)
+  commands = []
+
+  def run(argv, check):
+    commands.append(argv)
+    if argv[:2] == ['git', 'clone']:
+      (tmp_path / 'contextpool-jax').symlink_to(REPO)
+      return None
+    dry = [*argv[:4], '--dry-run', '--report', str(tmp_path / 'report.json'), *argv[4:]]
+    return subprocess.run(dry, check=check, capture_output=True, text=True)
+
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+      importlib.util,
+      'find_spec',
+      lambda n, *a: None if n == 'contextpool_jax' else find_spec(n, *a),
+  )
+  fake_subprocess = types.SimpleNamespace(run=run)
+  monkeypatch.setitem(sys.modules, 'subprocess', fake_subprocess)
+  try:
+    exec(compile(source, name, 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+  finally:
+    monkeypatch.setitem(sys.modules, 'subprocess', subprocess)
+  keep = (tmp_path / 'keep-runtime-jax.txt').read_text().split()
+  for dist in ('jax', 'jaxlib'):
+    assert f'{dist}=={importlib.metadata.version(dist)}' in keep
+  assert commands[1][-4:] == ['-c', 'keep-runtime-jax.txt', '-e', './contextpool-jax[notebook]']
+  report = json.loads((tmp_path / 'report.json').read_text())
+  installing = {i['metadata']['name'] for i in report['install']}
+  assert 'jax' not in installing and 'jaxlib' not in installing, installing
+  (tmp_path / 'keep-runtime-jax.txt').write_text('jax==0.9.0\n')  # an older runtime
+  failed = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'pip',
+          'install',
+          '--dry-run',
+          '-q',
+          '-c',
+          'keep-runtime-jax.txt',
+          '-e',
+          './contextpool-jax[notebook]',
+      ],
+      capture_output=True,
+      text=True,
+  )
+  assert failed.returncode != 0 and 'ResolutionImpossible' in failed.stderr
