@@ -60,10 +60,14 @@ _FILTER = _DropTfdsChatter()
 
 
 def set_quiet(quiet: bool) -> None:
-  """Quiet (or not) TFDS's progress bars, its non-actionable warnings and its prints."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
+  """Quiet (or not) TFDS's progress bars, its non-actionable warnings and its prints
+  (nothing to do for TFDS where it is not installed: the core install, whose commands
+  then name the extra they need)."""
   _state['quiet'] = quiet
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError:
+    return
   absl_logger = logging.getLogger('absl')
   if quiet:
     tfds.disable_progress_bar()

@@ -23,8 +23,8 @@ from contextpool_jax.inference import decoding
 from contextpool_jax.inference.sampling import is_language_model, sample_text
 from contextpool_jax.inference.translation import load_vocab, translate
 
-# absl (flags, app) and the workdir loader come with the train extra; they are
-# imported where they are used so that this module imports without it.
+# absl (flags, app; with ml_collections) and the workdir loader are imported where they
+# are used, so that the library functions import with jax alone.
 
 
 def _sample_lm(flag_values, model, variables, config) -> list[str]:
@@ -81,7 +81,7 @@ def runner(model):
 
 def run(flag_values) -> list[str]:
   """What the command line prints, one string per sample/translation."""
-  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # train extra
+  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   model, variables, config = load(flag_values.workdir, flag_values.step)
   run_model = runner(model)
@@ -95,7 +95,7 @@ def run(flag_values) -> list[str]:
 
 
 def main(argv):
-  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -111,7 +111,7 @@ def main(argv):
 
 def define_flags():
   """Defines the command line's flags (absl) and returns ``flags.FLAGS``."""
-  from absl import flags  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import flags  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   flags.DEFINE_string('workdir', None, 'A training workdir (or an export_params directory).')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
@@ -136,7 +136,7 @@ def define_flags():
 
 def command() -> None:
   """The console script ``contextpool-sample`` (and ``python -m contextpool_jax.sample``)."""
-  from absl import app  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import app  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   define_flags()
   app.run(main)

@@ -39,8 +39,6 @@ import uuid
 from typing import Any, Iterator, Optional
 
 from etils import epath
-from tensorboardX.crc32c import crc32c
-from tensorboardX.proto import event_pb2
 
 from contextpool_jax.errors import WriteError
 
@@ -166,6 +164,8 @@ class JsonLines:
 
 
 def _masked_crc32c(data: bytes) -> int:
+  from tensorboardX.crc32c import crc32c  # pylint: disable=g-import-not-at-top  # [train] only
+
   x = crc32c(data) & 0xFFFFFFFF
   return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -180,6 +180,10 @@ class EventFile:
   """
 
   def __init__(self, directory: epath.PathLike, purge_from: Optional[int] = None):
+    # tensorboardX comes with the [train] extra: the rest of this module (write_atomic, the
+    # exports') is the core install's.
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
     self._pb = event_pb2
     directory = epath.Path(directory)
     with writing(directory):

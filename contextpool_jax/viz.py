@@ -489,9 +489,8 @@ def workdir_figures(
   layer ``pool_text_<k>`` (weights and sizes per character) and
   ``gaussian_supports_<k>`` (of ``centres``, default three spread over the text),
   and ``sigma_distribution`` (all layers)."""
-  # Loading a workdir needs the train extra; this module imports without it.
+  # Loading a workdir needs flax and ml_collections; this module imports without them.
   # pylint: disable=g-import-not-at-top
-  from contextpool_jax.data import lm_input
   from contextpool_jax.inference import sampling
   from contextpool_jax.workdirs import load
 
@@ -502,7 +501,7 @@ def workdir_figures(
         f'{config.model.name!r}); the command line draws language-model workdirs. '
         'For images use plot_pool_grid.'
     )
-  labels, pools = lm_pools(model, variables, text, context=lm_input.trained_context(config) or None)
+  labels, pools = lm_pools(model, variables, text, context=sampling.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}
   if not pools:
     raise ValueError(
@@ -537,7 +536,7 @@ def write_figures(figures: Mapping[str, Any], out_dir: str, *, dpi: int = 100) -
 
 
 def main(argv):
-  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -553,7 +552,7 @@ def main(argv):
 
 
 def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import flags  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   flags.DEFINE_string('workdir', None, 'A language-model training workdir (or an export).')
   flags.DEFINE_string('text', None, 'The passage to run the model on.')
@@ -570,7 +569,7 @@ def _define_flags():
 
 def command() -> None:
   """The console script ``contextpool-viz`` (and ``python -m contextpool_jax.viz``)."""
-  from absl import app  # pylint: disable=g-import-not-at-top  # train extra
+  from absl import app  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   _define_flags()
   app.run(main)

@@ -153,14 +153,14 @@ def unflatten_variables(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _safetensors_numpy():
-  """``safetensors.numpy``, imported on first use (a train dependency since exports
-  carry ``model.safetensors``; an environment installed before may lack it)."""
+  """``safetensors.numpy``, imported on first use (a dependency of the package since
+  exports carry ``model.safetensors``; an environment installed before may lack it)."""
   try:
     import safetensors.numpy  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     raise ImportError(
         f'{SAFETENSORS_FILE} is read and written with the safetensors package, not installed '
-        f"here: pip install safetensors (or pip install 'contextpool-jax[train]') ({e})."
+        f'here: pip install safetensors ({e}).'
     ) from e
   return safetensors.numpy
 
@@ -542,7 +542,7 @@ _CARD_LOADING = [
     '',
     '## How to load',
     '',
-    "With `pip install 'contextpool-jax[train]'` (and `[hub]` for the Hub):",
+    'With `pip install contextpool-jax` (and `[hub]` for the Hub):',
     '',
     '```python',
     'from contextpool_jax.workdirs import load',

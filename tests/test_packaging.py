@@ -385,3 +385,65 @@ def test_an_earlier_builds_leftovers_ship_unless_cleaned_as_the_docs_say(tmp_pat
   assert not (src / 'build').exists() and not (src / 'contextpool_jax.egg-info').exists()
   names = zipfile.ZipFile(_build_wheel(src, tmp_path / 'cleaned')).namelist()
   assert stale not in names and 'contextpool_jax/training/tasks.py' in names
+
+
+CORE_ONLY_ABSENT = ('tensorflow-datasets', 'grain', 'tensorboardX', 'pytest', 'sentencepiece')
+
+
+@pytest.mark.slow
+def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(tmp_path):
+  """Slow (about a minute): the wheel with its core dependencies only (``pip install .``,
+  versions held to this stack's pins), in a fresh virtualenv: it loads an export
+  (safetensors + config.json) and samples from it, in Python and with ``contextpool-sample``;
+  ``contextpool-train`` ends with one line naming the [train] extra."""
+  from contextpool_jax.workdirs import export_params  # pylint: disable=g-import-not-at-top
+
+  export = export_params(REPO / 'tests' / 'data' / 'workdir_0_1_0', tmp_path / 'export')
+  wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
+  venv.create(tmp_path / 'core', with_pip=False)
+  python = tmp_path / 'core' / 'bin' / 'python'
+  pins = _pins(NEWEST if sys.version_info >= (3, 12) else OLDEST)
+  (tmp_path / 'pins.txt').write_text(''.join(f'{n}=={v}\n' for n, v in pins.items()))
+  install = subprocess.run(
+      [sys.executable, '-m', 'pip', '--python', str(python), 'install', '-q']
+      + ['-c', str(tmp_path / 'pins.txt')]
+      + [str(wheel)],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      cwd=tmp_path,
+  )
+  assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+  listed = subprocess.run(
+      [sys.executable, '-m', 'pip', '--python', str(python), 'list', '--format=freeze'],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
+  installed = {_name(line.split('==')[0]) for line in listed.split()}
+  assert {_name(n) for n in ('jax', 'flax', 'numpy', 'ml_collections', 'safetensors')} <= installed
+  assert not installed & {_name(n) for n in CORE_ONLY_ABSENT}, installed
+  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'VIRTUAL_ENV')}
+  env['PATH'] = f'{tmp_path / "core" / "bin"}{os.pathsep}{env.get("PATH", "")}'
+
+  def run(*argv):
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+  code = (
+      'from contextpool_jax.workdirs import load\n'
+      'from contextpool_jax.inference.sampling import sample_text\n'
+      f'model, variables, config = load({str(export)!r})\n'
+      "print(repr(sample_text(model, variables, config, 'def ', length=8, seed=0)))\n"
+  )
+  sampled = run(str(python), '-c', code)
+  assert sampled.returncode == 0, sampled.stderr[-3000:]
+  assert len(eval(sampled.stdout.strip())) >= 1  # pylint: disable=eval-used
+  command = run('contextpool-sample', '--workdir', str(export), '--prompt', 'def ', '--length', '8')
+  assert command.returncode == 0 and command.stdout.startswith('def '), command.stderr[-3000:]
+  train = run('contextpool-train', '--config', 'default', '--workdir', str(tmp_path / 'w'))
+  assert train.returncode == 1
+  assert train.stderr.strip().splitlines() == [
+      'error: contextpool-train needs the [train] extra, not installed here (no module named'
+      f" {train.stderr.split('no module named ')[1].split(')')[0]}): pip install"
+      " 'contextpool-jax[train]'"
+  ], train.stderr

@@ -278,13 +278,6 @@ def resolve_spec(config) -> LMDataSpec:
   )
 
 
-def trained_context(config) -> int:
-  """The window a model of ``config`` was trained on (``config.dataset.seq_len``), or
-  0 when the config has none (an export of a config without a dataset section).
-  Read alone, not through :func:`resolve_spec`: sampling needs no other data setting."""
-  return config_readers.read_int(config, 'dataset.seq_len', minimum=0, default=0)
-
-
 def _prepare(spec: LMDataSpec) -> Mapping[str, Any]:
   return text_builders.prepare_text_dataset(
       spec.name,

@@ -6,6 +6,7 @@
 * :mod:`.translation` -- sentences through a translation workdir's vocabulary.
 
 The command line is :mod:`contextpool_jax.sample` (``python -m contextpool_jax.sample``).
-Imports need only the core dependencies (jax, flax, numpy); loading a workdir
-(:func:`contextpool_jax.workdirs.load`) needs the train extra.
+Imports and loading a workdir or an export (:func:`contextpool_jax.workdirs.load`)
+need only the core install (``pip install contextpool-jax``: jax, flax, numpy,
+ml_collections, safetensors); translating also needs sentencepiece (the [train] extra).
 """

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from contextpool_jax.byte_text import decode_bytes, encode_bytes
-from contextpool_jax.checks import check_argument
+from contextpool_jax.checks import check_argument, is_int
 from contextpool_jax.inference import decoding
 
 Array = jax.Array
@@ -191,6 +191,15 @@ def sample_tokens(
   return fn(variables, prompt.astype(jnp.int32), jax.random.key(seed))
 
 
+def trained_context(config) -> int:
+  """The window a model of ``config`` was trained on (``config.dataset.seq_len``), or
+  0 when the config has none (an export of a config without a dataset section).
+  Read alone: sampling needs no other data setting (and no data module)."""
+  seq_len = (config.get('dataset') or {}).get('seq_len') or 0
+  check_argument('config.dataset.seq_len', seq_len, is_int(seq_len) and seq_len >= 0, 'an int >= 0')
+  return int(seq_len)
+
+
 def sample_text(
     model,
     variables: dict,
@@ -203,13 +212,10 @@ def sample_text(
     seed: int = 0,
 ) -> str:
   """The ``length``-byte continuation of ``prompt`` by a byte-level LM (``load``'s
-  output), with the context the model was trained at (:func:`lm_input.trained_context`)."""
-  # The data modules need the train extra; this module imports without it.
-  from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
-
+  output), with the context the model was trained at (:func:`trained_context`)."""
   check_argument('prompt', prompt, bool(prompt), 'a non-empty string (the LM has no start token)')
   ids = encode_bytes(prompt, model.vocab_size)
-  context = lm_input.trained_context(config) or len(ids) + length
+  context = trained_context(config) or len(ids) + length
   out = sample_tokens(
       model,
       variables,

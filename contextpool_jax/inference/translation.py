@@ -28,7 +28,7 @@ def load_vocab(workdir, config):
   For an export (``export_params``) pass ``vocab_path`` in the config or copy the
   ``.model`` file next to it.
   """
-  # The data modules need the train extra; this module imports without it.
+  # The data modules (sentencepiece) come with the [train] extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
   spec = translation_input.resolve_spec(config)
@@ -69,7 +69,7 @@ def translate(
   Beam search with the GNMT length penalty ``alpha`` (``beam_size=1``: greedy),
   at most ``max_len`` target tokens (0: ``config.dataset.max_target_len``).
   """
-  # The data modules need the train extra; this module imports without it.
+  # The data modules (sentencepiece) come with the [train] extra; this module imports without it.
   from contextpool_jax.data import translation_input  # pylint: disable=g-import-not-at-top
 
   check_argument(

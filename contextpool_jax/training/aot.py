@@ -357,6 +357,8 @@ def main(argv) -> None:
     costs = compile_config(FLAGS.config, topology, tuple(FLAGS.steps))
   except (ContextPoolJaxError, DoesNotFit) as e:
     command_line.fail(str(e))
+  except ModuleNotFoundError as e:  # the core install: the steps are the trainer's
+    command_line.fail(command_line.missing_extra('contextpool-compile', 'train', e))
   print(report(topology, costs, FLAGS.config.batch_size))
 
 

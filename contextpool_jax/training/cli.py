@@ -94,7 +94,11 @@ def main(argv):
   # modules) must not touch a JAX backend first.
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.errors import ContextPoolJaxError
-  from contextpool_jax.training import trainer
+
+  try:
+    from contextpool_jax.training import trainer
+  except ModuleNotFoundError as e:  # the core install: no [train] extra
+    command_line.fail(command_line.missing_extra('contextpool-train', 'train', e))
   # The project's own messages (about the config, the data, the checkpoints, the
   # workdir's lock, a file that cannot be written: contextpool_jax/errors.py) are
   # complete in one line; anything else (a bug in a module you edited) keeps its

@@ -270,6 +270,15 @@ def model_name_error(argv: Sequence[str], override_values: Mapping[str, Any]) ->
 # ----------------------------------------------------------------------------
 
 
+def missing_extra(command: str, extra: str, error: ModuleNotFoundError) -> str:
+  """The one line for a command whose extra is not installed (``pip install .`` alone
+  installs what loading and sampling need, not training: pyproject.toml)."""
+  return (
+      f'{command} needs the [{extra}] extra, not installed here (no module named'
+      f" {error.name!r}): pip install 'contextpool-jax[{extra}]'"
+  )
+
+
 def fail(message: str) -> None:
   """Ends a command with ``error: <message>`` on stderr and exit status 1."""
   print(f'error: {message}', file=sys.stderr)
