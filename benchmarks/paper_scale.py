@@ -196,7 +196,7 @@ def report(out: pathlib.Path) -> str:
       ' with `contextpool_jax.training.aot` (what `contextpool-compile` prints), per chip.'
       " **Slice**: the smallest v5e slice that accepts the config's global batch (tried 1, 4,"
       " 8, 16, ... chips); **one chip**: the largest batch (halving from the config's) that"
-      ' one v5e chip accepts. Bound: max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s), a floor.',
+      ' one v5e chip accepts (the slice row when one chip fits the config\'s batch). Bound: max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s), a floor.',
       '',
       '| config | search | topology | global batch | fits | peak per chip (GiB) | GFLOPs per chip | bound (ms) | compile (s) |',
       '| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |',
