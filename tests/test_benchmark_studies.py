@@ -123,3 +123,32 @@ def test_split_metrics_scores_a_workdir_as_the_trainer_did(tmp_path):
   scored = eval_spread.split_metrics(str(workdir), 'validation')
   np.testing.assert_allclose(scored['bpc'], trainer_eval['bpc'], rtol=1e-5)
   np.testing.assert_allclose(scored['accuracy'], trainer_eval['accuracy'], rtol=1e-5)
+
+
+def test_paper_scale_finds_the_smallest_slice_and_the_largest_one_chip_batch(tmp_path, monkeypatch):
+  """With a fake compile that fits when a chip holds at most 8 rows: the config's batch 64
+  fits from 8 chips on, and one chip takes 8; a rerun compiles nothing again."""
+  from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+
+  calls = []
+
+  def measure(row, chips, batch):
+    calls.append((chips, batch))
+    fits = batch // chips <= 8
+    return dict(
+        row=row.name, topology=f'v5e:{paper_scale._shape(chips)}', batch=batch, fits=int(fits)
+    )
+
+  monkeypatch.setattr(paper_scale, 'measure', measure)
+  monkeypatch.setattr(paper_scale, '_config_batch', lambda row: 64)
+  row = paper_scale.Row('toy', 'default')
+  paper_scale.run(tmp_path, [row])
+  assert calls == [(1, 64), (4, 64), (8, 64), (1, 32), (1, 16), (1, 8)]
+  text = (tmp_path / 'paper_scale.md').read_text()
+  assert (
+      '| toy | slice | v5e:2x4 | 64 | yes |' in text
+      and '| toy | one chip | v5e:1x1 | 8 | yes |' in text
+  )
+  calls.clear()
+  paper_scale.run(tmp_path, [row])
+  assert calls == []
