@@ -90,14 +90,25 @@ def _extra_closure(extras: dict, name: str) -> set[str]:
 # The two tested stacks (docs/install.md): the pinned file -> the Python versions it is for.
 STACKS = {'requirements.txt': ('3.12', '3.13'), 'requirements-py311.txt': ('3.11',)}
 OLDEST, NEWEST = 'requirements-py311.txt', 'requirements.txt'
+# Each stack's developers' file: its users' file (-r) and what the tests, pyink and Sphinx need.
+DEV = {
+    'requirements.txt': 'requirements-dev.txt',
+    'requirements-py311.txt': 'requirements-py311-dev.txt',
+}
+# The users' file pins the core install, [train] and [notebook], and these of their dependencies
+# (the compiled ones whose versions the stack tests).
+USERS_TRANSITIVE = {'jaxlib', 'ml-dtypes', 'array-record'}
 
 
 def _pins(name: str) -> dict[str, str]:
-  """A pinned requirements file: distribution -> version (every line ``==``)."""
+  """A pinned requirements file: distribution -> version (every line ``==``; ``-r FILE``
+  takes that file's pins in)."""
   pinned = {}
   for line in (REPO / name).read_text().splitlines():
     line = line.split('#')[0].strip()
-    if line:
+    if line.startswith('-r '):
+      pinned |= _pins(line[3:].strip())
+    elif line:
       assert '==' in line, f'{name}: {line!r} is not pinned'
       pinned[_name(line)] = line.split('==')[1].strip()
   return pinned
@@ -130,14 +141,22 @@ def test_extras_and_the_pinned_requirements_agree():
   }
   assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
-  assert _extra_closure(extras, 'hub') >= {'huggingface-hub', 'safetensors'}
+  assert _extra_closure(extras, 'hub') >= {'huggingface-hub'}
+  assert {'ml-collections', 'safetensors'} <= {_name(r) for r in PROJECT['dependencies']}
   assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
-  wanted = _extra_closure(extras, 'test') | {_name(r) for r in PROJECT['dependencies']}
+  core = {_name(r) for r in PROJECT['dependencies']}
+  wanted = _extra_closure(extras, 'test') | core
   wanted |= {'libtpu'}  # what jax[tpu] brings
-  for name in STACKS:
-    missing = sorted(wanted - set(_pins(name)))
-    assert not missing, f'{name} does not pin {missing}'
-  assert set(_pins(OLDEST)) == set(_pins(NEWEST))  # the same distributions, other versions
+  users = core | _extra_closure(extras, 'train') | _extra_closure(extras, 'notebook')
+  users -= {'contextpool-jax'}
+  for name, dev in DEV.items():
+    missing = sorted(wanted - set(_pins(dev)))
+    assert not missing, f'{dev} does not pin {missing}'
+    # The users' file: what training and the notebooks need, no developers' tool.
+    assert set(_pins(name)) == users | USERS_TRANSITIVE, (name, set(_pins(name)) ^ users)
+  assert set(_pins(DEV[OLDEST])) == set(
+      _pins(DEV[NEWEST])
+  )  # the same distributions, other versions
 
 
 def test_ci_finds_each_stacks_python_or_fails_loudly(tmp_path):
@@ -175,7 +194,7 @@ def test_the_ranges_are_what_the_two_stacks_test():
   from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
   from packaging.specifiers import SpecifierSet  # pylint: disable=g-import-not-at-top
 
-  oldest, newest = _pins(OLDEST), _pins(NEWEST)
+  oldest, newest = _pins(DEV[OLDEST]), _pins(DEV[NEWEST])
   checked = set()
   for text in _requirements(PROJECT['optional-dependencies']):
     requirement = Requirement(text)
@@ -402,7 +421,7 @@ def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(
   wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
   venv.create(tmp_path / 'core', with_pip=False)
   python = tmp_path / 'core' / 'bin' / 'python'
-  pins = _pins(NEWEST if sys.version_info >= (3, 12) else OLDEST)
+  pins = _pins(DEV[NEWEST if sys.version_info >= (3, 12) else OLDEST])
   (tmp_path / 'pins.txt').write_text(''.join(f'{n}=={v}\n' for n, v in pins.items()))
   install = subprocess.run(
       [sys.executable, '-m', 'pip', '--python', str(python), 'install', '-q']

@@ -101,7 +101,7 @@ SKIPPED = {
     ),
     "Colab only (IPython ! and a git clone of REPO_URL); the notebooks' first cell does this, "
     'and tests/test_notebooks.py runs it from the checkout': "REPO_URL = ''",
-    'the test suite itself (CI runs it: .ci/run)': 'python -m pytest -q -n auto',
+    'the test suite itself (CI runs it: .ci/run)': 'pip install -r requirements-dev.txt',
     'the documentation build itself: tests/test_docs.py runs this command '
     '(test_the_docs_build_strictly)': 'python -m sphinx -W',
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
@@ -804,14 +804,15 @@ def test_every_inline_command_checks():
 
 
 def test_install_line_is_what_ci_runs():
-  """The README's install block (skipped by design) is the install .ci/run performs for the
-  newest stack: its Python, then each pip step (the pins in ``make_venv``, given
-  ``requirements.txt``; then the package, editable)."""
+  """The README's install block (skipped by design) is the users' install; CI installs the
+  developers' file, which takes the users' file in, then the package as the README does; the
+  README's test block installs that developers' file and runs what CI runs."""
   (install,) = [b for b in page_blocks() if b.first_line.startswith('python3.12 -m venv')]
   assert install.file == 'README.md'
   ci = (REPO / '.ci' / 'run').read_text()
   assert 'NEWEST_PYTHON="$(find_python 3.12 3.13)"' in ci
-  assert 'make_venv "$NEWEST_PYTHON" requirements.txt "$NEWEST"' in ci
+  assert 'make_venv "$NEWEST_PYTHON" requirements-dev.txt "$NEWEST"' in ci
+  assert '-r requirements.txt' in (REPO / 'requirements-dev.txt').read_text().splitlines()
   pip = {
       '-r requirements.txt': 'pip install -q -r "$2"',
       '--no-deps -e .': 'pip install -q --no-deps -e .',
@@ -820,6 +821,11 @@ def test_install_line_is_what_ci_runs():
     step = step.strip()
     if step.startswith('pip install'):
       assert pip[' '.join(step.split()[2:])] in ci, step
+  (tests,) = [
+      b for b in page_blocks() if b.first_line.startswith('pip install -r requirements-dev')
+  ]
+  assert tests.file == 'README.md'
+  assert tests.code.split('&&')[1].strip() in ci  # python -m pytest -q -n auto
 
 
 def test_doctests_are_found():
