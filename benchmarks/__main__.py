@@ -95,6 +95,12 @@ _CP_IMPLEMENTATION = flags.DEFINE_string(
 _NOTE = flags.DEFINE_string(
     'note', '', 'A note printed under every table header (e.g. ' '"measured under load").'
 )
+_ALLOW_LOAD = flags.DEFINE_bool(
+    'allow_load',
+    False,
+    'Time rows while other processes load the machine (benchmarks/quiet.py): they are marked '
+    'measured_under_load instead of refused.',
+)
 
 
 def main(argv):
@@ -119,6 +125,7 @@ def main(argv):
       max_run_gb=max_run_gb,
       all_rows=_ALL_ROWS.value or not quick,
       note=_NOTE.value,
+      allow_load=_ALLOW_LOAD.value,
       mode='--quick shapes' if quick else "the papers' shapes",
   )
   report.run(tables, options, pathlib.Path(_OUT.value), log=lambda s: print(s, flush=True))

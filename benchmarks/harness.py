@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from benchmarks import quiet
 import numpy as np
 import optax
 
@@ -184,6 +186,27 @@ class Runner:
     self._state = self._batch = self._compiled = None
 
 
+def _time_steps(runner, baseline, times, ratios, repeats, min_repeats, time_budget_s) -> None:
+  """The timed steps of :func:`measure_row` (appended to ``times``, and with a
+  ``baseline`` the per-pair ratios to ``ratios``)."""
+  spent = 0.0
+  while len(times) < repeats:
+    if baseline is None:
+      times.append(runner.step())
+      spent += times[-1]
+    else:
+      if len(times) % 2:
+        base_t = baseline.step()
+        times.append(runner.step())
+      else:
+        times.append(runner.step())
+        base_t = baseline.step()
+      ratios.append(times[-1] / base_t)
+      spent += times[-1] + base_t
+    if time_budget_s is not None and len(times) >= min_repeats and spent >= time_budget_s:
+      break
+
+
 def measure_row(
     name: str,
     build_fn: Callable[[], Workload],
@@ -195,6 +218,7 @@ def measure_row(
     time_budget_s: Optional[float] = None,
     max_run_bytes: Optional[float] = None,
     baseline: Optional[Runner] = None,
+    allow_load: bool = False,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[dict[str, Any], Optional[Runner]]:
   """Compiles (and, with ``timing``, runs) one training step.
@@ -207,10 +231,16 @@ def measure_row(
   a slowdown of the machine during the row hits both steps of a pair, so the
   ratio stays fair on a busy machine, where absolute times do not.
 
+  The quiet-machine rule (:mod:`benchmarks.quiet`): the timed steps record the load
+  average and the other processes' share of the cores (``load_average``,
+  ``others_cpu``, ``measured_under_load``); a loaded timing raises
+  :class:`~benchmarks.quiet.LoadedMachine` unless ``allow_load``.
+
   Returns ``(row, runner)``: row keys ``variant, params, gflops, temp_mib,
   total_mib, step_ms, step_ms_min, step_ms_max, step_ratio, repeats,
-  compile_s, loss, note`` (see the module docstring); the runner (None if not
-  run) keeps the state alive for later pairing -- ``close()`` it when done.
+  compile_s, loss, note`` (see the module docstring), and the load's with a timing;
+  the runner (None if not run) keeps the state alive for later pairing -- ``close()``
+  it when done.
   """
   w = build_fn()
   batch_shape = jax.eval_shape(w.make_batch, jax.random.key(0))
@@ -268,22 +298,10 @@ def measure_row(
   min_repeats = repeats if min_repeats is None else max(1, min(min_repeats, repeats))
   times: list[float] = []
   ratios: list[float] = []
-  spent = 0.0
-  while len(times) < repeats:
-    if baseline is None:
-      times.append(runner.step())
-      spent += times[-1]
-    else:
-      if len(times) % 2:
-        base_t = baseline.step()
-        times.append(runner.step())
-      else:
-        times.append(runner.step())
-        base_t = baseline.step()
-      ratios.append(times[-1] / base_t)
-      spent += times[-1] + base_t
-    if time_budget_s is not None and len(times) >= min_repeats and spent >= time_budget_s:
-      break
+  with quiet.watch() as load:
+    _time_steps(runner, baseline, times, ratios, repeats, min_repeats, time_budget_s)
+  row.update(load().fields())
+  quiet.check(load(), f'the step of {name!r}', allow_load)
   loss = float(runner.loss)
   row.update(
       step_ms=1e3 * statistics.median(times),
@@ -432,6 +450,9 @@ def csv_fields(paper_columns: Sequence[PaperColumn] = ()) -> list[str]:
       'repeats',
       'compile_s',
       'loss',
+      'load_average',
+      'others_cpu',
+      'measured_under_load',
   ]
   for p in paper_columns:
     fields.append(p.key)

@@ -609,12 +609,17 @@ def cost_pairs(runs: Sequence[Run]) -> list[CostKey]:
 
 
 def measure_costs(
-    keys: Sequence[CostKey], sizes: Sizes, study_dir: pathlib.Path, log=print
+    keys: Sequence[CostKey],
+    sizes: Sizes,
+    study_dir: pathlib.Path,
+    log=print,
+    allow_load: bool = False,
 ) -> None:
   """``<study_dir>/costs/<arm>-L<depth>[-ctx<seq_len>].json``: params, GFLOPs and
   temp memory of the trainer's step at the study's sizes (the run's context and
   batch), and its step time paired with the baseline's at the same depth and
-  context (``step_ratio``). Skips recorded ones."""
+  context (``step_ratio``), with the load it ran under (``benchmarks/quiet.py``: a
+  loaded machine is refused unless ``allow_load``). Skips recorded ones."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -645,14 +650,23 @@ def measure_costs(
     if not todo:
       continue
     base_row, base = harness.measure_row(
-        'baseline', lambda: workload('baseline', depth, seq_len), repeats=20, log=log
+        'baseline',
+        lambda: workload('baseline', depth, seq_len),
+        repeats=20,
+        allow_load=allow_load,
+        log=log,
     )
     for arm in todo:
       if arm == 'baseline':
         row = dict(base_row, step_ratio=1.0)
       else:
         row = harness.measure(
-            arm, lambda arm=arm: workload(arm, depth, seq_len), repeats=20, baseline=base, log=log
+            arm,
+            lambda arm=arm: workload(arm, depth, seq_len),
+            repeats=20,
+            baseline=base,
+            allow_load=allow_load,
+            log=log,
         )
       row.update(arm=arm, depth=depth, seq_len=seq_len, family=ARMS[arm].family)
       (out / _cost_file((arm, depth, seq_len))).write_text(json.dumps(row, indent=1))
@@ -1093,6 +1107,9 @@ _IMAGE_DEPTHS = flags.DEFINE_list('image_depths', ['20'], 'ResNet depths of the 
 _REPORT = flags.DEFINE_string('report', None, 'Write the report to this directory and stop.')
 _TRAIN_ONE = flags.DEFINE_string('train_one', None, 'Internal: train one run key.')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'List the runs and whether each is done.')
+_ALLOW_LOAD = flags.DEFINE_bool(
+    'allow_load', False, 'costs: time while other processes load the machine (rows marked).'
+)
 _LONG_ARMS = flags.DEFINE_list('long_arms', list(LONG_ARMS), 'Arms of the long group.')
 _BEST_ARM = flags.DEFINE_string(
     'best_arm',
@@ -1170,7 +1187,7 @@ def main(argv):
           ablation_depth=_ABL_DEPTH.value,
           best_arm=_BEST_ARM.value,
       )
-    measure_costs(cost_pairs(measured), sizes, study_dir)
+    measure_costs(cost_pairs(measured), sizes, study_dir, allow_load=_ALLOW_LOAD.value)
 
 
 if __name__ == '__main__':

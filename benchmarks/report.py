@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import dataclasses
 import datetime
 import os
@@ -13,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 
 from benchmarks import harness
+from benchmarks import quiet
 from benchmarks import tables as tables_lib
 
 
@@ -29,6 +32,7 @@ class Options:
   all_rows: bool = True
   note: str = ''
   mode: str = ''
+  allow_load: bool = False  # benchmarks/quiet.py: loaded rows marked, not refused
 
 
 def default_max_run_gb() -> Optional[float]:
@@ -130,6 +134,7 @@ def run(
             time_budget_s=o.row_budget_s or None,
             max_run_bytes=None if o.max_run_gb is None else o.max_run_gb * 2**30,
             baseline=None if is_base else runners.get(base_row.key),
+            allow_load=o.allow_load,
             log=log,
         )
         if is_base:
@@ -176,7 +181,16 @@ def run(
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
     (out / 'benchmarks.md').write_text('\n'.join(md))
-    harness.write_csv(str(out / 'benchmarks.csv'), csv_rows, harness.csv_fields(paper_columns))
+    csv_path = out / 'benchmarks.csv'
+    if csv_path.exists():  # a loaded row never replaces a quiet one (benchmarks/quiet.py)
+      with open(csv_path, newline='') as f:
+        old = [r for r in csv.DictReader(f)]
+      csv_rows = quiet.keep_quiet_rows(
+          [dict(r, key=(r.get('table'), r.get('variant'))) for r in old],
+          [dict(r, key=(r.get('table'), r.get('variant'))) for r in csv_rows],
+          key='key',
+      )
+    harness.write_csv(str(csv_path), csv_rows, harness.csv_fields(paper_columns))
     log(
         f'Total wall time: {elapsed:.0f} s. Wrote {out / "benchmarks.md"} and '
         f'{out / "benchmarks.csv"}.'

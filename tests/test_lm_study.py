@@ -184,7 +184,7 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
 
   keys = lm_study.cost_pairs([*runs, dataclasses.replace(runs[1], seq_len=32)])
   assert keys == [('baseline', 1, None), ('cp', 1, None), ('baseline', 1, 32), ('cp', 1, 32)]
-  lm_study.measure_costs(keys, TINY, study, log=lambda s: None)
+  lm_study.measure_costs(keys, TINY, study, log=lambda s: None, allow_load=True)
   costs = lm_study.load_costs(study)
   for n in (None, 32):
     assert costs[('cp', 1, n)]['gflops'] > costs[('baseline', 1, n)]['gflops'] > 0
