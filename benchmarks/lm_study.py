@@ -157,6 +157,12 @@ LATE_ARMS = {
     'cp_output_below_top': Arm(
         'contextpool', {}, dict(context_pool_position='output', context_pool_last_layer=BELOW_TOP)
     ),
+    # Issue 72: pooled keys and values on each of ContextPool's two implementations, whatever
+    # the context ('auto' picks blockwise above 1,024 positions): benchmarks/cp_step_cost.py.
+    'cp_kv_dense': Arm('contextpool', dict(implementation='dense'), dict(context_pool_reads='kv')),
+    'cp_kv_blockwise': Arm(
+        'contextpool', dict(implementation='blockwise'), dict(context_pool_reads='kv')
+    ),
 }
 ARMS.update(LATE_ARMS)
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)

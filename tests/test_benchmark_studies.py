@@ -152,3 +152,16 @@ def test_paper_scale_finds_the_smallest_slice_and_the_largest_one_chip_batch(tmp
   calls.clear()
   paper_scale.run(tmp_path, [row])
   assert calls == []
+
+
+def test_cp_step_cost_tables_each_arm_against_its_baseline_at_each_context():
+  from benchmarks import cp_step_cost  # pylint: disable=g-import-not-at-top
+
+  costs = {}
+  for arm, depth, n in cp_step_cost.keys():
+    flops = {'baseline': 10.0, 'cp_kv_dense': 11.0, 'cp_kv_blockwise': 10.5}[arm] * (n or 256)
+    costs[(arm, depth, n)] = dict(gflops=flops, step_ratio=1.0 if arm == 'baseline' else 1.2)
+  text = cp_step_cost.report(costs)
+  assert '| 1,024 | cp_kv_dense | 11264.00 (vs 10240.00) | 1.100x | 1.200x |' in text
+  assert '| 2,048 | cp_kv_blockwise | 21504.00 (vs 20480.00) | 1.050x | 1.200x |' in text
+  assert text.count('| 256 |') == 2
