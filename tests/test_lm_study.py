@@ -51,9 +51,9 @@ def test_plan_pairs_every_arm_by_seed_without_duplicates():
   assert all(lm_study.parse_key(r.key) == r for r in runs)
 
 
-def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_path):
-  runs = lm_study.plan(
-      ['sweep'],
+def _plan_code_depth_2(groups):
+  return lm_study.plan(
+      groups,
       corpora=['code'],
       depths=[2],
       seeds=[0, 1],
@@ -61,6 +61,10 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
       ablation_corpus='code',
       ablation_depth=2,
   )
+
+
+def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_path):
+  runs = _plan_code_depth_2(['sweep'])
   assert {(r.arm, r.lr, r.seed) for r in runs if r.corpus == 'code'} == {
       (a, lr, 0) for a in lm_comparisons.SWEEP_ARMS for lr in lm_comparisons.SWEEP_LRS
   }
@@ -78,15 +82,7 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
 
 def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_path):
   lc = lm_comparisons
-  runs = lm_study.plan(
-      ['tuning'],
-      corpora=['code'],
-      depths=[2],
-      seeds=[0, 1],
-      sizes=TINY,
-      ablation_corpus='code',
-      ablation_depth=2,
-  )
+  runs = _plan_code_depth_2(['tuning'])
   assert len(runs) == len(set(runs)) == 3 * 3 * 3 * 2  # contexts x arms x rates x warm-ups
   assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == {
       (a, c, lr, w, 0)

@@ -102,19 +102,25 @@ def _pair(name, **kw):
   return dense, models.create(name, attention_implementation='pallas_tpu', **SMALL, **kw)
 
 
-def test_the_lm_gives_the_dense_outputs_and_gradients():
-  dense, flash = _pair('cp_transformer_lm')
-  tokens = jnp.asarray(np.random.default_rng(3).integers(1, 61, (2, 48)), jnp.int32)
-  variables = dense.init(jax.random.key(0), tokens)
-  loss = lambda m: lambda p: jnp.mean(m.apply({**variables, 'params': p}, tokens) ** 2)
+def _assert_same_outputs_and_gradients(dense, flash, inputs):
+  """The two models' outputs, and the gradients of a loss of them w.r.t. the (shared)
+  parameters, agree."""
+  variables = dense.init(jax.random.key(0), inputs)
+  loss = lambda m: lambda p: jnp.mean(m.apply({**variables, 'params': p}, inputs) ** 2)
   chex.assert_trees_all_close(
-      flash.apply(variables, tokens), dense.apply(variables, tokens), atol=2e-5
+      flash.apply(variables, inputs), dense.apply(variables, inputs), atol=2e-5
   )
   chex.assert_trees_all_close(
       jax.grad(loss(flash))(variables['params']),
       jax.grad(loss(dense))(variables['params']),
       atol=2e-5,
   )
+
+
+def test_the_lm_gives_the_dense_outputs_and_gradients():
+  dense, flash = _pair('cp_transformer_lm')
+  tokens = jnp.asarray(np.random.default_rng(3).integers(1, 61, (2, 48)), jnp.int32)
+  _assert_same_outputs_and_gradients(dense, flash, tokens)
 
 
 def test_the_lm_cannot_read_the_future():
@@ -157,16 +163,7 @@ def test_the_vit_gives_the_dense_outputs_and_gradients():
   dense = models.create('cp_vit_ti16', **kw)
   flash = models.create('cp_vit_ti16', attention_implementation='pallas_tpu', **kw)
   images = jnp.asarray(np.random.default_rng(6).normal(size=(2, 32, 32, 3)), jnp.float32)
-  variables = dense.init(jax.random.key(0), images)
-  loss = lambda m: lambda p: jnp.sum(m.apply({**variables, 'params': p}, images) ** 2)
-  chex.assert_trees_all_close(
-      flash.apply(variables, images), dense.apply(variables, images), atol=2e-5
-  )
-  chex.assert_trees_all_close(
-      jax.grad(loss(flash))(variables['params']),
-      jax.grad(loss(dense))(variables['params']),
-      atol=2e-5,
-  )
+  _assert_same_outputs_and_gradients(dense, flash, images)
   with pytest.raises(ConfigError, match="'pallas_tpu' has no attention dropout"):
     models.create(
         'vit_ti16', attention_implementation='pallas_tpu', attention_dropout_rate=0.1, **kw
