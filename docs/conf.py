@@ -32,6 +32,7 @@ include_patterns = [
     'docs/**',
     'benchmarks/results/*.md',
     'benchmarks/results/archive_contiguous_split/*.md',
+    'benchmarks/results/archive_stdlib_corpus/*.md',
 ]
 exclude_patterns = ['docs/_build/**']
 

@@ -71,7 +71,9 @@ def test_layers_and_models_import_no_training_or_data_dependency():
       if m in EXTRA_ONLY_MODULES or any(m.startswith(x + '.') for x in EXTRA_ONLY_MODULES)
   )
   assert not bad, f'import contextpool_jax pulled in {bad}'
-  assert {_name(r) for r in PROJECT['dependencies']} == {'jax', 'flax', 'numpy'}
+  # The layers and models import jax, flax and numpy; loading and sampling also these two.
+  core = {'jax', 'flax', 'numpy', 'ml-collections', 'safetensors'}
+  assert {_name(r) for r in PROJECT['dependencies']} == core
 
 
 def _extra_closure(extras: dict, name: str) -> set[str]:

@@ -12,6 +12,7 @@ would execute.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -57,6 +58,7 @@ def under_mesh(step: Callable, mesh) -> Callable:
   TPU attention: ``models/tpu_attention.py``) runs per device on its rows. The shardings
   stay the jitted step's own (``Auto`` axes)."""
 
+  @functools.wraps(step)  # the step's own name in traces and profiles
   def traced(*args):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       return step(*args)
