@@ -181,7 +181,12 @@ SMALL_CONFIGS = {
     'lm': ('default', {'batch_size': 8}),
     'translation': (
         'wmt14:en-de,tiny,cp',
-        {'batch_size': 8, 'dataset.max_source_len': 32, 'dataset.max_target_len': 32},
+        {
+            'batch_size': 8,
+            'dataset.max_source_len': 32,
+            'dataset.max_target_len': 32,
+            'model.num_layers': 1,
+        },
     ),
     'vit': (
         'imagenet_vit:cp_vit_ti16',
