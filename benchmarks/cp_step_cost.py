@@ -13,7 +13,6 @@ kept as JSON under ``--costs_dir``'s ``costs/`` (a rerun measures only what is m
 
 from __future__ import annotations
 
-import json
 import pathlib
 import platform
 import sys
@@ -80,7 +79,6 @@ def main(argv) -> None:
   out.mkdir(parents=True, exist_ok=True)
   (out / 'cp_step_cost.md').write_text(text)
   print(text)
-  print(json.dumps({f'{k}': v.get('step_ratio') for k, v in costs.items()}))
 
 
 def define_flags() -> None:

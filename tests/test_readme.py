@@ -115,7 +115,7 @@ SKIPPED = {
     ),
     'rewrites the stored notebooks from real-size runs (minutes each); tests/test_notebooks.py '
     'checks the stored outputs and executes copies smoke-sized': 'python notebooks/execute.py',
-    'compiles the 12-layer LM at 32k twice (half a minute on a 2-core CPU); '
+    'compiles the 12-layer LM at 32k twice (20 s on a 2-core CPU); '
     'tests/test_aot.py::test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel '
     'compiles the same': 'contextpool-compile --config enwik8:stage1',
 }

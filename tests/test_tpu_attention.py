@@ -199,7 +199,6 @@ print(len(jax.devices()), float(jnp.abs(got - want).max()))
 """
 
 
-@pytest.mark.slow  # a subprocess; and jax 0.10.2's Pallas interpreter deadlocks on 4 devices
 def test_on_several_devices_each_runs_the_kernel_on_its_rows():
   """Under the run's mesh (4 CPU devices, the batch split over them) the kernel runs per
   device (shard_map) and gives the dense path's outputs. Slow tier, so the newest stack

@@ -443,7 +443,7 @@ def stdlib_source_dir() -> str:
   return sysconfig.get_paths()['stdlib']
 
 
-def walk_files(root: str, suffix: str = '') -> list[str]:
+def _walk_files(root: str, suffix: str = '') -> list[str]:
   """Regular files under root (no hidden or site/dist-packages dirs)."""
   found, folders = [], [root]
   while folders:
@@ -480,7 +480,7 @@ def _match(pattern: str) -> tuple[list[str], str]:
   """The regular files one pattern names, and why there are none (if so)."""
   expanded = os.path.expanduser(pattern)
   if os.path.isdir(expanded):
-    return walk_files(expanded), 'a directory without non-hidden files'
+    return _walk_files(expanded), 'a directory without non-hidden files'
   if _GLOB_CHARS & set(expanded):
     matched = glob.glob(expanded, recursive=True)
     return ([p for p in matched if os.path.isfile(p)], 'a glob pattern that matches no file')
@@ -501,14 +501,14 @@ def resolve_files(patterns: Sequence[str]) -> list[str]:
   never read as "the default".
   """
   if not patterns:
-    return sorted(os.path.abspath(p) for p in walk_files(corpus_snapshot.path(), '.py'))
+    return sorted(os.path.abspath(p) for p in _walk_files(corpus_snapshot.path(), '.py'))
   setting = files_setting(patterns)
   paths = set()
   for pattern in patterns:
     if not pattern.strip():
       raise DataError(f'local_text: {setting} has an empty pattern; {_EXPECTED_FILES}.')
     if pattern == STDLIB:
-      matched, why = walk_files(stdlib_source_dir(), '.py'), f'no *.py under {stdlib_source_dir()}'
+      matched, why = _walk_files(stdlib_source_dir(), '.py'), f'no *.py under {stdlib_source_dir()}'
     else:
       matched, why = _match(pattern)
     if not matched:

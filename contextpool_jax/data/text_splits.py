@@ -142,11 +142,10 @@ def assign(pieces: Sequence[Piece], seed: int) -> dict[str, list[Piece]]:
           chosen[piece] = split
           held[split] += piece.length
           break
-  ranked = sorted(pieces, key=lambda p: _rank(seed, 'split', p))
-  for split in EVAL_SPLITS:  # a tiny corpus: at least one piece each, while train keeps one
-    left = [p for p in ranked if p not in chosen]
-    if split not in chosen.values() and len(left) > 1:
-      chosen[left[0]] = split
+  empty = [split for split in EVAL_SPLITS if split not in chosen.values()]
+  if empty:  # a tiny corpus: one piece to each empty split, while train keeps one
+    left = sorted((p for p in pieces if p not in chosen), key=lambda p: _rank(seed, 'split', p))
+    chosen.update((piece, split) for split, piece in zip(empty, left[:-1]))
   out = {split: [p for p in pieces if chosen.get(p, 'train') == split] for split in SPLITS}
   for split in EVAL_SPLITS:
     out[split].sort(key=lambda p: _rank(seed, 'order', p))

@@ -269,10 +269,9 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   mesh = sharding.make_mesh(devices)
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)
-  shardings = sharding.state_shardings(
-      programs.abstract_state(init_fn, init_rng), mesh, run.param_sharding
-  )
-  state = programs.abstract_state(init_fn, init_rng, shardings)
+  abstract = programs.abstract_state(init_fn, init_rng)
+  shardings = sharding.state_shardings(abstract, mesh, run.param_sharding)
+  state = programs.with_shardings(abstract, shardings)
   built = programs.make_programs(task, run, tx, schedule, train_rng, shardings, mesh)
   train_batch, eval_batch = programs.abstract_batches(task, run, sharding.batch_sharding(mesh))
   replicated = sharding.replicated(mesh)

@@ -31,11 +31,13 @@ def make_init_fn(task: tasks.Task, tx: Any, run: spec_lib.RunSpec) -> Callable:
   )
 
 
-def abstract_state(init_fn: Callable, rng: jax.Array, shardings: Any = None) -> Any:
-  """The train state as ``ShapeDtypeStruct``s (with ``shardings`` when given)."""
-  abstract = jax.eval_shape(init_fn, rng)
-  if shardings is None:
-    return abstract
+def abstract_state(init_fn: Callable, rng: jax.Array) -> Any:
+  """The train state as ``ShapeDtypeStruct``s (an abstract init: every module's checks run)."""
+  return jax.eval_shape(init_fn, rng)
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+  """``abstract`` (``ShapeDtypeStruct``s) placed with ``shardings``."""
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
   )

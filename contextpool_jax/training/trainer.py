@@ -226,7 +226,7 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
       init_fn=init_fn,
       init_rng=init_rng,
       train_rng=train_rng,
-      target=programs.abstract_state(init_fn, init_rng, shardings),
+      target=programs.with_shardings(abstract, shardings),
       train_iter=train_iter,
   )
 
