@@ -5,6 +5,7 @@ Compiling for TPU needs libtpu (the ``[tpu]`` extra; both pinned stacks install 
 those tests are ``slow`` (seconds each). The rest reads no libtpu.
 """
 
+import pathlib
 import subprocess
 import sys
 
@@ -107,12 +108,15 @@ def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_sett
 
 
 def test_without_libtpu_the_command_says_so_in_one_line():
+  # The config by its path: CI's oldest stack installs the package as `pip install .` does, and
+  # the checkout's contextpool_jax (first on the path here) has no `configs` subpackage.
+  config = pathlib.Path(default_config.__file__).resolve()
   code = (
       'import importlib.util, sys\n'
       'find = importlib.util.find_spec\n'
       "importlib.util.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a)\n"
       'from contextpool_jax.training import aot\n'
-      "sys.argv = ['contextpool-compile', '--config', 'default', '--topology', 'v5e:2x2']\n"
+      f"sys.argv = ['contextpool-compile', '--config', {str(config)!r}, '--topology', 'v5e:2x2']\n"
       'aot.command()\n'
   )
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
