@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 import re
 
+import flax.linen as nn
 import pytest
 
 from contextpool_jax import models
@@ -49,6 +50,15 @@ def test_every_model_passes_its_fields_down_as_one_frozen_config():
         f.name for f in dataclasses.fields(model) if f.name not in ('parent', 'name')
     ], name
     assert all(getattr(config, n) is getattr(model, n) for n in names), name
+
+
+def test_no_config_field_hides_a_module_attribute():
+  """The top modules subclass their config dataclass: a field named like an attribute of
+  ``nn.Module`` (``apply``, ``scope``, ...) or ``config`` would replace it."""
+  for config_cls in (models.TransformerConfig, models.ResNetConfig, models.ViTConfig):
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    taken = {n for n in names if hasattr(nn.Module, n)} | (names & {'parent', 'name', 'config'})
+    assert not taken, (config_cls.__name__, taken)
 
 
 def test_unknown_name_suggests_close_matches():

@@ -1,5 +1,5 @@
-"""Pieces shared by the model files: their fields (one config dataclass per family) and
-small helpers. A model inserts ContextPool from its ``context_pool`` field with
+"""Pieces shared by the model files: their fields (one config dataclass per family, which
+the family's top modules subclass: :func:`bundle`) and small helpers. A model inserts ContextPool from its ``context_pool`` field with
 :func:`~contextpool_jax.layers.context_pool.make_context_pool`; a model rematerialises
 its blocks with :func:`remat` (its ``remat`` field: :data:`REMAT_POLICIES`)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -31,43 +31,41 @@ REMAT_POLICIES = {
 _REMAT_BOOLS = {False: 'none', True: 'full'}
 
 
-def module_fields(config_cls: type) -> type[nn.Module]:
-  """An ``nn.Module`` base class whose fields are those of the dataclass ``config_cls``.
+C = TypeVar('C')
 
-  Each model family declares its fields once, in a frozen config dataclass
-  (e.g. ``TransformerConfig``) that is passed down its module tree, as flax's
-  wmt example does. Its top modules subclass ``module_fields(Config)``, so the
-  same fields are also theirs (same names, types, defaults and order; a
-  subclass may redeclare one to change its default): ``Model(num_layers=2)``,
-  ``model.num_layers`` and registry overrides (``create(name, num_layers=2)``)
-  keep working. ``model.config`` bundles the module's field values into one
-  ``config_cls``.
+
+class Fields:
+  """The base of the config dataclasses: a field, once set, cannot be assigned again.
+
+  They cannot be frozen dataclasses, since their top modules subclass them
+  (:func:`bundle`) and a flax module is not a frozen dataclass; this keeps the
+  config passed down a module tree read-only all the same. The modules
+  themselves keep flax's own rules.
   """
-  fields = dataclasses.fields(config_cls)
-  taken = [
-      f.name
-      for f in fields
-      if hasattr(nn.Module, f.name) or f.name in ('parent', 'name', 'scope', 'config')
-  ]
-  if taken:
-    raise TypeError(
-        f'{config_cls.__name__}: field name(s) {taken} are nn.Module ' "attributes (or 'config')."
-    )
-  if any(f.default_factory is not dataclasses.MISSING for f in fields):
-    raise TypeError(f'{config_cls.__name__}: module_fields does not support default_factory.')
-  name = f'{config_cls.__name__}Fields'
-  namespace = {
-      '__module__': config_cls.__module__,
-      '__qualname__': name,
-      '__doc__': f'The fields of :class:`{config_cls.__name__}` as module fields.',
-      '__annotations__': {f.name: f.type for f in fields},
-      **{f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
-      'config': property(
-          lambda self: config_cls(**{f.name: getattr(self, f.name) for f in fields}),
-          doc=f"This module's fields as one frozen :class:`{config_cls.__name__}`.",
-      ),
-  }
-  return type(name, (nn.Module,), namespace)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    if not isinstance(self, nn.Module) and name in self.__dict__:
+      raise dataclasses.FrozenInstanceError(
+          f'cannot assign to field {name!r} of {type(self).__name__} (read-only; use '
+          'dataclasses.replace).'
+      )
+    super().__setattr__(name, value)
+
+
+def bundle(module: nn.Module, config_cls: type[C]) -> C:
+  """``module``'s values of the fields of the dataclass ``config_cls``, as one ``config_cls``.
+
+  Each model family declares its fields once, in a config dataclass (e.g.
+  ``TransformerConfig``) that is passed down its module tree, as flax's wmt example
+  does. Its top modules subclass that dataclass and ``nn.Module``
+  (``class ViT(ViTConfig, nn.Module)``), so the same fields are theirs, visible to a
+  reader and a type checker (a subclass may redeclare one to change its default):
+  ``Model(num_layers=2)``, ``model.num_layers`` and registry overrides
+  (``create(name, num_layers=2)``). Their ``config`` property is this function. The
+  config dataclasses hash as the frozen dataclasses they were did (``unsafe_hash``) and
+  are read-only (:class:`Fields`).
+  """
+  return config_cls(**{f.name: getattr(module, f.name) for f in dataclasses.fields(config_cls)})
 
 
 def count_params(params: Any) -> int:

@@ -1,43 +1,42 @@
-"""Models by name: ``create(name, **overrides)`` and ``available()``.
+"""Models by name: :data:`MODELS`, ``create(name, **overrides)`` and ``available()``.
 
 Each model file defines ``MODELS: dict[str, Callable[..., nn.Module]]`` mapping
 a registry name to a factory (usually ``functools.partial`` of a module class
-with the paper's preset); ``create`` calls the factory with the overrides, so
-any module field can be changed from a config
+with the paper's preset); :data:`MODELS` is their union, and ``create`` calls the
+factory with the overrides, so any module field can be changed from a config
 (``create('cp_transformer_lm', num_layers=2)``).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 from typing import Any, Callable
 
 import flax.linen as nn
 
 from contextpool_jax.errors import ConfigError
-
-# The model files that contribute names; imported on first use.
-_MODEL_MODULES = (
-    'contextpool_jax.models.transformer',
-    'contextpool_jax.models.vit',
-    'contextpool_jax.models.resnet',
-)
+from contextpool_jax.models import resnet
+from contextpool_jax.models import transformer
+from contextpool_jax.models import vit
 
 
-def _table() -> dict[str, Callable[..., nn.Module]]:
-  table: dict[str, Callable[..., nn.Module]] = {}
-  for module_name in _MODEL_MODULES:
-    for name, factory in importlib.import_module(module_name).MODELS.items():
-      if name in table:
-        raise RuntimeError(f'model name {name!r} is registered twice ({module_name}).')
-      table[name] = factory
-  return table
+def _union(*tables: dict[str, Callable[..., nn.Module]]) -> dict[str, Callable[..., nn.Module]]:
+  union: dict[str, Callable[..., nn.Module]] = {}
+  for table in tables:
+    for name, factory in table.items():
+      if name in union:
+        raise RuntimeError(f'model name {name!r} is registered twice.')
+      union[name] = factory
+  return union
+
+
+# Every model by name: the model files' tables.
+MODELS: dict[str, Callable[..., nn.Module]] = _union(transformer.MODELS, vit.MODELS, resnet.MODELS)
 
 
 def available() -> list[str]:
   """All registered model names, sorted."""
-  return sorted(_table())
+  return sorted(MODELS)
 
 
 def create(name: str, **overrides: Any) -> nn.Module:
@@ -47,14 +46,13 @@ def create(name: str, **overrides: Any) -> nn.Module:
     ValueError: for an unknown name (listing close matches and all names) or an
       override that is not a field of the model.
   """
-  table = _table()
-  if name not in table:
-    close = difflib.get_close_matches(name, table, n=3)
+  if name not in MODELS:
+    close = difflib.get_close_matches(name, MODELS, n=3)
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
     raise ConfigError(
-        f'model={name!r} is not registered.{hint} Available: {", ".join(sorted(table))}.'
+        f'model={name!r} is not registered.{hint} Available: {", ".join(sorted(MODELS))}.'
     )
-  factory = table[name]
+  factory = MODELS[name]
   try:
     return factory(**overrides)
   except TypeError as e:

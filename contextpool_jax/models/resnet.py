@@ -49,7 +49,7 @@ from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.layers.lambda_layer import POSITIONS as LAMBDA_POSITIONS
-from contextpool_jax.models.common import module_fields, remat, remat_policy
+from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 
 Array = jax.Array
 Dtype = Any
@@ -171,13 +171,13 @@ def conv_initializer(mode: str) -> Callable[..., Array]:
 # ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ResNetConfig:
+@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
+class ResNetConfig(Fields):
   """Every field of the ResNet family, declared once.
 
   :class:`ResNet` has these as its own fields (``ResNet(stage_sizes=...,
   width=16)``, ``model.num_classes``, registry overrides); ``model.config``
-  bundles them into this frozen dataclass, which the residual blocks and the
+  bundles them into this dataclass, which the residual blocks and the
   block helpers read. The choices behind the defaults are on :class:`ResNet`.
 
   Attributes:
@@ -498,7 +498,7 @@ class BottleneckBlock(nn.Module):
 # ----------------------------------------------------------------------------
 
 
-class ResNet(module_fields(ResNetConfig)):
+class ResNet(ResNetConfig, nn.Module):
   """ResNet (He et al., CVPR 2016) with optional ContextPool, lambda or AA layers.
 
   ``__call__(images, train=False)``: ``images [batch, height, width, channels]``
@@ -575,6 +575,11 @@ class ResNet(module_fields(ResNetConfig)):
 
   Fields: :class:`ResNetConfig`'s (documented there).
   """
+
+  @property
+  def config(self) -> ResNetConfig:
+    """This module's fields as one :class:`ResNetConfig`."""
+    return bundle(self, ResNetConfig)
 
   # -- forward ---------------------------------------------------------------
 

@@ -64,7 +64,7 @@ from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models import tpu_attention
-from contextpool_jax.models.common import module_fields, remat, remat_policy
+from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 from contextpool_jax.numerics import NEG_INF
 
 Array = jax.Array
@@ -111,13 +111,13 @@ ATTENTION_IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'pallas_tpu')
 CONTEXT_POOL_READS = ('qkv', 'kv', 'q')
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
+@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
+class TransformerConfig(Fields):
   """Every field of the Transformer family, declared once (flax wmt's ``TransformerConfig``).
 
   :class:`Transformer` and :class:`TransformerLM` have these as their own
   fields (``Transformer(num_layers=2)``, ``model.num_layers``, registry
-  overrides); ``model.config`` bundles them into this frozen dataclass, which
+  overrides); ``model.config`` bundles them into this dataclass, which
   is passed down the tree: stack, layer, attention, feed-forward, embedder.
   What differs inside the tree (encoder or decoder, a layer's attention kind,
   training) are fields of those modules, not of the config.
@@ -865,11 +865,16 @@ class _Embedder(nn.Module):
     return self.embedding.attend(x).astype(jnp.float32)
 
 
-# The top modules' fields: those of TransformerConfig (common.module_fields).
-_TransformerFields = module_fields(TransformerConfig)
+class _TransformerModel(TransformerConfig, nn.Module):
+  """The top modules' base: :class:`TransformerConfig`'s fields are theirs (common.bundle)."""
+
+  @property
+  def config(self) -> TransformerConfig:
+    """This module's fields as one :class:`TransformerConfig`."""
+    return bundle(self, TransformerConfig)
 
 
-class Transformer(_TransformerFields):
+class Transformer(_TransformerModel):
   """Encoder-decoder Transformer for translation (see the module docstring).
 
   Fields: :class:`TransformerConfig`'s.
@@ -931,7 +936,7 @@ class Transformer(_TransformerFields):
     return self.decode(encoded, inputs, decoder_inputs, train)
 
 
-class TransformerLM(_TransformerFields):
+class TransformerLM(_TransformerModel):
   """Decoder-only causal LM (the ContextPool paper's character-level model).
 
   Fields: :class:`TransformerConfig`'s; the defaults that differ are

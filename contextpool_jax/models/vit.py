@@ -34,7 +34,7 @@ from contextpool_jax.errors import ConfigError
 from contextpool_jax import checks
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models import tpu_attention
-from contextpool_jax.models.common import module_fields, remat, remat_policy
+from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 
 Array = jax.Array
 Dtype = Any
@@ -188,13 +188,13 @@ def unstack_block_params(
 # ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ViTConfig:
+@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
+class ViTConfig(Fields):
   """Every field of the ViT family, declared once.
 
   :class:`ViT` has these as its own fields (``ViT(num_layers=3)``,
   ``model.hidden_size``, registry overrides); ``model.config`` bundles them
-  into this frozen dataclass, which the encoder blocks and their MLPs read.
+  into this dataclass, which the encoder blocks and their MLPs read.
   The choices behind the defaults are on :class:`ViT`.
 
   Attributes:
@@ -418,7 +418,7 @@ class EncoderBlock(nn.Module):
     return (x, None) if self.scan_carry else x
 
 
-class ViT(module_fields(ViTConfig)):
+class ViT(ViTConfig, nn.Module):
   """Vision Transformer (Dosovitskiy et al., 2021), optionally with ContextPool.
 
   ``__call__(images, train=False)``: ``images [batch, height, width, channels]``
@@ -479,6 +479,11 @@ class ViT(module_fields(ViTConfig)):
           'embeddings, or image_size to the input size.'
       )
     return grid
+
+  @property
+  def config(self) -> ViTConfig:
+    """This module's fields as one :class:`ViTConfig`."""
+    return bundle(self, ViTConfig)
 
   # -- forward ---------------------------------------------------------------
 
