@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -31,7 +31,10 @@ REMAT_POLICIES = {
 _REMAT_BOOLS = {False: 'none', True: 'full'}
 
 
-C = TypeVar('C')
+if TYPE_CHECKING:
+  from _typeshed import DataclassInstance
+
+C = TypeVar('C', bound='DataclassInstance')
 
 
 class Fields:
