@@ -42,7 +42,7 @@ def _scorer(workdir: str, split: str):
 
   from contextpool_jax.data import lm_input  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import tasks  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs.workdirs import load  # pylint: disable=g-import-not-at-top
 
   model, variables, config = load(workdir)
   objective = tasks.make_objective(config)

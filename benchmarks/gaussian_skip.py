@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import harness
-from contextpool_jax import viz
+from contextpool_jax.tools import viz
 from contextpool_jax.inference import sampling
 from contextpool_jax.layers import context_pool as cp
-from contextpool_jax.workdirs import load as load_workdir
+from contextpool_jax.runs.workdirs import load as load_workdir
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'A trained default LM (train.py --config configs/default.py).'

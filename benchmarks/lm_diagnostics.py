@@ -55,7 +55,7 @@ from contextpool_jax.data import lm_input
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.models import transformer
 from contextpool_jax.training import objectives
-from contextpool_jax.workdirs import checkpoint_steps, load, read_config
+from contextpool_jax.runs.workdirs import checkpoint_steps, load, read_config
 
 WIDE = 0.5  # s above this counts as a wide pool
 GRAD_WINDOWS = 64  # fixed training windows of the gradient norm

@@ -630,7 +630,7 @@ def measure_costs(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
-  from contextpool_jax import config_fields  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, tasks  # pylint: disable=g-import-not-at-top
 
   def workload(arm: str, depth: int, seq_len: Optional[int]) -> harness.Workload:

@@ -202,7 +202,7 @@ class BareStep:
   def __init__(self, config: ml_collections.ConfigDict, workdir: pathlib.Path, steps: int):
     import jax  # pylint: disable=g-import-not-at-top
 
-    from contextpool_jax import config_fields  # pylint: disable=g-import-not-at-top
+    from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
     from contextpool_jax.training import sharding, trainer  # pylint: disable=g-import-not-at-top
     from contextpool_jax.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
 

@@ -79,11 +79,11 @@ def compare(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> str:
 def train_on_stdlib(stdlib: str, argv: list[str]) -> None:
   """``train.py``'s command with ``argv``, its default corpus read from ``stdlib``."""
   from contextpool_jax.data import text_builders  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import cli  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.commands import train  # pylint: disable=g-import-not-at-top
 
   text_builders.stdlib_source_dir = lambda: stdlib
   sys.argv = ['train.py', *argv]
-  cli.command()
+  train.command()
 
 
 def main(argv: list[str]) -> None:

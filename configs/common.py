@@ -10,7 +10,7 @@ Config files import only ``ml_collections`` and this file: the config flows one
 way, into the library. A config file lists only what differs from the modules'
 defaults; ``train.py`` fills in every other field of the model (and of its
 ContextPool) before it applies the command line's overrides
-(``contextpool_jax/config_fields.py``), so ``--config.model.<field>`` and
+(``contextpool_jax/runs/config_fields.py``), so ``--config.model.<field>`` and
 ``--config.model.context_pool.<field>`` reach every field, and the trainer records
 them all in ``<workdir>/config.json``.
 """

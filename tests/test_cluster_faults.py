@@ -37,10 +37,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contextpool_jax import storage
-from contextpool_jax.errors import WorkdirLockedError
+from contextpool_jax.io import storage
+from contextpool_jax.base.errors import WorkdirLockedError
 from contextpool_jax.training import runlock, sharding, trainer
-from contextpool_jax.workdirs import load_variables
+from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
 from test_faults import _committed_steps, _tiny
 from test_scale import flags
@@ -138,7 +138,7 @@ def _run(driver, args, *, fault=None, processes=1, env=None, timeout=600):
     cmd = [
         sys.executable,
         '-m',
-        'contextpool_jax.training.launch',
+        'contextpool_jax.commands.launch',
         f'--num_processes={processes}',
         '--devices_per_process=2',
         f'--script={driver}',
@@ -505,8 +505,8 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
       'import resource, signal, sys\n'
       'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
       'resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.RLIM_INFINITY))\n'
-      'from contextpool_jax.errors import WriteError\n'
-      'from contextpool_jax.workdirs import export_params\n'
+      'from contextpool_jax.base.errors import WriteError\n'
+      'from contextpool_jax.runs.workdirs import export_params\n'
       'try:\n'
       '  export_params(sys.argv[1], sys.argv[2])\n'
       'except WriteError as e:\n'
@@ -524,7 +524,7 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
       f'error: cannot write {out_dir}/model.safetensors: [Errno 27] File too large'
   ), (out.stdout + out.stderr[-3000:])
   assert sorted(p.name for p in out_dir.iterdir()) == ['README.md', 'config.json']  # not an export
-  from contextpool_jax.workdirs import export_params  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs.workdirs import export_params  # pylint: disable=g-import-not-at-top
 
   export_params(uninterrupted, out_dir)  # with room, the same export works
   assert load_variables(out_dir)[1] == -1

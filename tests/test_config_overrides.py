@@ -23,8 +23,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import default as default_config
-from contextpool_jax import config_fields, models, workdirs
-from contextpool_jax.errors import ConfigError
+from contextpool_jax import models
+from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS

@@ -21,8 +21,9 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 
-from contextpool_jax import config_fields, models
-from contextpool_jax.errors import ConfigError
+from contextpool_jax import models
+from contextpool_jax.runs import config_fields
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import command_line, evaluators, steps, tasks, trainer
 from conftest import config_cases
 

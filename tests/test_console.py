@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from contextpool_jax import console
+from contextpool_jax.io import console
 from contextpool_jax.data import text_builders as tb
 from test_readme import TINY_TRAIN
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contextpool_jax import config_readers
+from contextpool_jax.io import config_readers
 from contextpool_jax.data import image_builders as ib
 from contextpool_jax.data import image_input as ii
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 
 
 @pytest.fixture(scope='module')

@@ -678,7 +678,7 @@ def test_trainer_stops_on_bad_data_before_compiling(tmp_path, monkeypatch, fault
 
 @pytest.mark.slow
 def test_trainer_bpc_is_exact_on_a_validation_split_smaller_than_one_batch(tmp_path):
-  from contextpool_jax.workdirs import load
+  from contextpool_jax.runs.workdirs import load
 
   corpus = tmp_path / 'corpus'
   corpus.mkdir()

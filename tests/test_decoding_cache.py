@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.context_pool import ContextPool
 

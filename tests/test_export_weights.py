@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from contextpool_jax import workdirs
-from contextpool_jax.errors import ArgumentError
-from contextpool_jax.workdirs import export_params, load, load_variables
+from contextpool_jax.runs import workdirs
+from contextpool_jax.base.errors import ArgumentError
+from contextpool_jax.runs.workdirs import export_params, load, load_variables
 from test_old_workdir import CORPUS_TEXT, OLD
 
 TOKENS = jnp.asarray(np.frombuffer(CORPUS_TEXT[:16].encode(), np.uint8)[None], jnp.int32)
@@ -118,7 +118,7 @@ def test_the_model_card_names_model_config_data_split_and_metrics(exported):
   assert 'evaluation at step 2:' in card
   assert '| split | accuracy | bpc | loss |' in card
   assert f'| eval_validation | 0 | {last["bpc"]:.6g} | {last["loss"]:.6g} |' in card
-  assert 'from contextpool_jax.workdirs import load' in card
+  assert 'from contextpool_jax.runs.workdirs import load' in card
 
 
 def test_the_card_takes_the_last_evaluation_up_to_the_exported_step(tmp_path):

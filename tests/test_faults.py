@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from contextpool_jax import workdirs
+from contextpool_jax.runs import workdirs
 from contextpool_jax.training import checkpoints, trainer
-from contextpool_jax.workdirs import load_variables
+from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
 from test_scale import flags, metrics
 from test_training import tiny_config
@@ -184,7 +184,7 @@ def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
       [
           sys.executable,
           '-m',
-          'contextpool_jax.training.launch',
+          'contextpool_jax.commands.launch',
           '--num_processes=2',
           '--devices_per_process=2',
           '--',

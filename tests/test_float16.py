@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import default as default_config
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers import AreaAttention, AugmentedConv2D, ContextPool, LambdaLayer
 from contextpool_jax.layers import area_features
 from contextpool_jax.training import checkpoints, objectives, steps, tasks, trainer

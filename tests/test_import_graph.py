@@ -226,26 +226,26 @@ def test_config_files_import_only_ml_collections_and_configs(path):
 def test_the_checks_can_fail():
   page = (
       '## Rooms\n\n| Room | Modules | May import |\n| --- | --- | --- |\n'
-      '| low | `errors`, `layers/` (the layers) | - |\n'
+      '| low | `base/`, `layers/` (the layers) | - |\n'
       '| high | `training/` | low |\n'
       '| odd | `viz` | later |\n| later | `sample` | - |\n\n## Next\n'
   )
   rooms = read_rooms(page)
-  assert rooms['low'] == (['errors', 'layers/'], [])
+  assert rooms['low'] == (['base/', 'layers/'], [])
   assert undeclared_rooms(rooms) == ['odd -> later']
   assert room_of('contextpool_jax.layers.context_pool.pool', rooms) == ['low']
   assert room_of('contextpool_jax.layer_norm', rooms) == []
   graph = {
       'contextpool_jax.layers.a': {'contextpool_jax.training.b'},  # upward
-      'contextpool_jax.training.b': {'contextpool_jax.errors'},
-      'contextpool_jax.errors': set(),
+      'contextpool_jax.training.b': {'contextpool_jax.base.errors'},
+      'contextpool_jax.base.errors': set(),
   }
   assert undeclared_imports(graph, rooms) == [
       'contextpool_jax.layers.a -> contextpool_jax.training.b (room low -> room high)'
   ]
-  graph['contextpool_jax.errors'] = {'contextpool_jax.layers.a'}
+  graph['contextpool_jax.base.errors'] = {'contextpool_jax.layers.a'}
   assert cycles(graph) == [
-      ['contextpool_jax.errors', 'contextpool_jax.layers.a', 'contextpool_jax.training.b']
+      ['contextpool_jax.base.errors', 'contextpool_jax.layers.a', 'contextpool_jax.training.b']
   ]
   modules = {'contextpool_jax', 'contextpool_jax.data', 'contextpool_jax.data.lm_input'}
   source = (

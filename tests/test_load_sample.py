@@ -14,13 +14,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contextpool_jax import config_fields
-from contextpool_jax import sample
+from contextpool_jax.runs import config_fields
+from contextpool_jax.commands import sample
 from contextpool_jax.inference import sampling, translation
-from contextpool_jax import viz
-from contextpool_jax.errors import ArgumentError
+from contextpool_jax.tools import viz
+from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.training import trainer
-from contextpool_jax.workdirs import WorkdirError, export_params, load
+from contextpool_jax.runs.workdirs import WorkdirError, export_params, load
 from test_training import tiny_config  # the small offline LM config
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
@@ -172,7 +172,7 @@ def _run(module, *args):
 
 def test_sample_command_line(workdir, tmp_path):
   out = _run(
-      'contextpool_jax.sample',
+      'contextpool_jax.commands.sample',
       '--workdir',
       str(workdir),
       '--prompt',
@@ -188,14 +188,16 @@ def test_sample_command_line(workdir, tmp_path):
       model, variables, config, 'def ', length=30, temperature=0
   )
   assert out.stdout == expected + '\n'
-  bad = _run('contextpool_jax.sample', '--workdir', str(tmp_path / 'nowhere'), '--prompt', 'x')
+  bad = _run(
+      'contextpool_jax.commands.sample', '--workdir', str(tmp_path / 'nowhere'), '--prompt', 'x'
+  )
   assert bad.returncode == 1
   assert f'error: {tmp_path / "nowhere"} is not a training workdir' in bad.stderr
 
 
 def test_viz_command_line_writes_the_figures(workdir, tmp_path):
   out = _run(
-      'contextpool_jax.viz',
+      'contextpool_jax.tools.viz',
       '--workdir',
       str(workdir),
       '--text',

@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 from jax import ad_checkpoint
 
-from contextpool_jax import config_fields, models
-from contextpool_jax.errors import ConfigError
+from contextpool_jax import models
+from contextpool_jax.runs import config_fields
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.models.common import REMAT_POLICIES
 from init_keys import init_key, init_variables
 

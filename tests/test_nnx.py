@@ -1,4 +1,4 @@
-"""The layers as flax.nnx modules (contextpool_jax/nnx.py): the Linen layers' outputs,
+"""The layers as flax.nnx modules (contextpool_jax/layers/nnx.py): the Linen layers' outputs,
 gradients and state (BatchNorm statistics, the decoding cache) for the same parameters,
 and an NNX model trained with nnx.Optimizer."""
 
@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import contextpool_jax as cp
-from contextpool_jax import nnx as cp_nnx
+from contextpool_jax.layers import nnx as cp_nnx
 
 # (NNX class, Linen class, fields, input shape, call keyword arguments)
 CASES = {

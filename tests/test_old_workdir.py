@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contextpool_jax import config_fields
+from contextpool_jax.runs import config_fields
 from contextpool_jax.training import trainer
-from contextpool_jax.workdirs import load, read_config
+from contextpool_jax.runs.workdirs import load, read_config
 
 OLD = pathlib.Path(__file__).parent / 'data' / 'workdir_0_1_0'
 # The corpus the fixture was trained on (its config.json names /tmp/fx/corpus/*.txt).

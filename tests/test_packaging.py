@@ -55,8 +55,8 @@ def _name(requirement: str) -> str:
 @pytest.mark.slow
 def test_layers_and_models_import_no_training_or_data_dependency():
   script = (
-      'import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.viz, '
-      'contextpool_jax.sample\n'
+      'import sys, contextpool_jax, contextpool_jax.models as m, contextpool_jax.tools.viz, '
+      'contextpool_jax.commands.sample\n'
       "m.create('cp_transformer_lm'); m.create('cp_vit_ti16'); m.create('cp_resnet20')\n"
       'print(sorted(sys.modules))'
   )
@@ -257,9 +257,9 @@ def test_every_package_is_listed_and_the_configs_install_from_their_one_home():
   assert setuptools['package-dir'] == {'contextpool_jax.configs': 'configs'}
   assert not (REPO / 'contextpool_jax' / 'configs').exists()
   assert PROJECT['scripts'] == {
-      'contextpool-train': 'contextpool_jax.training.cli:command',
-      'contextpool-sample': 'contextpool_jax.sample:command',
-      'contextpool-viz': 'contextpool_jax.viz:command',
+      'contextpool-train': 'contextpool_jax.commands.train:command',
+      'contextpool-sample': 'contextpool_jax.commands.sample:command',
+      'contextpool-viz': 'contextpool_jax.tools.viz:command',
       'contextpool-compile': 'contextpool_jax.training.aot:command',
   }
 
@@ -417,7 +417,7 @@ def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(
   versions held to this stack's pins), in a fresh virtualenv: it loads an export
   (safetensors + config.json) and samples from it, in Python and with ``contextpool-sample``;
   ``contextpool-train`` ends with one line naming the [train] extra."""
-  from contextpool_jax.workdirs import export_params  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs.workdirs import export_params  # pylint: disable=g-import-not-at-top
 
   export = export_params(REPO / 'tests' / 'data' / 'workdir_0_1_0', tmp_path / 'export')
   wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
@@ -451,7 +451,7 @@ def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(
     return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
   code = (
-      'from contextpool_jax.workdirs import load\n'
+      'from contextpool_jax.runs.workdirs import load\n'
       'from contextpool_jax.inference.sampling import sample_text\n'
       f'model, variables, config = load({str(export)!r})\n'
       "print(repr(sample_text(model, variables, config, 'def ', length=8, seed=0)))\n"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import profiling, trainer
 from conftest import REPO
 from test_training import tiny_config

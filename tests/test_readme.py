@@ -123,7 +123,7 @@ SKIPPED = {
 # Docstring commands skipped by design: (file, the command's first words) -> reason.
 DOCSTRING_SKIPS = {
     (
-        'contextpool_jax/training/cli.py',
+        'contextpool_jax/commands/train.py',
         'python train.py --config configs/enwik8.py:stage1',
     ): 'downloads enwik8',
     ('contextpool_jax/data/text_builders.py', 'python -c'): 'downloads enwik8',
@@ -425,7 +425,7 @@ def docstring_skip(block: Block) -> str | None:
 
 def _defined_flags(path: pathlib.Path) -> set[str]:
   if path == REPO / 'train.py':  # the checkout's entry point of the training command
-    path = REPO / 'contextpool_jax' / 'training' / 'cli.py'
+    path = REPO / 'contextpool_jax' / 'commands' / 'train.py'
   source = path.read_text()
   absl = re.findall(r'DEFINE_\w+\(\s*[\'"](\w+)[\'"]', source)
   argparse = re.findall(r'add_argument\(\s*[\'"]--([\w-]+)[\'"]', source)
@@ -558,7 +558,7 @@ def tmp_paths(text: str) -> set[str]:
 
 def is_training(argv: list[str]) -> bool:
   return len(argv) > 1 and (
-      argv[1] == 'train.py' or argv[1:3] == ['-m', 'contextpool_jax.training.launch']
+      argv[1] == 'train.py' or argv[1:3] == ['-m', 'contextpool_jax.commands.launch']
   )
 
 
@@ -830,7 +830,7 @@ def test_install_line_is_what_ci_runs():
 
 def test_doctests_are_found():
   names = set(doctests())
-  assert 'contextpool_jax.workdirs' in names, names
+  assert 'contextpool_jax.runs.workdirs' in names, names
   assert all(any(b.lang == 'doctest' and b.code == n for b in SESSION + ALONE) for n in names)
 
 
@@ -896,10 +896,13 @@ def test_a_broken_snippet_fails(tmp_path):
 
 
 def test_a_broken_command_fails():
-  check_command('python -m contextpool_jax.sample --workdir W --prompt "def " --seed 0')
+  check_command('python -m contextpool_jax.commands.sample --workdir W --prompt "def " --seed 0')
   check_command('contextpool-train --config default:baseline --workdir W --config.seed=1')
   for command, message in [
-      ('python -m contextpool_jax.sample --workdir W --promt "def "', '--promt is not a flag'),
+      (
+          'python -m contextpool_jax.commands.sample --workdir W --promt "def "',
+          '--promt is not a flag',
+      ),
       ('python -m contextpool_jax.samples --workdir W', 'no such module'),
       ('python train.py --config configs/default.py --workdir W --config.model.nme=x', 'nme'),
       ('python train.py --config configs/defaults.py --workdir W', 'no file'),

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 import pytest
 
-from contextpool_jax.workdirs import load_variables
+from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # training on several processes
@@ -87,7 +87,7 @@ def run_launcher(args, processes, devices):
       [
           sys.executable,
           '-m',
-          'contextpool_jax.training.launch',
+          'contextpool_jax.commands.launch',
           f'--num_processes={processes}',
           f'--devices_per_process={devices}',
           '--',

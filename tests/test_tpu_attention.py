@@ -16,7 +16,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from contextpool_jax import models
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.models import tpu_attention
 from contextpool_jax.models import transformer as tr
 

@@ -251,7 +251,7 @@ def test_command_line_rejects_unknown_keys(tmp_path):
 _BROKEN_MODEL_DRIVER = r"""
 import runpy, sys
 import flax.linen as nn
-from contextpool_jax import config_fields
+from contextpool_jax.runs import config_fields
 
 class Broken(nn.Module):
   @nn.compact

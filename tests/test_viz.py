@@ -1,4 +1,4 @@
-"""contextpool_jax.viz: the plotted data is the data given, and the maths matches the layer."""
+"""contextpool_jax.tools.viz: the plotted data is the data given, and the maths matches the layer."""
 
 import sys
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from contextpool_jax import ContextPool
-from contextpool_jax import viz
+from contextpool_jax.tools import viz
 from contextpool_jax.layers.area_attention import area_layout
 from contextpool_jax.models import create
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import trainer, writers
 from test_training import tiny_config
 
@@ -279,7 +279,7 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
 @pytest.mark.sweep  # the fast tier: quiet; the full suite also shows the chatter when not quiet
 def test_a_new_mlflow_store_says_nothing_on_a_quiet_console(quiet, tmp_path, mlflow_offline, capfd):
   from configs import default as default_config
-  from contextpool_jax import console
+  from contextpool_jax.io import console
 
   console.set_quiet(quiet)
   try:

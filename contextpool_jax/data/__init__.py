@@ -35,7 +35,7 @@ import inspect
 
 from etils import epath
 
-from contextpool_jax.errors import DatasetNotFoundError  # pylint: disable=unused-import
+from contextpool_jax.base.errors import DatasetNotFoundError  # pylint: disable=unused-import
 
 
 def builder_code_path(cls):

@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contextpool_jax import console
+from contextpool_jax.io import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 
 NAME = 'sklearn_digits'

@@ -31,9 +31,10 @@ import grain
 import numpy as np
 from PIL import Image
 
-from contextpool_jax import checks, config_readers
+from contextpool_jax.base import checks
+from contextpool_jax.io import config_readers
 from contextpool_jax.data import image_builders, randaugment, tfds_splits
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 
 DATASETS = ('cifar10', 'imagenet2012', 'sklearn_digits')
 

@@ -98,10 +98,11 @@ import grain
 import ml_collections
 import numpy as np
 
-from contextpool_jax import checks, config_readers
+from contextpool_jax.base import checks
+from contextpool_jax.io import config_readers
 from contextpool_jax.data import text_builders
 from contextpool_jax.data import text_splits
-from contextpool_jax.errors import ConfigError, DataError
+from contextpool_jax.base.errors import ConfigError, DataError
 
 VOCAB_SIZE = text_builders.VOCAB_SIZE
 DATASET_NAMES = ('enwik8', 'text8', 'local_text')

@@ -61,11 +61,11 @@ import zipfile
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contextpool_jax import console
+from contextpool_jax.io import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
 from contextpool_jax.data import corpus_snapshot
 from contextpool_jax.data import text_splits
-from contextpool_jax.errors import DataError
+from contextpool_jax.base.errors import DataError
 
 VOCAB_SIZE = 256
 SPLITS = text_splits.SPLITS

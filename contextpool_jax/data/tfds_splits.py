@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from contextpool_jax.data import DatasetNotFoundError
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 
 _EXPECTED_SPLIT = (
     'expected one of them, or a TFDS slice of one that selects at least one '

@@ -71,9 +71,9 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from contextpool_jax import config_readers
+from contextpool_jax.io import config_readers
 from contextpool_jax.data import tfds_splits
-from contextpool_jax.errors import ConfigError, DataError
+from contextpool_jax.base.errors import ConfigError, DataError
 
 PAD_ID = 0
 EOS_ID = 1

@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.base.numerics import NEG_INF
 
 Array = jax.Array
 

@@ -1,7 +1,7 @@
 """Sampling text from a trained byte-level language model.
 
-The command line (``python -m contextpool_jax.sample``) is
-:mod:`contextpool_jax.sample`; translation is
+The command line (``python -m contextpool_jax.commands.sample``) is
+:mod:`contextpool_jax.commands.sample`; translation is
 :mod:`contextpool_jax.inference.translation`.
 
 Language models (byte-level: the prompt is UTF-8 encoded,
@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contextpool_jax.byte_text import decode_bytes, encode_bytes
-from contextpool_jax.checks import check_argument, is_int
+from contextpool_jax.base.byte_text import decode_bytes, encode_bytes
+from contextpool_jax.base.checks import check_argument, is_int
 from contextpool_jax.inference import decoding
 
 Array = jax.Array

@@ -3,7 +3,7 @@
 :func:`translate` encodes the sentences with the workdir's SentencePiece model
 (:func:`load_vocab`) and decodes with :mod:`contextpool_jax.inference.decoding`
 (beam search, or greedy for ``beam_size=1``). The command line is
-:mod:`contextpool_jax.sample` (``python -m contextpool_jax.sample
+:mod:`contextpool_jax.commands.sample` (``python -m contextpool_jax.commands.sample
 --sentence ...``).
 """
 
@@ -15,7 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.checks import check_argument
+from contextpool_jax.base.checks import check_argument
 from contextpool_jax.inference import decoding
 
 Array = jax.Array

@@ -63,8 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks
+from contextpool_jax.base.errors import ConfigError
+from contextpool_jax.base import checks
 
 _OWNER = 'AugmentedConv2D'
 POSITIONS = ('relative', 'none', 'sine2d', 'coordconv')

@@ -81,8 +81,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks
+from contextpool_jax.base.errors import ConfigError
+from contextpool_jax.base import checks
 
 Array = jax.Array
 Dtype = Any

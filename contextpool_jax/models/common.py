@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import flax.linen as nn
 import jax
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 
 # The ``remat`` field of the models (and the run's ``config.remat``): what each block
 # keeps for the backward pass -> the jax.checkpoint policy (None: no remat at all).

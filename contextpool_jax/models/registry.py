@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.models import resnet
 from contextpool_jax.models import transformer
 from contextpool_jax.models import vit

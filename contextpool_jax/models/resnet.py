@@ -41,8 +41,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks
+from contextpool_jax.base.errors import ConfigError
+from contextpool_jax.base import checks
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
 from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS

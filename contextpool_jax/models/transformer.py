@@ -57,15 +57,15 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks
+from contextpool_jax.base.errors import ConfigError
+from contextpool_jax.base import checks
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models import tpu_attention
 from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
-from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.base.numerics import NEG_INF
 
 Array = jax.Array
 Dtype = Any

@@ -30,8 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.errors import ConfigError
-from contextpool_jax import checks
+from contextpool_jax.base.errors import ConfigError
+from contextpool_jax.base import checks
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models import tpu_attention
 from contextpool_jax.models.common import Fields, bundle, remat, remat_policy

@@ -1,7 +1,5 @@
-r"""The compile command: a config's training and evaluation steps compiled for a TPU slice you do not have.
-
-  contextpool-compile --config default --topology v5e:2x2
-  python -m contextpool_jax.training.aot --config default:baseline --topology v5litepod-16
+r"""A config's training and evaluation steps compiled for a TPU slice you do not have: what
+the compile command (``contextpool-compile``, :mod:`contextpool_jax.commands.compile`) runs.
 
 Builds what ``train.py`` would run (the same model, optimizer state, mesh, sharding
 of the parameters, remat policy and dtype: ``programs.py``, which the trainer
@@ -32,14 +30,7 @@ import importlib.util
 import math
 import os
 import re
-import sys
 from typing import Any, Optional
-
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-
-from contextpool_jax.training import command_line
 
 GIB = 2**30
 
@@ -258,7 +249,7 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   for memory, and the config's own errors (as ``train.py`` would) before compiling."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from contextpool_jax import config_fields  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, programs, sharding, steps, tasks, trainer  # pylint: disable=g-import-not-at-top
 
   run = trainer.validate_config(config)
@@ -317,56 +308,3 @@ def report(topology: Topology, costs: list[StepCost], batch_size: int) -> str:
       ' bytes accessed / HBM bandwidth), a floor on the step time.',
   ]
   return '\n'.join(lines)
-
-
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command's flags (defined when it runs, so that tests import this module
-  beside the training command, which defines ``--config`` too)."""
-  config_flags.DEFINE_config_file(
-      'config',
-      None,
-      'A config of the package by name (default, enwik8:stage1) or a config file.',
-      lock_config=True,
-  )
-  flags.DEFINE_string('topology', None, f'The TPU slice: {ACCEPTED}.')
-  flags.DEFINE_list('steps', list(STEPS), f'The steps to compile, of {STEPS}.')
-  flags.mark_flags_as_required(['config', 'topology'])
-
-
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from contextpool_jax.errors import ContextPoolJaxError  # pylint: disable=g-import-not-at-top
-
-  try:
-    topology = parse_topology(FLAGS.topology)
-  except ValueError as e:
-    command_line.fail(str(e))
-  unknown = sorted(set(FLAGS.steps) - set(STEPS))
-  if unknown or not FLAGS.steps:
-    command_line.fail(f'--steps={",".join(FLAGS.steps)}: expected some of {",".join(STEPS)}.')
-  missing = libtpu_missing()
-  if missing:
-    command_line.fail(missing)
-  command_line.quiet_console()
-  try:
-    costs = compile_config(FLAGS.config, topology, tuple(FLAGS.steps))
-  except (ContextPoolJaxError, DoesNotFit) as e:
-    command_line.fail(str(e))
-  except ModuleNotFoundError as e:  # the core install: the steps are the trainer's
-    command_line.fail(command_line.missing_extra('contextpool-compile', 'train', e))
-  print(report(topology, costs, FLAGS.config.batch_size))
-
-
-def command() -> None:
-  """The console script ``contextpool-compile`` (and ``python -m contextpool_jax.training.aot``)."""
-  libtpu_as_compiler()
-  define_flags()
-  app.run(main, flags_parser=command_line.parse_flags)
-
-
-if __name__ == '__main__':
-  command()

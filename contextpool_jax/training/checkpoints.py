@@ -16,7 +16,7 @@ temporary directory that is ignored. On top of that:
   from step 0.
 * :class:`Saver`: a checkpoint that cannot be written (a full disk, a file-size
   limit), also in orbax's background thread, is one
-  :class:`~contextpool_jax.errors.WriteError` naming the step's directory and
+  :class:`~contextpool_jax.base.errors.WriteError` naming the step's directory and
   the cause; the previous checkpoints stay complete (orbax commits a step by a
   rename) and :meth:`Saver.hint` names the one a rerun resumes from.
 """
@@ -34,8 +34,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import config_fields, storage, workdirs
-from contextpool_jax.errors import CheckpointError, ConfigError
+from contextpool_jax.io import storage
+from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.base.errors import CheckpointError, ConfigError
 from contextpool_jax.training import steps
 
 # Where a damaged checkpoint is moved (next to workdirs.CHECKPOINTS_DIR).
@@ -66,7 +67,7 @@ class Saver:
   """Saves the run's checkpoints through ``mgr`` (asynchronously if it does).
 
   A step that cannot be written raises
-  :class:`~contextpool_jax.errors.WriteError` naming ``<directory>/<step>`` and
+  :class:`~contextpool_jax.base.errors.WriteError` naming ``<directory>/<step>`` and
   the cause: from :meth:`save` if it fails at once, and from the next
   :meth:`save` or :meth:`finish` if it fails in orbax's background thread
   (orbax itself re-raises such an error only at its next call).

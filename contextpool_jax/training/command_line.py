@@ -23,8 +23,8 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
-from contextpool_jax import config_fields
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.runs import config_fields
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 
 
@@ -47,7 +47,7 @@ def check_overrides(config: Any, overrides: Iterable[str], config_file: str) -> 
   for ``--config.model.context_pool.ratio=...``). The one-line message names the
   override, the config file and the closest keys at the level where the path
   leaves the config (all of its keys when none is close), or why a model field
-  is not an entry (:data:`~contextpool_jax.config_fields.NOT_OFFERED`,
+  is not an entry (:data:`~contextpool_jax.runs.config_fields.NOT_OFFERED`,
   ``CONTEXT_POOL_MODEL_FIELDS``).
   """
   for path in overrides:
@@ -189,7 +189,7 @@ def config_module(config_file: str) -> types.ModuleType:
 
 def load_config_file(config_file: str) -> ml_collections.ConfigDict:
   """The config ``NAME[:ARG]`` or ``FILE[:ARG]`` gives (its ``get_config(ARG)``: the module
-  :func:`config_module` finds), completed (:func:`~contextpool_jax.config_fields.complete`):
+  :func:`config_module` finds), completed (:func:`~contextpool_jax.runs.config_fields.complete`):
   what the command line's ``--config.<path>`` overrides apply to, so that they reach every
   field of the model.
 
@@ -318,7 +318,7 @@ def quiet_console() -> None:
   prepares a dataset, none of its warnings a user cannot act on). With it: the
   level asked for, and TFDS as it is by default.
   """
-  from contextpool_jax import console  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.io import console  # pylint: disable=g-import-not-at-top
 
   quiet = not flags.FLAGS['verbosity'].present
   if quiet:

@@ -27,7 +27,7 @@ import flax
 import jax
 import numpy as np
 
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import bleu, sharding, steps
 
 POOL_SIGMA = 'pool_sigma'  # what ContextPool sows: its pooling size per position

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from contextpool_jax import config_readers
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.io import config_readers
+from contextpool_jax.base.errors import ConfigError
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
 SCHEDULES = ('constant', 'inverse_sqrt', 'cosine', 'linear', 'warmup_constant', 'piecewise')

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import jax
 from etils import epath
 
-from contextpool_jax import config_readers
+from contextpool_jax.io import config_readers
 
 PROFILE_DIR = 'profile'
 

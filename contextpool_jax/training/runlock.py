@@ -2,7 +2,7 @@
 
 A second launch on a live workdir (a scheduler relaunching a job whose first copy
 still runs, the same command started twice) stops with
-:class:`~contextpool_jax.errors.WorkdirLockedError` before it reads a checkpoint,
+:class:`~contextpool_jax.base.errors.WorkdirLockedError` before it reads a checkpoint,
 writes a file or builds the model (with several processes, the only computation
 before it is the broadcast of process 0's verdict), in one line naming the
 workdir and the holder::
@@ -73,8 +73,8 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import storage
-from contextpool_jax.errors import WorkdirLockedError
+from contextpool_jax.io import storage
+from contextpool_jax.base.errors import WorkdirLockedError
 
 LOCK_FILE = 'run.lock'
 DEFAULT_STALE_SECONDS = 600

@@ -4,7 +4,7 @@ Every config (``configs/common.py`` sets them all) has the fields of
 :class:`RunSpec`; the sections have their own readers: ``config.optimizer``
 (:func:`contextpool_jax.training.optim.resolve_spec`), ``config.dataset`` (the
 data modules' ``resolve_spec``), ``config.model`` (the model registry and the
-modules' own checks). All raise :class:`~contextpool_jax.errors.ConfigError`
+modules' own checks). All raise :class:`~contextpool_jax.base.errors.ConfigError`
 naming the field before anything is compiled.
 """
 
@@ -16,8 +16,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from contextpool_jax import config_fields, config_readers
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.io import config_readers
+from contextpool_jax.runs import config_fields
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import runlock, sharding, tasks
 
 

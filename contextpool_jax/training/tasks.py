@@ -1,7 +1,7 @@
 """The task registry: each kind of experiment (``config.task``) and everything it decides.
 
 ``make_task(config, workdir)`` returns a :class:`Task`: the model from the
-registry (:func:`contextpool_jax.config_fields.build_model`), the :class:`TaskKind`
+registry (:func:`contextpool_jax.runs.config_fields.build_model`), the :class:`TaskKind`
 of ``config.task`` and what that kind builds from its resolved settings:
 
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
@@ -30,7 +30,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from contextpool_jax import config_fields, config_readers
+from contextpool_jax.io import config_readers
+from contextpool_jax.runs import config_fields
 from contextpool_jax.data import image_input, lm_input, translation_input
 from contextpool_jax.inference import decoding
 from contextpool_jax.training import evaluators, objectives

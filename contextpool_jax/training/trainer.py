@@ -40,7 +40,7 @@ same workdir stops with :class:`WorkdirLockedError` naming the holder. A file
 that cannot be written (checkpoint, ``metrics.jsonl``, TensorBoard,
 ``config.json``: a full disk, a file-size limit) stops the run with one
 :class:`WriteError` naming the path, the cause and the checkpoint a rerun
-resumes from (:mod:`contextpool_jax.storage`). A resumed run first cuts ``metrics.jsonl``
+resumes from (:mod:`contextpool_jax.io.storage`). A resumed run first cuts ``metrics.jsonl``
 back to its start step, so a killed run's lines after its last checkpoint are
 logged once, by the rerun.
 
@@ -66,8 +66,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from contextpool_jax import config_fields, console, storage, workdirs
-from contextpool_jax.errors import NonFiniteLossError, WriteError
+from contextpool_jax.io import console, storage
+from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.base.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib

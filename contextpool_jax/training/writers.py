@@ -29,7 +29,7 @@ anything is compiled.
 Resuming: ``metrics.jsonl`` is cut back to the step the run resumes from and
 the TensorBoard file of a rerun starts with a ``SessionLog.START`` there, so
 the lines a killed run logged after its last checkpoint are logged once
-(:mod:`contextpool_jax.storage`). A W&B or MLflow run continues the same tracker run (its id
+(:mod:`contextpool_jax.io.storage`). A W&B or MLflow run continues the same tracker run (its id
 is kept in ``<workdir>/wandb/run_id``, ``<workdir>/mlruns/run_id``); the trackers
 keep what they were sent, so those steps show twice there. A write that fails
 raises WriteError from the loop (jsonl, TensorBoard).
@@ -50,8 +50,9 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from contextpool_jax import config_readers, console, storage, workdirs
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.io import config_readers, console, storage
+from contextpool_jax.runs import workdirs
+from contextpool_jax.base.errors import ConfigError
 
 METRICS_FILE = workdirs.METRICS_FILE  # the workdir's layout (the model card reads it)
 TENSORBOARD_DIR = 'tensorboard'

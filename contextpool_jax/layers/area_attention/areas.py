@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax import checks
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base import checks
+from contextpool_jax.base.errors import ConfigError
 
 Array = jax.Array
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax import checks
-from contextpool_jax.numerics import masked_softmax
+from contextpool_jax.base import checks
+from contextpool_jax.base.numerics import masked_softmax
 
 Array = jax.Array
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from contextpool_jax import checks
+from contextpool_jax.base import checks
 from contextpool_jax.layers.area_attention.areas import check_area_options
 from contextpool_jax.layers.area_attention.validate import check_embedding_dim
 

@@ -21,7 +21,7 @@ from contextpool_jax.layers.area_attention.areas import padded_area_valid
 from contextpool_jax.layers.area_attention.attend import dropout
 from contextpool_jax.layers.area_attention.attend import dropout_keep
 from contextpool_jax.layers.area_attention.attend import logit_scale
-from contextpool_jax.numerics import masked_softmax
+from contextpool_jax.base.numerics import masked_softmax
 
 Array = jax.Array
 

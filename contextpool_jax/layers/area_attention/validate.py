@@ -5,7 +5,7 @@ modules.
 
 Settings and memories are checked by the same functions everywhere
 (:func:`check_config`, :func:`check_memory`); each raises a
-:class:`~contextpool_jax.errors.ConfigError` (a ValueError) naming the field,
+:class:`~contextpool_jax.base.errors.ConfigError` (a ValueError) naming the field,
 the value and what is allowed, or a ValueError for a bad array.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from contextpool_jax import checks
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base import checks
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.area_attention.areas import AreaLayout
 from contextpool_jax.layers.area_attention.areas import area_layout
 from contextpool_jax.layers.area_attention.areas import check_area_options

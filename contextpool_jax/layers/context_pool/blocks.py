@@ -19,7 +19,7 @@ from contextpool_jax.layers.context_pool.geometry import grid_coordinates
 from contextpool_jax.layers.context_pool.pool import Centres
 from contextpool_jax.layers.context_pool.pool import Context
 from contextpool_jax.layers.context_pool.pool import PoolRule
-from contextpool_jax.numerics import MIN_TWO_VARIANCE
+from contextpool_jax.base.numerics import MIN_TWO_VARIANCE
 
 Array = jax.Array
 

@@ -37,7 +37,7 @@ from contextpool_jax.layers.context_pool.pool import PoolInputs
 from contextpool_jax.layers.context_pool.pool import PoolRule
 from contextpool_jax.layers.context_pool.pool import drop
 from contextpool_jax.layers.context_pool.pool import pool_block
-from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.base.numerics import NEG_INF
 
 Array = jax.Array
 

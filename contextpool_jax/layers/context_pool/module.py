@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contextpool_jax import checks
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base import checks
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.context_pool.blockwise import GAUSSIAN_SKIP_NATS
 from contextpool_jax.layers.context_pool.blockwise import pool_blockwise
 from contextpool_jax.layers.context_pool.geometry import pool_centres
@@ -58,7 +58,7 @@ _ZEROS = nn.initializers.zeros_init()
 # ``defaults``: a decoder's ``causal`` and ``decode``, a ResNet's ``strides``; the
 # model's ``dtype`` and ``param_dtype``), and ``window_shape``, which only places
 # the centres of a strided pool. A config does not offer them
-# (contextpool_jax.config_fields); every other field is a config entry.
+# (contextpool_jax.runs.config_fields); every other field is a config entry.
 CONTEXT_POOL_MODEL_FIELDS = ('causal', 'decode', 'strides', 'window_shape', 'dtype', 'param_dtype')
 
 

@@ -24,9 +24,9 @@ from contextpool_jax.layers.context_pool.geometry import grid_coordinates
 from contextpool_jax.layers.context_pool.geometry import squared_distances
 from contextpool_jax.layers.context_pool.randomness import dropout_keep
 from contextpool_jax.layers.context_pool.randomness import random_support
-from contextpool_jax.numerics import MIN_TWO_VARIANCE
-from contextpool_jax.numerics import NEG_INF
-from contextpool_jax.numerics import masked_softmax
+from contextpool_jax.base.numerics import MIN_TWO_VARIANCE
+from contextpool_jax.base.numerics import NEG_INF
+from contextpool_jax.base.numerics import masked_softmax
 
 Array = jax.Array
 

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.base.numerics import NEG_INF
 
 Array = jax.Array
 

@@ -25,7 +25,7 @@ from contextpool_jax.layers.context_pool.sizes import SizePrefix
 from contextpool_jax.layers.context_pool.sizes import uses_size
 from contextpool_jax.layers.context_pool.sizes import uses_weight
 from contextpool_jax.layers.context_pool.validate import check_step
-from contextpool_jax.numerics import NEG_INF
+from contextpool_jax.base.numerics import NEG_INF
 
 Array = jax.Array
 Dtype = Any

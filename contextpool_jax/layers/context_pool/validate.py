@@ -1,7 +1,7 @@
 """ContextPool's field choices and the checks of its fields and inputs.
 
 Every check runs at trace time, before XLA compiles anything, and raises a
-:class:`~contextpool_jax.errors.ConfigError` (a ValueError) naming the field,
+:class:`~contextpool_jax.base.errors.ConfigError` (a ValueError) naming the field,
 the value and what is allowed.
 """
 
@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contextpool_jax import checks
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base import checks
+from contextpool_jax.base.errors import ConfigError
 
 Array = jax.Array
 

@@ -1,10 +1,10 @@
 r"""Starts N local training processes with D CPU devices each: multi-host on one machine.
 
-  python -m contextpool_jax.training.launch --num_processes 2 --devices_per_process 2 \
+  python -m contextpool_jax.commands.launch --num_processes 2 --devices_per_process 2 \
       -- --config configs/default.py --workdir /tmp/cp2x2
 
 Everything after ``--`` goes to every process's training command (``train.py``,
-``contextpool-train``: ``python -m contextpool_jax.training.cli``). Each process is a
+``contextpool-train``: ``python -m contextpool_jax.commands.train``). Each process is a
 real JAX process (``jax.distributed.initialize`` with a coordinator on
 127.0.0.1, gloo CPU collectives, ``--xla_force_host_platform_device_count=D``),
 so the run exercises exactly the code paths of a TPU pod or a GPU cluster: one
@@ -40,11 +40,11 @@ _PORT = flags.DEFINE_integer('port', 0, 'Coordinator port on 127.0.0.1 (0: a fre
 _SCRIPT = flags.DEFINE_string(
     'script',
     None,
-    'A training script (default: python -m contextpool_jax.training.cli, the training '
+    'A training script (default: python -m contextpool_jax.commands.train, the training '
     'command that train.py and contextpool-train run).',
 )
 # The module every process runs without --script.
-TRAINING_COMMAND = 'contextpool_jax.training.cli'
+TRAINING_COMMAND = 'contextpool_jax.commands.train'
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 
 A full disk (ENOSPC), a file-size limit (EFBIG), a quota (EDQUOT), a read-only
 or vanished directory: every writer of the run raises
-:class:`~contextpool_jax.errors.WriteError` naming the path and the cause
+:class:`~contextpool_jax.base.errors.WriteError` naming the path and the cause
 (``cannot write /w/metrics.jsonl: [Errno 28] No space left on device``).
 
 * :func:`writing` turns an ``OSError`` raised inside it (or an orbax /
@@ -40,7 +40,7 @@ from typing import Any, Iterator, Optional
 
 from etils import epath
 
-from contextpool_jax.errors import WriteError
+from contextpool_jax.base.errors import WriteError
 
 _ERRNO_IN_TEXT = (  # an errno quoted in a message: python, tensorstore (in orbax's errors)
     re.compile(r'\[Errno (\d+)\]'),

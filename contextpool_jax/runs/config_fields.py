@@ -32,7 +32,7 @@ string (``--config.model.stage_pattern=C,A,A,A``). The module's own check reject
 a bad value with a message naming the field.
 
 :func:`build_model` is how the trainer builds its model and how a workdir is
-loaded back (:mod:`contextpool_jax.workdirs`):
+loaded back (:mod:`contextpool_jax.runs.workdirs`):
 ``models.create(config.model.name, **the other fields, dtype, remat)``.
 """
 
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from contextpool_jax import config_readers
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.io import config_readers
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.models import common as model_common

@@ -2,13 +2,13 @@
 
 Used by the training system (the top-level config and ``config.optimizer``), the
 data modules' ``resolve_spec`` (``config.dataset``) and loading a workdir; never by
-the layers and models, which check their fields with :mod:`contextpool_jax.checks`.
+the layers and models, which check their fields with :mod:`contextpool_jax.base.checks`.
 
 Readers take the root config and a dotted path (``read_int(config,
 'dataset.seq_len', minimum=1)``) and work on ``ml_collections.ConfigDict``,
 dicts and attribute objects alike. A missing entry or ``None`` means "use the
 default"; without a default the entry is required. Every reader raises
-:class:`~contextpool_jax.errors.ConfigError` naming the entry, the value it got and
+:class:`~contextpool_jax.base.errors.ConfigError` naming the entry, the value it got and
 what is allowed.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Optional
 
-from contextpool_jax.checks import check_choice, is_int, is_number
-from contextpool_jax.errors import ConfigError
+from contextpool_jax.base.checks import check_choice, is_int, is_number
+from contextpool_jax.base.errors import ConfigError
 
 REQUIRED = object()  # the default of a reader for a required entry
 

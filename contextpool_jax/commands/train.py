@@ -6,7 +6,7 @@ r"""The training command: trains and evaluates any experiment of the papers from
       --config.dataset.data_dir=/data/tfds
 
 ``contextpool-train`` (installed with the package), ``python train.py`` (a checkout) and
-``python -m contextpool_jax.training.cli`` are this command. ``--config`` takes a config of
+``python -m contextpool_jax.commands.train`` are this command. ``--config`` takes a config of
 the package by name (``default``, ``enwik8:stage1``: ``contextpool_jax.configs``, whose source
 is the checkout's ``configs/``) or a config file's path (``configs/default.py:baseline``, or
 your own file).
@@ -15,7 +15,7 @@ The config is locked: ``--config.<key>=<value>`` overrides a field and an
 unknown key is a one-line error naming the closest keys, before anything is
 prepared or compiled. Every field of the model (and of its ContextPool) is a
 key: the command line fills them in with the modules' defaults before it applies the
-overrides (``contextpool_jax/config_fields.py``), e.g.
+overrides (``contextpool_jax/runs/config_fields.py``), e.g.
 ``--config.model.context_pool.ratio=0.025``.
 Re-running with the same ``--workdir`` resumes from its latest checkpoint.
 
@@ -24,7 +24,7 @@ Kubernetes pass ``--jax_distributed`` on every host (JAX finds the cluster);
 elsewhere pass ``--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I`` (I = 0..N-1) on every process. Every process gets the same
 config and ``--workdir`` (a directory they share). To try it on one machine:
-``python -m contextpool_jax.training.launch --num_processes 2
+``python -m contextpool_jax.commands.launch --num_processes 2
 --devices_per_process 2 -- --config configs/default.py --workdir W``.
 """
 
@@ -93,14 +93,14 @@ def main(argv):
   # After jax.distributed.initialize: importing the trainer (orbax, grain, the data
   # modules) must not touch a JAX backend first.
   # pylint: disable=g-import-not-at-top
-  from contextpool_jax.errors import ContextPoolJaxError
+  from contextpool_jax.base.errors import ContextPoolJaxError
 
   try:
     from contextpool_jax.training import trainer
   except ModuleNotFoundError as e:  # the core install: no [train] extra
     command_line.fail(command_line.missing_extra('contextpool-train', 'train', e))
   # The project's own messages (about the config, the data, the checkpoints, the
-  # workdir's lock, a file that cannot be written: contextpool_jax/errors.py) are
+  # workdir's lock, a file that cannot be written: contextpool_jax/base/errors.py) are
   # complete in one line; anything else (a bug in a module you edited) keeps its
   # traceback.
   try:

@@ -4,7 +4,7 @@ A workdir written by ``train.py`` / :func:`contextpool_jax.training.trainer.trai
 holds ``config.json`` (:func:`write_config`) and orbax checkpoints ``checkpoints/<step>/``
 with the items ``'state'`` (step, params, opt_state, model_state, bad_step) and ``'data'``
 (the grain iterator). :func:`load` reads the config, builds the model with
-:func:`contextpool_jax.config_fields.build_model` (as the trainer does) and restores only
+:func:`contextpool_jax.runs.config_fields.build_model` (as the trainer does) and restores only
 ``params`` and ``model_state`` (e.g. BatchNorm statistics) of one step: no optimizer state,
 no data iterator, no dataset.
 
@@ -24,7 +24,7 @@ With ``/tmp/cp`` a workdir of ``python train.py --config configs/default.py --wo
 (tests/test_readme.py runs these examples against a short run of it):
 
   >>> import jax.numpy as jnp
-  >>> from contextpool_jax.workdirs import export_params, load
+  >>> from contextpool_jax.runs.workdirs import export_params, load
   >>> model, variables, config = load('/tmp/cp')           # the latest step
   >>> tokens = jnp.asarray([list(b'def main():')], jnp.int32)
   >>> model.apply(variables, tokens).shape                  # [batch, length, 256]
@@ -51,8 +51,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from contextpool_jax import config_fields, storage
-from contextpool_jax.errors import ArgumentError, WorkdirError
+from contextpool_jax.io import storage
+from contextpool_jax.runs import config_fields
+from contextpool_jax.base.errors import ArgumentError, WorkdirError
 from contextpool_jax.models import common as model_common
 
 PathLike = Union[str, pathlib.Path]
@@ -455,7 +456,7 @@ def model_card(
       f'# {name}',
       '',
       f'A `{name}` model of contextpool-jax, exported by '
-      '`contextpool_jax.workdirs.export_params`'
+      '`contextpool_jax.runs.workdirs.export_params`'
       + (f' from step {step}' if step >= 0 else '')
       + (f' of `{source}`' if source else '')
       + f': parameters and model state only (no optimizer state), in `{SAFETENSORS_FILE}` '
@@ -545,7 +546,7 @@ _CARD_LOADING = [
     'With `pip install contextpool-jax` (and `[hub]` for the Hub):',
     '',
     '```python',
-    'from contextpool_jax.workdirs import load',
+    'from contextpool_jax.runs.workdirs import load',
     '',
     "model, variables, config = load('path/to/this/directory')   # or load('hf://user/repo')",
     "outputs = model.apply(variables, inputs, train=False)   # inputs as the config's dataset makes them",

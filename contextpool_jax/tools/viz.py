@@ -24,7 +24,7 @@ that collection into ``{layer: {'pool_weights', 'pool_sigma'}}``.
 
 Command line (language-model workdirs; installed, also ``contextpool-viz``)::
 
-  python -m contextpool_jax.viz --workdir /tmp/cp --text "def main():" --out /tmp/figs
+  python -m contextpool_jax.commands.viz --workdir /tmp/cp --text "def main():" --out /tmp/figs
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from contextpool_jax.byte_text import encode_bytes
-from contextpool_jax.checks import check_argument
-from contextpool_jax.errors import ContextPoolJaxError
-from contextpool_jax.numerics import MIN_TWO_VARIANCE
+from contextpool_jax.base.byte_text import encode_bytes
+from contextpool_jax.base.checks import check_argument
+from contextpool_jax.base.errors import ContextPoolJaxError
+from contextpool_jax.base.numerics import MIN_TWO_VARIANCE
 
 WEIGHTS = 'pool_weights'
 SIGMA = 'pool_sigma'
@@ -51,7 +51,7 @@ def _figure(**kwargs):
     from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        'contextpool_jax.viz needs matplotlib: pip install matplotlib '
+        'contextpool_jax.tools.viz needs matplotlib: pip install matplotlib '
         "(or pip install 'contextpool-jax[notebook]')."
     ) from e
   return Figure(layout='constrained', **kwargs)
@@ -492,7 +492,7 @@ def workdir_figures(
   # Loading a workdir needs flax and ml_collections; this module imports without them.
   # pylint: disable=g-import-not-at-top
   from contextpool_jax.inference import sampling
-  from contextpool_jax.workdirs import load
+  from contextpool_jax.runs.workdirs import load
 
   model, variables, config = load(workdir, step)
   if not sampling.is_language_model(model):
@@ -533,47 +533,3 @@ def write_figures(figures: Mapping[str, Any], out_dir: str, *, dpi: int = 100) -
     fig.savefig(path, dpi=dpi)
     paths.append(str(path))
   return paths
-
-
-def main(argv):
-  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top  # with ml_collections
-
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  logging.set_verbosity(logging.ERROR)
-  f = flags.FLAGS
-  try:
-    figures = workdir_figures(f.workdir, f.text, step=f.step, centres=f.centres)
-    paths = write_figures(figures, f.out, dpi=f.dpi)
-  except (ContextPoolJaxError, ImportError, ValueError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(1)
-  print('\n'.join(paths))
-
-
-def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top  # with ml_collections
-
-  flags.DEFINE_string('workdir', None, 'A language-model training workdir (or an export).')
-  flags.DEFINE_string('text', None, 'The passage to run the model on.')
-  flags.DEFINE_string('out', None, 'Directory for the PNG files.')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
-  flags.DEFINE_multi_integer(
-      'centres',
-      [],
-      'Positions whose Gaussian support is drawn ' '(default: three spread over the text).',
-  )
-  flags.DEFINE_integer('dpi', 100, 'PNG resolution.')
-  flags.mark_flags_as_required(['workdir', 'text', 'out'])
-
-
-def command() -> None:
-  """The console script ``contextpool-viz`` (and ``python -m contextpool_jax.viz``)."""
-  from absl import app  # pylint: disable=g-import-not-at-top  # with ml_collections
-
-  _define_flags()
-  app.run(main)
-
-
-if __name__ == '__main__':
-  command()

@@ -1,10 +1,10 @@
 r"""The sampling command line: text from a language-model workdir, translations from a
-translation workdir (``contextpool-sample``, or ``python -m contextpool_jax.sample``): its flags
+translation workdir (``contextpool-sample``, or ``python -m contextpool_jax.commands.sample``): its flags
 and what it does with them.
 
-  python -m contextpool_jax.sample --workdir /tmp/cp --prompt "def " --length 200 \
+  python -m contextpool_jax.commands.sample --workdir /tmp/cp --prompt "def " --length 200 \
       --temperature 0.8 --top_k 40 --seed 0
-  python -m contextpool_jax.sample --workdir /tmp/wmt --sentence "A small house." --beam_size 4
+  python -m contextpool_jax.commands.sample --workdir /tmp/wmt --sentence "A small house." --beam_size 4
 
 Other flags: ``--step N`` (a checkpoint; default the latest); translation: ``--sentence`` once
 per sentence, ``--alpha 0.6`` (length penalty), ``--max_len 0`` (0: the config's).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from contextpool_jax.errors import ArgumentError, ContextPoolJaxError
+from contextpool_jax.base.errors import ArgumentError, ContextPoolJaxError
 from contextpool_jax.inference import decoding
 from contextpool_jax.inference.sampling import is_language_model, sample_text
 from contextpool_jax.inference.translation import load_vocab, translate
@@ -81,7 +81,7 @@ def runner(model):
 
 def run(flag_values) -> list[str]:
   """What the command line prints, one string per sample/translation."""
-  from contextpool_jax.workdirs import load  # pylint: disable=g-import-not-at-top  # with ml_collections
+  from contextpool_jax.runs.workdirs import load  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   model, variables, config = load(flag_values.workdir, flag_values.step)
   run_model = runner(model)
@@ -135,7 +135,7 @@ def define_flags():
 
 
 def command() -> None:
-  """The console script ``contextpool-sample`` (and ``python -m contextpool_jax.sample``)."""
+  """The console script ``contextpool-sample`` (and ``python -m contextpool_jax.commands.sample``)."""
   from absl import app  # pylint: disable=g-import-not-at-top  # with ml_collections
 
   define_flags()

@@ -1,11 +1,11 @@
 """The checks of values: module fields (used by the layers and models), function
 arguments and process indices.
 
-Every check of a field raises :class:`~contextpool_jax.errors.ConfigError` naming the
+Every check of a field raises :class:`~contextpool_jax.base.errors.ConfigError` naming the
 owner and field, the value it got and what is allowed, so a bad configuration
 fails before XLA compiles anything with a message a user can act on; wrong array
 ranks (a shape bug, not a setting) raise ``ValueError``. Reading a run's config
-(``ml_collections.ConfigDict``) is :mod:`contextpool_jax.config_readers`.
+(``ml_collections.ConfigDict``) is :mod:`contextpool_jax.io.config_readers`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numbers
 from typing import Any, Iterable, Sequence
 
-from contextpool_jax.errors import ArgumentError, ConfigError
+from contextpool_jax.base.errors import ArgumentError, ConfigError
 
 # ----------------------------------------------------------------------------
 # Values (module fields, function arguments).
@@ -22,7 +22,7 @@ from contextpool_jax.errors import ArgumentError, ConfigError
 
 
 def check_argument(name: str, value: Any, ok: bool, expected: str) -> None:
-  """Raises :class:`~contextpool_jax.errors.ArgumentError` (a ``ValueError``) unless
+  """Raises :class:`~contextpool_jax.base.errors.ArgumentError` (a ``ValueError``) unless
   ``ok``: a function argument (not a config entry) ``name=value`` is not allowed."""
   if not ok:
     raise ArgumentError(f'{name}={value!r} is not allowed; expected {expected}.')

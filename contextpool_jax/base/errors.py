@@ -54,7 +54,7 @@ class WorkdirLockedError(ContextPoolJaxError, RuntimeError):
 
 class ArgumentError(ContextPoolJaxError, ValueError):
   """A function argument (not a config entry) is not allowed; the message names the
-  argument, the value and what is expected (:func:`contextpool_jax.checks.check_argument`)."""
+  argument, the value and what is expected (:func:`contextpool_jax.base.checks.check_argument`)."""
 
 
 class DatasetNotFoundError(ContextPoolJaxError, FileNotFoundError):

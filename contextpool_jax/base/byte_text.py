@@ -1,7 +1,7 @@
 """Text as the byte-level language models' tokens: UTF-8 bytes, one id each.
 
 Shared by sampling (:mod:`contextpool_jax.inference.sampling`) and the plots
-(:mod:`contextpool_jax.viz`); no dependencies.
+(:mod:`contextpool_jax.tools.viz`); no dependencies.
 """
 
 from __future__ import annotations

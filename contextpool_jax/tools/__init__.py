@@ -1,0 +1,1 @@
+"""The tools room: ContextPool's figures (:mod:`.viz`)."""
