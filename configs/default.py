@@ -39,7 +39,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.batch_size = 16
   c.log_every_steps = 50
   # Evaluation reads the whole validation split (below), so it runs once, at the end
-  # (docs/results.md, "The default run": what it costs).
+  # (benchmarks/results/lm_study_notes.md, "What the default run's evaluation costs").
   c.eval_every_steps = c.num_train_steps
   c.checkpoint_every_steps = 250
   c.model = ml_collections.ConfigDict(
@@ -72,7 +72,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.optimizer.update(
       name='adamw',
       # Each arm's best peak rate on this config, the same for both (of 1e-3 .. 8e-3,
-      # doubling; docs/results.md, "The default run").
+      # doubling; benchmarks/results/lm_study_notes.md, "The default run").
       learning_rate=2e-3,
       schedule='cosine',
       warmup_steps=50,
