@@ -115,9 +115,9 @@ def test_without_libtpu_the_command_says_so_in_one_line():
       'import importlib.util, sys\n'
       'find = importlib.util.find_spec\n'
       "importlib.util.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a)\n"
-      'from contextpool_jax.training import aot\n'
+      'from contextpool_jax.commands import compile as compile_command\n'
       f"sys.argv = ['contextpool-compile', '--config', {str(config)!r}, '--topology', 'v5e:2x2']\n"
-      'aot.command()\n'
+      'compile_command.command()\n'
   )
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
   assert out.returncode == 1

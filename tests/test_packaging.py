@@ -259,8 +259,8 @@ def test_every_package_is_listed_and_the_configs_install_from_their_one_home():
   assert PROJECT['scripts'] == {
       'contextpool-train': 'contextpool_jax.commands.train:command',
       'contextpool-sample': 'contextpool_jax.commands.sample:command',
-      'contextpool-viz': 'contextpool_jax.tools.viz:command',
-      'contextpool-compile': 'contextpool_jax.training.aot:command',
+      'contextpool-viz': 'contextpool_jax.commands.viz:command',
+      'contextpool-compile': 'contextpool_jax.commands.compile:command',
   }
 
 
