@@ -21,6 +21,7 @@ Every run goes through ``train.py`` (or the local multi-process launcher) with
 the fault injected by a driver script (``_DRIVER``).
 """
 
+import errno
 import json
 import os
 import pathlib
@@ -360,6 +361,75 @@ def test_a_run_whose_lock_was_taken_over_stops_before_writing_more(corpus, tmp_p
   assert _committed_steps(workdir) == [2]  # nothing written at step 4
   assert {r['step'] for r in _lines(workdir)} == {2}
   assert json.loads((workdir / 'run.lock').read_text()) == other  # the other run's, kept
+
+
+# A process that takes a flufl.lock (argv[1]) with runlock's default staleness as its lifetime.
+_FLUFL_HOLDER = """
+import sys, time
+from flufl.lock import Lock
+Lock(sys.argv[1], lifetime=600).lock()
+print('locked', flush=True)
+time.sleep(600)
+"""
+
+
+def test_flufl_lock_lacks_what_the_run_lock_is_tested_for(tmp_path, monkeypatch):
+  """Why training/runlock.py is not flufl.lock (the same NFS-safe hard-link protocol, with
+  lifetimes), tried on flufl.lock itself against what the tests above require:
+
+  * A holder killed on this machine (kill -9, an out-of-memory kill): flufl.lock sees it
+    (``LockState.stale``) but ``lock()`` breaks a lock only once its lifetime is over, and the
+    lifetime must outlast any gap between two heartbeats (runlock's default: 600 s), so the
+    rerun after a kill would wait ten minutes; runlock takes it over at once
+    (test_a_stale_lock_is_taken_over_with_a_warning_naming_its_holder).
+  * The lock file holds the name of flufl.lock's claim file (host, pid) and nothing else: no
+    start time, run id or process count for a refusal to name
+    (test_a_live_lock_refuses_with_one_message_naming_the_holder); and a killed holder's claim
+    file stays in the workdir beside the lock.
+  * Without hard links (gcsfuse, mountpoint-s3: docs/failures.md) flufl.lock raises; runlock
+    falls back to an exclusive create.
+  """
+  from flufl import lock as flufl  # pylint: disable=g-import-not-at-top  # a test dependency
+
+  path = tmp_path / 'flufl' / 'run.lock'
+  path.parent.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, '-c', _FLUFL_HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+  )
+  try:
+    assert holder.stdout.readline() == 'locked\n'
+  finally:
+    holder.kill()  # kill -9
+    holder.wait()
+  lock = flufl.Lock(str(path), lifetime=600)
+  assert lock.state == flufl.LockState.stale  # it knows the holder is gone ...
+  with pytest.raises(flufl.TimeOutError):
+    lock.lock(timeout=1)  # ... and waits for its lifetime to end all the same
+  host, pid, _ = lock.details
+  assert lock.details == (host, holder.pid, str(path))  # all the lock says of its holder
+  claim = f'run.lock|{host}|{holder.pid}|'
+  assert path.read_text().startswith(f'{path}|{host}|{holder.pid}|')
+  names = sorted(p.name for p in path.parent.iterdir())
+  assert len(names) == 2 and names[0] == 'run.lock' and names[1].startswith(claim), names
+  # runlock, the same dead holder: taken over at once.
+  ours = tmp_path / 'ours'
+  ours.mkdir()
+  (ours / 'run.lock').write_text(json.dumps(_info(pid=holder.pid, pid_start=None)))
+  with pytest.warns(UserWarning, match=rf'\(its process {holder.pid} is not running\)'):
+    with runlock.hold(ours, stale_seconds=600):
+      pass
+
+  # No hard links: flufl.lock raises; runlock takes the workdir all the same.
+  def no_hard_links(*args, **kwargs):
+    raise PermissionError(errno.EPERM, 'Operation not permitted')
+
+  monkeypatch.setattr(os, 'link', no_hard_links)
+  (tmp_path / 'no_links').mkdir()
+  with pytest.raises(PermissionError):
+    flufl.Lock(str(tmp_path / 'no_links' / 'flufl.lock')).lock(timeout=1)
+  with runlock.hold(tmp_path / 'no_links', stale_seconds=600) as held:
+    assert json.loads((tmp_path / 'no_links' / 'run.lock').read_text())['run_id'] == held.run_id
+  assert sorted(p.name for p in (tmp_path / 'no_links').iterdir()) == []
 
 
 def test_a_second_launch_on_a_live_workdir_is_refused_before_compiling(reference, driver, tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 
 import chex
 import jax
@@ -119,6 +120,29 @@ def test_the_model_card_names_model_config_data_split_and_metrics(exported):
   assert '| split | accuracy | bpc | loss |' in card
   assert f'| eval_validation | 0 | {last["bpc"]:.6g} | {last["loss"]:.6g} |' in card
   assert 'from contextpool_jax.runs.workdirs import load' in card
+
+
+def test_the_card_is_huggingface_hubs_model_card_and_the_same_without_it(
+    exported, tmp_path, monkeypatch
+):
+  """huggingface_hub.ModelCard renders the card (its YAML block: the library and the tags);
+  an install without huggingface_hub (the core and [train] ones, which export too) writes the
+  same text."""
+  hub = pytest.importorskip('huggingface_hub')
+  card = (exported / 'README.md').read_text()
+  assert card.startswith(
+      '---\nlibrary_name: contextpool-jax\ntags:\n- jax\n- flax\n- contextpool-jax\n'
+      '- cp_transformer_lm\n---\n\n# cp_transformer_lm\n'
+  )
+  read = hub.ModelCard(card)
+  assert read.data.library_name == 'contextpool-jax'
+  assert read.data.tags == ['jax', 'flax', 'contextpool-jax', 'cp_transformer_lm']
+  assert str(read) == card
+  monkeypatch.setitem(sys.modules, 'huggingface_hub', None)  # importing it fails
+  with pytest.raises(ImportError):
+    import huggingface_hub  # pylint: disable=import-outside-toplevel,unused-import
+  without = export_params(OLD, tmp_path / 'without', msgpack=False)
+  assert (without / 'README.md').read_text() == card
 
 
 def test_the_card_takes_the_last_evaluation_up_to_the_exported_step(tmp_path):

@@ -309,6 +309,108 @@ def test_the_mlflow_writer_names_a_missing_package_and_its_extra(corpus, tmp_pat
   )
 
 
+def test_tensorboard_reads_the_event_file_back(tmp_path):
+  """The TensorBoard writer's files, read by TensorBoard's own reader: the config as text, the
+  scalars, a histogram (64 bins over the finite values: a NaN is not counted), and a rerun's
+  file, which drops what the first run logged after the step it resumes from."""
+  import ml_collections
+  from tensorboard.backend.event_processing import event_accumulator
+
+  config = ml_collections.ConfigDict({'model': {'name': 'cp_transformer_lm'}})
+  first = writers.TensorBoardWriter(writers.Run(config, tmp_path, 0))
+  for step in (1, 2, 3):
+    first.scalars(step, {'loss': 1.0 / step}, 'train')
+  first.histograms(2, {'layer_0': np.array([[1.0, 2.0], [4.0, np.nan]])}, 'pool_sigma')
+  first.close()
+  rerun = writers.TensorBoardWriter(writers.Run(config, tmp_path, 2))  # resumed from step 2
+  rerun.scalars(3, {'loss': 0.125}, 'train')
+  rerun.close()
+  files = sorted((tmp_path / 'tensorboard').iterdir())
+  assert len(files) == 2 and all(p.name.startswith('events.out.tfevents.') for p in files)
+  reader = event_accumulator.EventAccumulator(
+      str(tmp_path / 'tensorboard'), size_guidance={event_accumulator.HISTOGRAMS: 0}
+  )
+  reader.Reload()
+  assert [(e.step, e.value) for e in reader.Scalars('train/loss')] == [
+      (1, 1.0),
+      (2, 0.5),
+      (3, 0.125),  # the rerun's; the first run's step 3 was dropped
+  ]
+  (histogram,) = reader.Histograms('pool_sigma/layer_0')
+  assert histogram.step == 2 and histogram.histogram_value.num == 4
+  assert sum(histogram.histogram_value.bucket) == 3
+  assert histogram.histogram_value.bucket_limit[-1] == 4.0
+  assert 'config/text_summary' in reader.Tags()['tensors']
+
+
+# tensorboardX's public writer, SummaryWriter, cannot take storage.EventFile's place: it writes
+# from a thread, and a write that fails there (a full disk) kills that thread with a traceback
+# on stderr and is never raised to the caller; once its queue holds max_queue events, the
+# caller's next add_* blocks forever (the training loop would hang, its error unsaid).
+# EventFile writes on the caller's thread and raises WriteError at once. Both under a file-size
+# limit of 0 (every write that grows a file fails with EFBIG, as on a full disk).
+_FULL_DISK = r"""
+import os, resource, signal, sys, threading, time
+import tensorboardX
+from tensorboardX import summary
+from contextpool_jax import storage
+from contextpool_jax.errors import WriteError
+
+ours = storage.EventFile(sys.argv[1] + '/ours')
+theirs = tensorboardX.SummaryWriter(sys.argv[1] + '/theirs', max_queue=10)
+theirs.flush()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+text = 'x' * 100_000  # an event larger than the file's buffer: written at once
+try:
+  ours.add(1, summary.text('config', text))
+  ours.flush()
+except WriteError as e:
+  print(f'ours: {e}', flush=True)
+returned = []
+
+def log():
+  for step in range(1, 40):
+    theirs.add_text('config', text, step)
+    try:
+      theirs.flush()  # does not wait for the thread; it may raise a later error, or not
+    except OSError:
+      pass
+    returned.append(step)
+
+thread = threading.Thread(target=log, daemon=True)
+thread.start()
+count, since = -1, time.time()
+while thread.is_alive() and time.time() - since < 3:  # until no call returns for 3 s
+  if len(returned) != count:
+    count, since = len(returned), time.time()
+  time.sleep(0.05)
+print(f'theirs: {len(returned)} calls returned, blocked: {thread.is_alive()}', flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_tensorboardx_summary_writer_loses_a_failed_write_and_blocks_where_ours_raises(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-c', _FULL_DISK, str(tmp_path)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  ours, theirs = out.stdout.splitlines()
+  assert re.fullmatch(
+      rf'ours: cannot write {re.escape(str(tmp_path))}/ours/events\.out\.tfevents\.\S+: '
+      r'\[Errno 27\] File too large',
+      ours,
+  ), ours
+  # The writer thread died on the first event; the queue took 10 more; the 12th call blocks.
+  assert theirs == 'theirs: 11 calls returned, blocked: True', theirs
+  assert 'Exception in thread' in out.stderr and 'File too large' in out.stderr, out.stderr
+
+
 def _extra_distributions(extras, name):
   """The distributions ``pip install 'contextpool-jax[<name>]'`` asks for (self-references
   followed)."""

@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import socket
-import struct
 import sys
 import time
 import traceback
@@ -163,16 +162,12 @@ class JsonLines:
         os.close(fd)
 
 
-def _masked_crc32c(data: bytes) -> int:
-  from tensorboardX.crc32c import crc32c  # pylint: disable=g-import-not-at-top  # [train] only
-
-  x = crc32c(data) & 0xFFFFFFFF
-  return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 class EventFile:
-  """A TensorBoard event file (TFRecord of ``Event`` protos) written from the caller's
-  thread: :meth:`flush` raises WriteError where the disk fails.
+  """A TensorBoard event file written from the caller's thread: :meth:`flush` raises
+  WriteError where the disk fails. tensorboardX's public ``RecordWriter`` writes the
+  records (TFRecord framing and checksums) of ``Event`` protos holding the summaries of
+  ``tensorboardX.summary``. (Its ``SummaryWriter`` writes from a thread, which a failed
+  write kills, and then blocks the loop on its full queue: tests/test_writers.py shows it.)
 
   ``purge_from``: a rerun of a workdir starts its file with a ``SessionLog.START`` at
   that step, which makes TensorBoard drop the events a killed run logged from that
@@ -182,6 +177,7 @@ class EventFile:
   def __init__(self, directory: epath.PathLike, purge_from: Optional[int] = None):
     # tensorboardX comes with the [train] extra: the rest of this module (write_atomic, the
     # exports') is the core install's.
+    import tensorboardX  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
 
     self._pb = event_pb2
@@ -190,9 +186,9 @@ class EventFile:
       directory.mkdir(parents=True, exist_ok=True)
     name = f'events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}'
     self.path = directory / name
-    with writing(self.path):
-      self._file = open(self.path, 'xb')  # pylint: disable=consider-using-with
-    self._failed = False
+    self._failed, self._records = False, None
+    with self._failing():
+      self._records = tensorboardX.RecordWriter(os.fspath(self.path))
     self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
     if purge_from is not None:
       start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
@@ -204,22 +200,13 @@ class EventFile:
     self._write(self._pb.Event(wall_time=time.time(), step=step, summary=summary))
 
   def _write(self, event: Any) -> None:
-    data = event.SerializeToString()
-    header = struct.pack('<Q', len(data))
-    record = b''.join(
-        (
-            header,
-            struct.pack('<I', _masked_crc32c(header)),
-            data,
-            struct.pack('<I', _masked_crc32c(data)),
-        )
-    )
     with self._failing():
-      self._file.write(record)
+      self._records.write(event.SerializeToString())
 
   def flush(self) -> None:
+    """Writes the buffered events to the file (and fsyncs it)."""
     with self._failing():
-      self._file.flush()
+      self._records.flush()
 
   @contextlib.contextmanager
   def _failing(self):
@@ -232,11 +219,11 @@ class EventFile:
 
   def close(self) -> None:
     """Closes the file; after a failed write, without raising again."""
-    if self._file is not None:
-      file, self._file = self._file, None
+    if self._records is not None:
+      records, self._records = self._records, None
       try:
         with writing(self.path):
-          file.close()
+          records.close()
       except WriteError:
         if not self._failed:
           raise

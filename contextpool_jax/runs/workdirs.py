@@ -442,16 +442,12 @@ def model_card(
     metrics: tuple[Optional[int], dict[str, dict]] = (None, {}),
     source: str = '',
 ) -> str:
-  """The ``README.md`` of an export: a Hugging Face model card (YAML front matter) with the
-  model (name, size fields, parameter count), the run's key config fields, the data and
-  its split, the evaluation metrics at export (``metrics``: :func:`_latest_eval`'s) and
-  how to load it."""
+  """The ``README.md`` of an export: a Hugging Face model card (:func:`_card_text`: YAML
+  metadata, the library and tags) with the model (name, size fields, parameter count), the
+  run's key config fields, the data and its split, the evaluation metrics at export
+  (``metrics``: :func:`_latest_eval`'s) and how to load it."""
   name = config.model.get('name', '?')
   lines = [
-      '---',
-      'library_name: contextpool-jax',
-      'tags: [jax, flax, contextpool-jax, ' + name + ']',
-      '---',
       '',
       f'# {name}',
       '',
@@ -465,7 +461,25 @@ def model_card(
   lines += _card_model(config.model, variables) + _card_config(config)
   lines += _card_data(config.get('dataset', ml_collections.ConfigDict()))
   lines += _card_metrics(*metrics, step) + _CARD_LOADING
-  return '\n'.join(lines)
+  tags = list(dict.fromkeys(['jax', 'flax', 'contextpool-jax', str(name)]))
+  return _card_text({'library_name': 'contextpool-jax', 'tags': tags}, '\n'.join(lines))
+
+
+def _card_text(metadata: dict[str, Any], body: str) -> str:
+  """A model card: ``metadata`` as its YAML block, then ``body`` (Markdown), rendered by
+  ``huggingface_hub.ModelCard`` (the ``[hub]`` extra). Without huggingface_hub (the core and
+  ``[train]`` installs export too), PyYAML writes the block as huggingface_hub does
+  (``yaml.dump``: keys in order, unicode kept): the same text
+  (tests/test_export_weights.py compares them)."""
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    import yaml  # pylint: disable=import-outside-toplevel  # flax's and ml_collections' dependency
+
+    block = yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True).strip()
+    return f'---\n{block}\n---\n{body}'
+  block = huggingface_hub.ModelCardData(**metadata).to_yaml()
+  return str(huggingface_hub.ModelCard(f'---\n{block}\n---\n{body}'))
 
 
 def _card_model(model: ml_collections.ConfigDict, variables: dict[str, Any]) -> list[str]:

@@ -19,7 +19,10 @@ The protocol:
   ``run.lock``, which fails if the file exists (``os.link``: atomic on local
   filesystems and on NFS, the classic NFS-safe lock file; with no hard links,
   ``O_CREAT | O_EXCL``). No ``flock``: it is not reliable over NFS and absent on
-  object stores, and a kill -9 must leave a lock the next run can judge.
+  object stores, and a kill -9 must leave a lock the next run can judge. Not
+  ``flufl.lock`` (the same hard-link protocol, with lifetimes): it takes a dead
+  holder's lock over only when its lifetime ends, its file names only the host and
+  pid, and it needs hard links (tests/test_cluster_faults.py tries it).
 * **One lock per run**, not per process: the other processes of a multi-process
   run take none; they learn from process 0 (``broadcast_one_to_all``) the run id,
   or that the workdir is held, and then stop with it.

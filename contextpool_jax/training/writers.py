@@ -222,13 +222,8 @@ class JsonlWriter:
     self.jsonl.close()
 
 
-def _histogram_bins() -> list[float]:
-  """tensorboardX's default ('tensorflow') histogram bins."""
-  edges, v = [], 1e-12
-  while v < 1e20:
-    edges.append(v)
-    v *= 1.1
-  return [-e for e in reversed(edges)] + [0.0] + edges
+# A TensorBoard histogram's bins, even over the finite values' range (as the W&B writer's).
+HISTOGRAM_BINS = 64
 
 
 class TensorBoardWriter:
@@ -243,7 +238,6 @@ class TensorBoardWriter:
     tb_dir = run.workdir / TENSORBOARD_DIR
     rerun = tb_dir.exists() and any('tfevents' in p.name for p in tb_dir.iterdir())
     self.tb = storage.EventFile(tb_dir, purge_from=run.start + 1 if rerun else None)
-    self._bins = _histogram_bins()
     text = '```\n' + json.dumps(run.config_dict(), indent=2) + '\n```'
     self.tb.add(run.start, summary.text('config', text))
     self.tb.flush()
@@ -256,7 +250,8 @@ class TensorBoardWriter:
   def histograms(self, step, values, prefix):
     for k, val in values.items():
       flat = np.asarray(val, np.float32).ravel()
-      self.tb.add(step, self._summary.histogram(f'{prefix}/{k}', flat, self._bins))
+      edges = np.histogram_bin_edges(flat[np.isfinite(flat)], HISTOGRAM_BINS)  # NaN: not counted
+      self.tb.add(step, self._summary.histogram(f'{prefix}/{k}', flat, edges))
     self.tb.flush()
 
   def close(self):
