@@ -353,8 +353,8 @@ _FULL_DISK = r"""
 import os, resource, signal, sys, threading, time
 import tensorboardX
 from tensorboardX import summary
-from contextpool_jax import storage
-from contextpool_jax.errors import WriteError
+from contextpool_jax.io import storage
+from contextpool_jax.base.errors import WriteError
 
 ours = storage.EventFile(sys.argv[1] + '/ours')
 theirs = tensorboardX.SummaryWriter(sys.argv[1] + '/theirs', max_queue=10)
