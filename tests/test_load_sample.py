@@ -197,7 +197,7 @@ def test_sample_command_line(workdir, tmp_path):
 
 def test_viz_command_line_writes_the_figures(workdir, tmp_path):
   out = _run(
-      'contextpool_jax.tools.viz',
+      'contextpool_jax.commands.viz',
       '--workdir',
       str(workdir),
       '--text',
