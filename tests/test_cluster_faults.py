@@ -576,7 +576,7 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
       'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
       'resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.RLIM_INFINITY))\n'
       'from contextpool_jax.base.errors import WriteError\n'
-      'from contextpool_jax.runs.workdirs import export_params\n'
+      'from contextpool_jax.runs.export import export_params\n'
       'try:\n'
       '  export_params(sys.argv[1], sys.argv[2])\n'
       'except WriteError as e:\n'
@@ -594,7 +594,7 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
       f'error: cannot write {out_dir}/model.safetensors: [Errno 27] File too large'
   ), (out.stdout + out.stderr[-3000:])
   assert sorted(p.name for p in out_dir.iterdir()) == ['README.md', 'config.json']  # not an export
-  from contextpool_jax.runs.workdirs import export_params  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs.export import export_params  # pylint: disable=g-import-not-at-top
 
   export_params(uninterrupted, out_dir)  # with room, the same export works
   assert load_variables(out_dir)[1] == -1

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from configs import default as default_config
 from contextpool_jax import models
-from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.runs import config_fields, layout
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
@@ -413,7 +413,7 @@ def test_the_saved_config_records_every_field_of_a_config_built_in_code(tmp_path
   config.dataset.data_dir = str(tmp_path / 'tfds')
   with pytest.raises(ConfigError, match='softmx'):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
-  saved = json.loads((tmp_path / 'run' / workdirs.CONFIG_FILE).read_text())['model']
+  saved = json.loads((tmp_path / 'run' / layout.CONFIG_FILE).read_text())['model']
   assert set(saved) == set(config_fields.model_fields('cp_transformer_lm')) | {'name'}
   assert set(saved['context_pool']) == set(config_fields.context_pool_fields())
   assert saved['num_layers'] == 1 and saved['num_heads'] == 8  # given; the preset's
@@ -445,7 +445,7 @@ def test_a_workdir_saved_before_the_fields_were_filled_in_resumes(tmp_path):
   config = config_fields.complete(config)  # as the trainer has it
   saved = json.loads(config.to_json_best_effort())
   saved['model'] = _OLD_DEFAULT_MODEL
-  (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
+  (tmp_path / layout.CONFIG_FILE).write_text(json.dumps(saved))
   checkpoints.check_resume_config(tmp_path, config)  # the same run: no error
   checkpoints.check_resume_config(tmp_path, _parse('configs/default.py', old))  # from the CLI
   # Today's default reads 'kv': that run cannot resume from the old one's checkpoints.

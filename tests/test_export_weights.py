@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from contextpool_jax.runs import workdirs
+from contextpool_jax.runs import hub, model_card, workdirs
 from contextpool_jax.base.errors import ArgumentError
-from contextpool_jax.runs.workdirs import export_params, load, load_variables
+from contextpool_jax.runs.export import export_params
+from contextpool_jax.runs.workdirs import load, load_variables
 from test_old_workdir import CORPUS_TEXT, OLD
 
 TOKENS = jnp.asarray(np.frombuffer(CORPUS_TEXT[:16].encode(), np.uint8)[None], jnp.int32)
@@ -156,11 +157,11 @@ def test_the_card_takes_the_last_evaluation_up_to_the_exported_step(tmp_path):
       {'step': 3, 'split': 'eval_validation', 'loss': 6.0},  # after the exported step
   ]
   (run / 'metrics.jsonl').write_text('\n'.join(json.dumps(l) for l in lines) + '\n{"step": 4, "spl')
-  assert workdirs._latest_eval(run, 2) == (
+  assert model_card.latest_eval(run, 2) == (
       2,
       {'eval_validation': {'loss': 7.0}, 'eval_test': {'loss': 7.5}},
   )
-  assert workdirs._latest_eval(run, 3) == (3, {'eval_validation': {'loss': 6.0}})
+  assert model_card.latest_eval(run, 3) == (3, {'eval_validation': {'loss': 6.0}})
   (run / 'metrics.jsonl').unlink()
   card = (export_params(run, tmp_path / 'out') / 'README.md').read_text()
   assert 'No evaluation metrics' in card
@@ -205,7 +206,7 @@ def test_load_from_hub_offline_from_the_hub_cache(exported, tmp_path, monkeypatc
       ref_model.apply(checkpoint, TOKENS, train=False),
   )
   assert config.model.name == 'cp_transformer_lm'
-  assert workdirs.hub_snapshot(
+  assert hub.hub_snapshot(
       'someone/tiny-cp-lm', 'main', cache_dir=tmp_path / 'hub', local_files_only=True
   ) == pathlib.Path(snapshot)
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from contextpool_jax.runs import workdirs
+from contextpool_jax.runs import layout, workdirs
 from contextpool_jax.training import checkpoints, trainer
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
@@ -332,10 +332,10 @@ def test_the_saved_config_is_never_seen_half_written(tmp_path):
   # process 1 left before the first barrier (as a torn read makes it do), and
   # process 0, still waiting there, failed the shutdown barrier.
   config = default_config.get_config()
-  path = tmp_path / workdirs.CONFIG_FILE
+  path = tmp_path / layout.CONFIG_FILE
   assert _torn_reads(lambda: workdirs.write_config(tmp_path, config), path) == 0
   assert json.loads(path.read_text()) == json.loads(config.to_json_best_effort())
-  assert [p.name for p in tmp_path.iterdir()] == [workdirs.CONFIG_FILE]  # no temporaries left
+  assert [p.name for p in tmp_path.iterdir()] == [layout.CONFIG_FILE]  # no temporaries left
   # The probe can fail: a plain rewrite (truncate, then write) is seen torn.
   naive = lambda: path.write_text(config.to_json_best_effort(indent=2))
   assert _torn_reads(naive, path) > 0

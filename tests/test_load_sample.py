@@ -20,7 +20,8 @@ from contextpool_jax.inference import sampling, translation
 from contextpool_jax.tools import viz
 from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.training import trainer
-from contextpool_jax.runs.workdirs import WorkdirError, export_params, load
+from contextpool_jax.runs.export import export_params
+from contextpool_jax.runs.workdirs import WorkdirError, load
 from test_training import tiny_config  # the small offline LM config
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines

@@ -417,7 +417,7 @@ def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(
   versions held to this stack's pins), in a fresh virtualenv: it loads an export
   (safetensors + config.json) and samples from it, in Python and with ``contextpool-sample``;
   ``contextpool-train`` ends with one line naming the [train] extra."""
-  from contextpool_jax.runs.workdirs import export_params  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.runs.export import export_params  # pylint: disable=g-import-not-at-top
 
   export = export_params(REPO / 'tests' / 'data' / 'workdir_0_1_0', tmp_path / 'export')
   wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')

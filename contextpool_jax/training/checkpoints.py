@@ -35,11 +35,11 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.io import storage
-from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.runs import config_fields, layout
 from contextpool_jax.base.errors import CheckpointError, ConfigError
 from contextpool_jax.training import steps
 
-# Where a damaged checkpoint is moved (next to workdirs.CHECKPOINTS_DIR).
+# Where a damaged checkpoint is moved (next to layout.CHECKPOINTS_DIR).
 DAMAGED_DIR = 'damaged_checkpoints'
 # Config fields a resumed run must share with the saved one: they fix the
 # structure and meaning of the saved state. Everything else (steps, rates,
@@ -161,7 +161,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
   :func:`config_fields.complete`) differs from the saved one in ``RESUME_KEYS`` (its
   absent model fields at their defaults: :func:`_completed`) or in whether ``dtype``
   is float16 (:func:`_loss_scale_difference`)."""
-  path = workdir / workdirs.CONFIG_FILE
+  path = workdir / layout.CONFIG_FILE
   if not path.exists():
     return
   try:
@@ -169,7 +169,7 @@ def check_resume_config(workdir: epath.Path, config: ml_collections.ConfigDict) 
   except json.JSONDecodeError as e:
     raise CheckpointError(
         f'{path} is not valid JSON ({e}); it records the config the '
-        f'checkpoints in {workdir / workdirs.CHECKPOINTS_DIR} were trained with.'
+        f'checkpoints in {workdir / layout.CHECKPOINTS_DIR} were trained with.'
     ) from e
   diffs = config_differences(_completed(saved), config)
   diffs += _loss_scale_difference(saved, config)
@@ -250,8 +250,8 @@ def restore_params(path: str, target: Any) -> Any:
   restore), so the other run's state may differ in the rest: float16 or not
   (:class:`steps.ScaledTrainState`), another optimizer."""
   directory = epath.Path(path)
-  if (directory / workdirs.CHECKPOINTS_DIR).exists():
-    directory = directory / workdirs.CHECKPOINTS_DIR
+  if (directory / layout.CHECKPOINTS_DIR).exists():
+    directory = directory / layout.CHECKPOINTS_DIR
   item = {'params': target.params, 'model_state': target.model_state}
   restore = lambda: ocp.args.Composite(
       state=ocp.args.PyTreeRestore(

@@ -67,7 +67,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.io import console, storage
-from contextpool_jax.runs import config_fields, workdirs
+from contextpool_jax.runs import config_fields, layout, workdirs
 from contextpool_jax.base.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
@@ -402,7 +402,7 @@ def _train(
 ) -> dict[str, Any]:
   """:func:`train_and_evaluate` once the run holds ``workdir``."""
   is_main = jax.process_index() == 0
-  directory = workdir / workdirs.CHECKPOINTS_DIR
+  directory = workdir / layout.CHECKPOINTS_DIR
   with storage.writing(directory):
     manager = checkpoints.manager(
         directory,

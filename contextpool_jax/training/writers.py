@@ -51,10 +51,10 @@ import numpy as np
 from etils import epath
 
 from contextpool_jax.io import config_readers, console, storage
-from contextpool_jax.runs import workdirs
+from contextpool_jax.runs import layout
 from contextpool_jax.base.errors import ConfigError
 
-METRICS_FILE = workdirs.METRICS_FILE  # the workdir's layout (the model card reads it)
+METRICS_FILE = layout.METRICS_FILE  # the workdir's layout (the model card reads it)
 TENSORBOARD_DIR = 'tensorboard'
 WANDB_DIR = 'wandb'
 MLFLOW_DIR = 'mlruns'
