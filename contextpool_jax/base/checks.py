@@ -58,7 +58,7 @@ def check_positive(
     allow_zero: bool = False,
 ) -> None:
   """Raises unless ``value`` is a positive (or non-negative) number."""
-  if value is None and allow_none:
+  if allow_none and value is None:
     return
   kind = 'integer' if integer else 'number'
   bound = '>= 0' if allow_zero else '> 0'

@@ -99,12 +99,14 @@ def main(argv):
     from contextpool_jax.training import trainer
   except ModuleNotFoundError as e:  # the core install: no [train] extra
     command_line.fail(command_line.missing_extra('contextpool-train', 'train', e))
+  workdir = _WORKDIR.value
+  assert workdir is not None  # a required flag
   # The project's own messages (about the config, the data, the checkpoints, the
   # workdir's lock, a file that cannot be written: contextpool_jax/base/errors.py) are
   # complete in one line; anything else (a bug in a module you edited) keeps its
   # traceback.
   try:
-    result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = trainer.train_and_evaluate(_CONFIG.value, workdir)
   except ContextPoolJaxError as e:
     command_line.fail(str(e))
   if result.get('preempted'):

@@ -134,7 +134,7 @@ def build(lib: str, out: str) -> pathlib.Path:
 def main(argv=None) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
 
-  parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+  parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n', 1)[0])
   parser.add_argument('--lib', required=True, help="a CPython 'Lib' directory (3.11.7's)")
   parser.add_argument('--out', required=True, help='directory to write the archive to')
   args = parser.parse_args(argv)

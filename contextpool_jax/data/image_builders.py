@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import utils as tfds_utils
 
 from contextpool_jax.io import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
@@ -51,6 +52,7 @@ def load_source() -> tuple[np.ndarray, np.ndarray]:
         f"{NAME} is read from scikit-learn's bundled copy: pip install scikit-learn ({e})."
     ) from e
   digits = datasets.load_digits()
+  assert not isinstance(digits, tuple)  # a Bunch: return_X_y is off
   images = np.rint(digits.images * (255.0 / MAX_COUNT)).astype(np.uint8)
   return images[..., None], digits.target.astype(np.int64)
 
@@ -76,12 +78,14 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Stratified 70/15/15 split, seed 0; pixels scaled to 0..255.'}
 
-  code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))
+  code_path = tfds_utils.classproperty(
+      classmethod(builder_code_path)  # pyright: ignore[reportArgumentType]  # tfds: narrow stub
+  )
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
-        description=__doc__.split('\n\n')[1],
+        description=(__doc__ or '').split('\n\n')[1],
         features=tfds.features.FeaturesDict(
             {
                 'image': tfds.features.Tensor(shape=IMAGE_SHAPE, dtype=np.uint8),

@@ -177,9 +177,9 @@ def _seed(spec: ImageInputSpec, process_index: int, salt: int) -> int:
 
 def _how_to_prepare(name: str, data_dir: Optional[str]) -> str:
   if data_dir is None:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    from tensorflow_datasets.core import constants  # pylint: disable=g-import-not-at-top
 
-    data_dir = tfds.core.constants.get_default_data_dir()
+    data_dir = constants.get_default_data_dir()
   build = (
       f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
       f"(or in Python: tfds.builder('{name}', data_dir='{data_dir}')"

@@ -495,7 +495,9 @@ class EvalBatches:
     return len(self._batches)
 
   def __getitem__(self, t: int) -> dict[str, np.ndarray]:
-    return self._batches[t]
+    batch = self._batches[t]
+    assert batch is not None  # a map over a range: grain filtered nothing out
+    return batch
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     return iter(self._batches.to_iter_dataset(self._read_options))

@@ -55,11 +55,12 @@ import json
 import os
 import sysconfig
 import warnings
-from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+from typing import IO, Any, BinaryIO, Iterator, Mapping, Sequence, cast
 import zipfile
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import utils as tfds_utils
 
 from contextpool_jax.io import console
 from contextpool_jax.data import DatasetNotFoundError, builder_code_path
@@ -125,7 +126,7 @@ class _ZipMemberSource:
         ) from None
 
   @contextlib.contextmanager
-  def open(self) -> Iterator[BinaryIO]:
+  def open(self) -> Iterator[IO[bytes]]:
     with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as f:
       yield f  # ZipExtFile is seekable (forward seeks decompress through).
 
@@ -184,7 +185,9 @@ class _ByteCorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   _HOMEPAGE = None
   _DESCRIPTION = ''
 
-  code_path = tfds.core.utils.classproperty(classmethod(builder_code_path))
+  code_path = tfds_utils.classproperty(
+      classmethod(builder_code_path)  # pyright: ignore[reportArgumentType]  # tfds: narrow stub
+  )
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
@@ -207,6 +210,7 @@ class _ByteCorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     }
 
   def _generate_examples(self, source, start: int, stop: int):
+    assert self.builder_config is not None  # these builders have configs (BUILDER_CONFIGS)
     chunk = self.builder_config.chunk_bytes
     with source.open() as f:
       f.seek(start)
@@ -243,7 +247,7 @@ def _byte_split_config(
     chunk_bytes: int | None,
 ) -> ByteSplitConfig:
   """A config named after its values ('standard' for the standard split)."""
-  values = dict(
+  values: dict[str, Any] = dict(
       train_bytes=STANDARD_SPLIT_BYTES['train'] if train_bytes is None else train_bytes,
       validation_bytes=STANDARD_SPLIT_BYTES['validation']
       if validation_bytes is None
@@ -324,6 +328,7 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
   @property
   def final_data_dir(self) -> str:
     # (`self.data_dir` points to a temporary directory during preparation.)
+    assert self.builder_config is not None  # these builders have configs (BUILDER_CONFIGS)
     return os.path.join(
         os.fspath(self.data_dir_root), self.name, self.builder_config.name, str(self.version)
     )
@@ -332,6 +337,7 @@ class _StandardCorpusBuilder(_ByteCorpusBuilder, skip_registration=True):
     source = self._open_source(dl_manager)
     size = source.size
     cfg = self.builder_config
+    assert isinstance(cfg, ByteSplitConfig)  # every config of BUILDER_CONFIGS and __init__'s
     expected = cfg.train_bytes + cfg.validation_bytes + cfg.test_bytes
     if size != expected:
       raise DataError(
@@ -823,6 +829,7 @@ class LocalText(_ByteCorpusBuilder):
   def _split_sources(self, dl_manager):
     del dl_manager
     cfg = self.builder_config
+    assert isinstance(cfg, LocalTextConfig)  # __init__ takes no other
     try:
       unchanged = all(
           [digest for digest, _ in _scan_pieces(cfg.root, path, pieces)] == [i[3] for i in pieces]
@@ -953,7 +960,8 @@ def prepare_text_dataset(
       console.event('What each split holds (%s):' % os.path.join(builder.data_dir, SPLITS_SUMMARY))
       for line in text_splits.summary_lines(summary):
         console.event(line)
-  return builder.as_data_source()
+  # With no split, TFDS gives every split: {split: data source}.
+  return cast(Mapping[str, Any], builder.as_data_source())
 
 
 def split_summary(builder: tfds.core.DatasetBuilder) -> dict | None:

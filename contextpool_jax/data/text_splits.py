@@ -137,7 +137,7 @@ def assign(pieces: Sequence[Piece], seed: int) -> dict[str, list[Piece]]:
     share = EVAL_SHARE * sum(p.length for p in folders[folder])
     held = dict.fromkeys(EVAL_SPLITS, 0)
     for piece in sorted(folders[folder], key=lambda p: _rank(seed, 'split', p)):
-      for split in sorted(EVAL_SPLITS, key=held.get):  # the one holding less first
+      for split in sorted(EVAL_SPLITS, key=lambda s: held[s]):  # the one holding less first
         if held[split] < share and held[split] + piece.length <= (1 + OVERSHOOT) * share:
           chosen[piece] = split
           held[split] += piece.length

@@ -17,7 +17,7 @@ its failures into one of two errors:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from contextpool_jax.data import DatasetNotFoundError
 from contextpool_jax.base.errors import ConfigError
@@ -33,7 +33,7 @@ def _prepared_splits(name: str, data_dir: Optional[str]) -> str:
 
   try:
     splits = tfds.builder(name, data_dir=data_dir).info.splits
-  except (ValueError, FileNotFoundError, tfds.core.registered.DatasetNotFoundError) as e:
+  except (ValueError, FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
     return f'unknown ({type(e).__name__}: {str(e).splitlines()[0][:200]})'
   return ', '.join(f'{s} ({info.num_examples} examples)' for s, info in splits.items())
 
@@ -70,12 +70,15 @@ def open_split(
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    # One split (a string): one data source.
+    source = cast(
+        Sequence[Any], tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    )
   except (
       NotImplementedError,
       AssertionError,
       FileNotFoundError,
-      tfds.core.registered.DatasetNotFoundError,
+      tfds.core.DatasetNotFoundError,
   ) as e:
     raise DatasetNotFoundError(
         f'{how_to_prepare()} ({type(e).__name__}: {str(e).splitlines()[0][:200]})'

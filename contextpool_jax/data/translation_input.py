@@ -564,8 +564,13 @@ class _BucketIterator(grain.DatasetIterator):
       )
     self._parent.set_state(state['parent'])
     self._buffers = [
-        [self._examples[int(j)] for j in row if int(j) >= 0] for row in state['buckets']
+        [self._example(int(j)) for j in row if int(j) >= 0] for row in state['buckets']
     ]
+
+  def _example(self, index: int) -> dict:
+    example = self._examples[index]
+    assert example is not None  # a map, no filter: every index has its example
+    return example
 
 
 class BucketBatchDataset(grain.IterDataset):

@@ -136,18 +136,18 @@ class Progress:
     import tqdm  # pylint: disable=g-import-not-at-top
 
     self.out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
+    bar_file: TextIO = sys.stderr if err is None else err
     self.total = total
     self.lines = enabled and not self.out.isatty()
     self.bar = tqdm.tqdm(
         total=total,
         initial=start,
-        disable=not (enabled and err.isatty()),
+        disable=not (enabled and bar_file.isatty()),
         unit='step',
         dynamic_ncols=True,
         mininterval=2.0,
         smoothing=0.1,
-        file=err,
+        file=bar_file,
     )
 
   def write(self, message: str) -> None:

@@ -311,14 +311,14 @@ class AugmentedConv2D(nn.Module):
     """Validates the fields; returns (kernel_size, strides, d_k, d_v)."""
     checks.check_positive(_OWNER, 'features', self.features, integer=True)
     checks.check_positive(_OWNER, 'num_heads', self.num_heads, integer=True)
-    kernel = checks.as_tuple(_OWNER, 'kernel_size', self.kernel_size, 2)
-    strides = checks.as_tuple(_OWNER, 'strides', self.strides, 2)
+    kernel_h, kernel_w = checks.as_tuple(_OWNER, 'kernel_size', self.kernel_size, 2)
+    stride_h, stride_w = checks.as_tuple(_OWNER, 'strides', self.strides, 2)
     checks.check_choice(_OWNER, 'position', self.position, POSITIONS)
     checks.check_choice(_OWNER, 'attention_downsample', self.attention_downsample, DOWNSAMPLES)
     d_k, d_v = attention_depths(
         self.features, self.key_ratio, self.value_ratio, self.num_heads, self.depth_rounding
     )
-    return kernel, strides, d_k, d_v
+    return (kernel_h, kernel_w), (stride_h, stride_w), d_k, d_v
 
   def _relative_table(self, name: str, num_keys: int, depth: int) -> jax.Array:
     """The ``[(heads,) 2 * num_keys - 1, depth]`` table r^W or r^H."""

@@ -77,6 +77,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+from flax.linen import dtypes
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -422,11 +423,12 @@ def _banded_core_fwd(lhs, kernel, precision):
 def _plain_correlation(lhs: Array, kernel: Array, precision: PrecisionLike) -> Array:
   """``[c, H, W, u], [kh, kw, k, u] -> [c, H, W, k]``: the |u|-feature correlation."""
   kh, kw = kernel.shape[:2]
+  pad_h, pad_w = (kh - 1) // 2, (kw - 1) // 2
   return lax.conv_general_dilated(
       lhs,
       jnp.swapaxes(kernel, -1, -2),
       window_strides=(1, 1),
-      padding=(((kh - 1) // 2,) * 2, ((kw - 1) // 2,) * 2),
+      padding=((pad_h, pad_h), (pad_w, pad_w)),
       dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
       precision=precision,
   )
@@ -676,8 +678,10 @@ class LambdaLayer(nn.Module):
     if self.content:
       out = self._content_output(x, values, q_flat, default_init)
     if self.position != 'none':
+      assert table_shape is not None and algorithm is not None  # set above for a position
       out_p = self._position_output(values, q_flat, table_shape, algorithm, default_init)
       out = out_p if out is None else out + out_p
+    assert out is not None  # _check_config: the content lambda, a position one or both
     return out.reshape(batch, *spatial, self.heads * depth_v)
 
   def _projection(self, features: tuple[int, int], name: str, default_init: Initializer):
@@ -696,7 +700,7 @@ class LambdaLayer(nn.Module):
     """BatchNorm of the queries or values (L1) over their last two axes."""
     return nn.BatchNorm(
         use_running_average=not train,
-        axis=(-2, -1),
+        axis=(-2, -1),  # pyright: ignore[reportArgumentType]  # flax's annotation: int only
         momentum=self.batch_norm_momentum,
         epsilon=self.batch_norm_epsilon,
         axis_name=self.bn_axis_name,
@@ -715,7 +719,7 @@ class LambdaLayer(nn.Module):
     depth_v, depth_u = values.shape[-2:]
     keys = self._projection((depth_k, depth_u), 'key', default_init)(x)  # [b, *s, k, u]
     keys = normalize_keys(keys.reshape(batch, num, depth_k, depth_u))
-    keys, v_flat = nn.dtypes.promote_dtype(
+    keys, v_flat = dtypes.promote_dtype(
         keys, values.reshape(batch, num, depth_v, depth_u), dtype=self.dtype
     )
     lam_c = content_lambda(keys, v_flat, precision=self.precision)  # [b, k, v]
@@ -740,7 +744,7 @@ class LambdaLayer(nn.Module):
         (*table_shape, depth_k, depth_u),
         self.param_dtype,
     )
-    values_c, table = nn.dtypes.promote_dtype(values, table, dtype=self.dtype)
+    values_c, table = dtypes.promote_dtype(values, table, dtype=self.dtype)
     compute = {
         'rows': position_lambdas_rows,
         'banded': position_lambdas_banded,

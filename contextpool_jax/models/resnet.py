@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, cast
 
 import flax.linen as nn
 import jax
@@ -46,6 +46,7 @@ from contextpool_jax.base import checks
 from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.augmented_conv import DOWNSAMPLES as AA_DOWNSAMPLES
 from contextpool_jax.layers.augmented_conv import POSITIONS as AA_POSITIONS
+from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.layers.lambda_layer import POSITIONS as LAMBDA_POSITIONS
@@ -163,7 +164,8 @@ def zero_pad_shortcut(x: Array, features: int, strides: int) -> Array:
 
 def conv_initializer(mode: str) -> Callable[..., Array]:
   """He et al. (ICCV 2015) initialisation: N(0, 2 / fan), untruncated."""
-  return nn.initializers.variance_scaling(2.0, mode, 'normal')
+  fan = cast(Literal['fan_in', 'fan_out'], mode)  # one of CONV_INIT_MODES (ResNetConfig.check)
+  return nn.initializers.variance_scaling(2.0, fan, 'normal')
 
 
 # ----------------------------------------------------------------------------
@@ -354,11 +356,13 @@ def _conv(
   )
 
 
-def _context_pool(o: ResNetConfig, strides: int, name: str):
+def _context_pool(o: ResNetConfig, strides: int, name: str) -> ContextPool:
   """ContextPool replacing a pooling of stride ``strides`` (centres ``(s i, s j)``)."""
-  return make_context_pool(
+  pool = make_context_pool(
       o.context_pool, dtype=o.dtype, param_dtype=o.param_dtype, name=name, strides=strides
   )
+  assert pool is not None  # cp_at names a placement only with a context_pool
+  return pool
 
 
 def spatial_op(
@@ -392,11 +396,12 @@ def spatial_op(
     )(x, train=train)
     if strides > 1:
       k = o.lambda_pool_size
+      pad = (k // 2, k // 2)
       y = nn.avg_pool(
           y,
           (k, k),
           (strides, strides),
-          padding=((k // 2, k // 2), (k // 2, k // 2)),
+          padding=(pad, pad),  # pyright: ignore[reportArgumentType]  # flax: unannotated
           count_include_pad=False,
       )
     return y
@@ -599,7 +604,12 @@ class ResNet(ResNetConfig, nn.Module):
       if 'stem_pool' in o.cp_at:
         x = _context_pool(o, 2, 'stem_context_pool')(x, deterministic=not train)
       else:
-        x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+        x = nn.max_pool(
+            x,
+            (3, 3),
+            (2, 2),
+            padding=((1, 1), (1, 1)),  # pyright: ignore[reportArgumentType]  # flax: unannotated
+        )
 
     block_cls = BasicBlock if o.block == 'basic' else BottleneckBlock
     block_cls = remat(block_cls, o.remat, _OWNER, static_argnums=(2,))

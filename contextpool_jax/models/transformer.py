@@ -448,7 +448,7 @@ class MultiHeadAttention(nn.Module):
         )
       y = tpu_attention.flash_attention(q, k, val, causal=self.causal, mask=padding)
     elif stepping:
-      y = _cached_attention(q, *self._cached_keys_values(k, val, window))
+      y = self._step_attention(q, k, val, window)
     elif rate > 0.0 and not deterministic:
       # jax.nn.dot_product_attention has no dropout on the probabilities.
       y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
@@ -470,10 +470,13 @@ class MultiHeadAttention(nn.Module):
         name='out',
     )(y)
 
-  def _memory_attention(self, q: Array, memory: Array, mask: Optional[Array], dense) -> Array:
+  def _memory_attention(
+      self, q: Array, memory: Array | HeadMix, mask: Optional[Array], dense
+  ) -> Array:
     """Attention over a fixed memory with its keys and values cached (class
     docstring): projected and stored heads-major by the cache-creating call,
     read by every later one."""
+    assert not isinstance(memory, HeadMix)  # a HeadMix is a self-attention's input
     initialized = self.has_variable('cache', 'cached_memory_key')
     if not initialized:
       k, val = dense(name='key')(memory), dense(name='value')(memory)
@@ -487,9 +490,17 @@ class MultiHeadAttention(nn.Module):
     allowed = True if mask is None else mask
     return _cached_attention(q, keys, values, allowed)
 
+  def _step_attention(
+      self, q: Array, k: Array, val: Array, window: Optional[tuple[int, int]]
+  ) -> Array:
+    """A decoding step: ``q`` over the cache, this step's ``k`` and ``val`` written in."""
+    cached = self._cached_keys_values(k, val, window)
+    assert cached is not None  # a step: the cache exists
+    return _cached_attention(q, *cached)
+
   def _cached_keys_values(
       self, k: Array, val: Array, window: Optional[tuple[int, int]]
-  ) -> tuple[Array, Array, Array]:
+  ) -> Optional[tuple[Array, Array, Array]]:
     """The cache of ``decode=True`` (class docstring).
 
     Creates ``cached_key`` / ``cached_value`` ``[batch, heads, max_len,
@@ -555,7 +566,7 @@ def _dot_product_attention(
   return jax.nn.dot_product_attention(q, k, val, **kwargs)
 
 
-def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array) -> Array:
+def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array | bool) -> Array:
   """One decoding step's attention: ``q [batch, 1, heads, head_dim]`` over the
   heads-major cache ``keys`` / ``values`` ``[batch, heads, len, head_dim]``
   where ``allowed`` (bool, broadcastable to ``[batch, heads, 1, len]``);
@@ -645,10 +656,11 @@ class TransformerLayer(nn.Module):
     cfg = self.config
     if pooled is None:
       return h, h
+    read: Array | HeadMix = pooled
     if cfg.context_pool_heads is not None:
-      pooled = HeadMix(pooled, h, cfg.context_pool_heads)
+      read = HeadMix(pooled, h, cfg.context_pool_heads)
     reads = cfg.context_pool_reads
-    return (pooled if 'q' in reads else h), (pooled if 'kv' in reads else h)
+    return (read if 'q' in reads else h), (read if 'kv' in reads else h)
 
   config: TransformerConfig
   attention_kind: str = 'standard'
@@ -696,6 +708,7 @@ class TransformerLayer(nn.Module):
       # a local window is meaningless across languages, so 'local' uses standard.
       kind = 'area' if self.attention_kind == 'area' else 'standard'
       h = norm(name='cross_attention_norm')(x)
+      assert memory_valid is not None  # given with the memory
       h = self.make_attention(kind, False, 'cross_attention')(
           h, memory, padding_mask(x_valid, memory_valid), self.deterministic
       )
@@ -787,11 +800,12 @@ class TransformerStack(nn.Module):
     cfg = self.config
     rest = stop - first
     if cfg.scan_layers and rest > 1:
+      in_axes = (nn.broadcast,) * len(args)
       scanned = nn.scan(
           _ScanBody,
           variable_axes={'params': 0, 'intermediates': 0, 'cache': 0},
           split_rngs={'params': True, 'dropout': True},
-          in_axes=(nn.broadcast,) * len(args),
+          in_axes=in_axes,  # pyright: ignore[reportArgumentType]  # flax: unannotated
           length=rest,
       )
       x, _ = scanned(functools.partial(layer, attention_kind=kind), name='scanned_layers')(x, *args)

@@ -545,7 +545,7 @@ class ViT(ViTConfig, nn.Module):
           body,
           variable_axes={'params': 0, 'intermediates': 0},
           split_rngs={'params': True, 'dropout': True},
-          in_axes=nn.broadcast,
+          in_axes=nn.broadcast,  # pyright: ignore[reportArgumentType]  # flax: unannotated
           length=start,
       )
       x, _ = stack(cfg, grid, num_prefix, pooled=num_pooled > 0, scan_carry=True, name=SCAN_NAME)(

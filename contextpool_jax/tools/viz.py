@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import pathlib
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def _flat_centres(centres: Sequence[Any], spatial: Sequence[int]) -> np.ndarray:
   for c in centres:
     index = (
         int(np.ravel_multi_index(tuple(int(x) for x in c), tuple(spatial)))
-        if (isinstance(c, (tuple, list, np.ndarray)) and len(spatial) > 1)
+        if (len(spatial) > 1 and isinstance(c, (tuple, list, np.ndarray)))
         else int(c)
     )
     check_argument(
@@ -495,17 +495,18 @@ def workdir_figures(
   from contextpool_jax.runs.workdirs import load
 
   model, variables, config = load(workdir, step)
+  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
   if not sampling.is_language_model(model):
     raise ValueError(
         f'{workdir} holds a {type(model).__name__} (config.model.name='
-        f'{config.model.name!r}); the command line draws language-model workdirs. '
+        f'{cast(Any, config.model).name!r}); the command line draws language-model workdirs. '
         'For images use plot_pool_grid.'
     )
   labels, pools = lm_pools(model, variables, text, context=sampling.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}
   if not pools:
     raise ValueError(
-        f'{workdir}: model {config.model.name!r} has no ContextPool layer with '
+        f'{workdir}: model {cast(Any, config.model).name!r} has no ContextPool layer with '
         'learned weights and sizes to draw.'
     )
   n = len(labels)

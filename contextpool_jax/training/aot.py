@@ -30,7 +30,9 @@ import importlib.util
 import math
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Optional, cast
+
+import ml_collections
 
 GIB = 2**30
 
@@ -172,7 +174,9 @@ def tpu_devices(topology: Topology) -> list:
   # Up to 2x2 chips per host, as on a Cloud TPU VM (fewer in a smaller slice); v4 and
   # v5p as megacore: one device per chip.
   shape = topology.shape + (1,) * (3 - len(topology.shape))
-  options = dict(chips_per_host_bounds=tuple(min(b, n) for b, n in zip((2, 2, 1), shape)))
+  options: dict[str, Any] = dict(
+      chips_per_host_bounds=tuple(min(b, n) for b, n in zip((2, 2, 1), shape))
+  )
   if topology.chip.dims == 3:
     options['chip_config_name'] = 'megacore'
   description = topologies.get_topology_desc(topology_name=topology.name, platform='tpu', **options)
@@ -256,7 +260,9 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   config = config_fields.complete(config)
   devices = tpu_devices(topology)
   task = tasks.make_task(config, '')
-  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
+  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
+  optimizer = cast(ml_collections.ConfigDict, config.optimizer)
+  tx, schedule = optim.make_optimizer(optimizer, run.num_train_steps)
   mesh = sharding.make_mesh(devices)
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import jax
 import numpy as np
 import sacrebleu
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from contextpool_jax.inference import decoding
 from contextpool_jax.training import sharding
@@ -121,22 +121,22 @@ def decode_and_score(
     data_sharding = sharding.batch_sharding(sharding.make_mesh())
   if decode_fn is None:
     settings = dict(beam_size=beam_size, alpha=alpha, eos_id=eos_id, min_segment=min_segment)
-    decode_fn = _DecodeFns(model, max_len, settings)
+    decode_fns: Callable[[dict[str, Any]], Callable] = _DecodeFns(model, max_len, settings)
   else:
-    decode_fn = _fixed(decode_fn)
+    decode_fns = _fixed(decode_fn)
   keep_targets = references is None and not hasattr(batches, 'references')
   if max_batches:
     batches_iter = itertools.islice(batches, int(max_batches))
   else:
     batches_iter = iter(batches)
-  out = _decode_batches(batches_iter, params, decode_fn, data_sharding, keep_targets)
+  out = _decode_batches(batches_iter, params, decode_fns, data_sharding, keep_targets)
   if out is None:
     return ScoredTranslations(0.0, [], [])
   keep = out['mask'] & (out['index'] >= 0)
   order = np.argsort(out['index'][keep], kind='stable')
   hypotheses = [vocab.decode(row) for row in out['ids'][keep][order]]
-  if references is None and hasattr(batches, 'references'):
-    references = batches.references
+  if references is None:
+    references = getattr(batches, 'references', None)
   if references is not None:
     refs = [references[int(i)] for i in out['index'][keep][order]]
   else:
@@ -174,7 +174,9 @@ def _decode_batches(
   """Decodes every batch data parallel (see :func:`decode_and_score`); the global
   ``'ids'``, ``'index'``, ``'mask'`` (and ``'targets'``) of all batches, ids and
   targets right-padded to one width, or None for no batches."""
-  local_devices = len(data_sharding.mesh.local_devices)
+  mesh = data_sharding.mesh
+  assert isinstance(mesh, Mesh)  # a concrete mesh (an abstract one has no devices)
+  local_devices = len(mesh.local_devices)
   parts: dict[str, list[np.ndarray]] = {'ids': [], 'index': [], 'mask': []}
   if keep_targets:
     parts['targets'] = []

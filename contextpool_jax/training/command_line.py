@@ -15,7 +15,7 @@ import pathlib
 import re
 import sys
 import types
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, NoReturn, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -149,6 +149,7 @@ def _package_of(directory: pathlib.Path) -> str:
   spec = importlib.util.spec_from_file_location(
       name, directory / '__init__.py', submodule_search_locations=[str(directory)]
   )
+  assert spec is not None and spec.loader is not None  # a location with a .py file
   module = importlib.util.module_from_spec(spec)
   sys.modules[name] = module
   spec.loader.exec_module(module)
@@ -182,6 +183,7 @@ def config_module(config_file: str) -> types.ModuleType:
   if (path.parent / '__init__.py').is_file():
     return importlib.import_module(f'{_package_of(path.parent)}.{path.stem}')
   spec = importlib.util.spec_from_file_location('config_file', path)
+  assert spec is not None and spec.loader is not None  # a location with a .py file
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -254,6 +256,7 @@ def model_name_error(argv: Sequence[str], override_values: Mapping[str, Any]) ->
   if 'model.name' not in override_values:
     return None
   config_file, _ = command_line_config(argv)
+  assert config_file is not None  # overrides come with the --config they override
   filled = load_config_file(config_file).model.name
   name = override_values['model.name']
   if name == filled:
@@ -279,7 +282,7 @@ def missing_extra(command: str, extra: str, error: ModuleNotFoundError) -> str:
   )
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
   """Ends a command with ``error: <message>`` on stderr and exit status 1."""
   print(f'error: {message}', file=sys.stderr)
   sys.exit(1)

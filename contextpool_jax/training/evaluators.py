@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional, Protocol
 
-import flax
+from flax import traverse_util
 import jax
 import numpy as np
 
@@ -130,7 +130,7 @@ def make_pool_size_probe(model, objective):
     _, inter = model.apply(
         variables, *objective.model_args(batch), train=False, mutable=['intermediates']
     )
-    flat = flax.traverse_util.flatten_dict(inter.get('intermediates', {}), sep='/')
+    flat: dict[str, Any] = traverse_util.flatten_dict(inter.get('intermediates', {}), sep='/')
     suffix = '/' + POOL_SIGMA
     return {k[: -len(suffix)]: val[0] for k, val in flat.items() if k.endswith(suffix)}
 

@@ -93,7 +93,7 @@ class StepProfiler:
   def stepped(self, n: int, outputs: Any) -> None:
     """After the call of step ``n``: at the window's last step, waits for ``outputs``
     and writes the trace."""
-    if self.tracing and n == self.window[1]:
+    if self.tracing and self.window is not None and n == self.window[1]:
       jax.block_until_ready(outputs)
       self._stop()
       if self.is_main:

@@ -58,7 +58,7 @@ def _fsdp_spec(shape: tuple[int, ...], num_devices: int) -> P:
     return P()
   for axis in np.argsort(shape)[::-1]:
     if shape[axis] % num_devices == 0:
-      spec = [None] * len(shape)
+      spec: list[str | None] = [None] * len(shape)
       spec[axis] = DATA_AXIS
       return P(*spec)
   return P()

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 from flax.training import dynamic_scale as dynamic_scale_lib
 
 from contextpool_jax.training import objectives
@@ -21,7 +21,7 @@ from contextpool_jax.training import objectives
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@struct.dataclass
 class TrainState:
   """Everything a checkpoint holds besides the data iterator."""
 
@@ -32,7 +32,7 @@ class TrainState:
   bad_step: Array  # -1, or the first step whose loss/gradient was not finite
 
 
-@flax.struct.dataclass
+@struct.dataclass
 class ScaledTrainState(TrainState):
   """The train state of a float16 run: a :class:`TrainState` and its loss scale
   (flax's DynamicScale, :func:`new_dynamic_scale`), saved and resumed with the
@@ -66,10 +66,11 @@ def uses_loss_scaling(dtype: Any) -> bool:
 
 def new_dynamic_scale() -> dynamic_scale_lib.DynamicScale:
   """A fresh loss scale (call inside the jitted init: its fields are arrays)."""
+  fin_steps, scale = jnp.zeros((), jnp.int32), jnp.full((), LOSS_SCALE_INIT, jnp.float32)
   return dynamic_scale_lib.DynamicScale(
       growth_interval=LOSS_SCALE_GROWTH_INTERVAL,
-      fin_steps=jnp.zeros((), jnp.int32),
-      scale=jnp.full((), LOSS_SCALE_INIT, jnp.float32),
+      fin_steps=fin_steps,  # pyright: ignore[reportArgumentType]  # flax annotates an int
+      scale=scale,  # pyright: ignore[reportArgumentType]  # flax annotates a float
       minimum_scale=LOSS_SCALE_MIN,
   )
 
@@ -89,7 +90,7 @@ def make_init_fn(
         {'params': rng, 'dropout': rng}, *objective.model_args(init_batch), train=False
     )
     params, model_state = _split_variables(variables)
-    fields = dict(
+    fields: dict[str, Any] = dict(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=tx.init(params),
@@ -248,8 +249,12 @@ def make_train_step(
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if scale is not None:
+      assert grads_finite is not None  # _gradient's, with a loss scale
       skipped = jnp.isfinite(loss) & ~grads_finite & (scale.scale > LOSS_SCALE_MIN)
       ok &= grads_finite
+      bad = ~ok & ~skipped
+    else:
+      bad = ~ok
 
     def update(state):
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -260,7 +265,6 @@ def make_train_step(
     # the (donated) parameters and optimizer state in place; a select keeps both
     # (the memory it saves: benchmarks/results/train_step_guard.md).
     new_state = jax.lax.cond(ok, update, lambda state: state, state)
-    bad = ~ok if scale is None else ~ok & ~skipped
     new_state = new_state.replace(
         step=state.step + 1,
         bad_step=jnp.where((state.bad_step < 0) & bad, state.step, state.bad_step),

@@ -236,6 +236,7 @@ class TranslationKind(TaskKind):
     return objectives.Translation(label_smoothing=_label_smoothing(config))
 
   def evaluators(self, task, devices, splits):
+    assert task.config is not None  # a Task of make_task
     bleu = BleuSpec.resolve(task.config)
     out = []
     for split in splits:
@@ -260,8 +261,10 @@ class ClassificationKind(TaskKind):
 
   def objective(self, config, data, model):
     mix = data.spec
+    num_classes = getattr(model, 'num_classes', None)
+    assert num_classes is not None  # every classification model has the field
     return objectives.Classification(
-        num_classes=getattr(model, 'num_classes', None),
+        num_classes=num_classes,
         label_smoothing=_label_smoothing(config),
         mixup_alpha=mix.mixup_alpha,
         cutmix_alpha=mix.cutmix_alpha,
@@ -291,9 +294,11 @@ class Task:
   config: Optional[ml_collections.ConfigDict] = None
 
   def evaluators(self, devices: evaluators.Devices, splits) -> list:
+    assert self.kind is not None  # a Task of make_task
     return self.kind.evaluators(self, devices, splits)
 
   def hooks(self, devices: evaluators.Devices, log_pool_sizes: bool) -> list:
+    assert self.kind is not None  # a Task of make_task
     return self.kind.hooks(self, devices, log_pool_sizes)
 
 

@@ -57,7 +57,7 @@ import dataclasses
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import grain
 import jax
@@ -175,11 +175,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writers.check(config)  # an unknown writer or its missing package: before anything is built
   profile = profiling.resolve_spec(config)  # a bad profile field: before anything is built
   config = config_fields.complete(config)
-  workdir = epath.Path(workdir)
-  with storage.writing(workdir):
-    workdir.mkdir(parents=True, exist_ok=True)
-  with runlock.hold(workdir, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
-    return _train(config, run, profile, workdir, lock)
+  path = epath.Path(workdir)
+  with storage.writing(path):
+    path.mkdir(parents=True, exist_ok=True)
+  with runlock.hold(path, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
+    return _train(config, run, profile, path, lock)
 
 
 @dataclasses.dataclass
@@ -205,7 +205,9 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
   """Builds the task, optimizer, mesh and train iterator; checks every module (an
   abstract init) before any data is prepared, and every eval split before training."""
   task = tasks.make_task(config, str(workdir))
-  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
+  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
+  optimizer = cast(ml_collections.ConfigDict, config.optimizer)
+  tx, schedule = optim.make_optimizer(optimizer, run.num_train_steps)
   mesh = sharding.make_mesh()
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)
@@ -278,12 +280,14 @@ class _Loop:
   """The steps from ``start`` to the end: train, and at the steps :func:`due` says,
   log (and run the hooks), evaluate, check for non-finite values, checkpoint."""
 
+  writer: writers.Writers  # set by the caller, who closes them
+  pbar: console.Progress
+
   def __init__(self, setup: _Setup, run: spec_lib.RunSpec, state, start: int, ctx: dict):
     self.setup, self.run, self.state, self.start = setup, run, state, start
     self.manager, self.saver, self.lock = ctx['manager'], ctx['saver'], ctx['lock']
     self.directory, self.profiler = ctx['directory'], ctx['profiler']
     self.is_main = jax.process_index() == 0
-    self.writer = self.pbar = None  # set by the caller, who closes them
     self.train_step_fn, self.train_step, devices = _compile_steps(setup, run)
     self.evals = setup.task.evaluators(devices, run.eval_splits)
     self.hooks = setup.task.hooks(devices, run.log_pool_sizes)
@@ -316,6 +320,7 @@ class _Loop:
 
   def log(self, done: int, batch) -> None:
     self.check_finite()
+    assert self.sums is not None  # train() ran since the last log
     summary = _train_summary(self.sums, time.time() - self.tick)
     self.sums, self.tick = None, time.time()
     self.writer.scalars(done, summary, 'train')

@@ -324,8 +324,12 @@ class WandbWriter:
     self.run.log({'step': step, **{f'{prefix}/{k}': float(v) for k, v in metrics.items()}})
 
   def histograms(self, step, values, prefix):
+    # wandb.Histogram annotates its data as a Sequence; its docs and its code take an array.
     data = {
-        f'{prefix}/{k}': self._wandb.Histogram(np.asarray(v, np.float32).ravel(), num_bins=64)
+        f'{prefix}/{k}': self._wandb.Histogram(
+            np.asarray(v, np.float32).ravel(),  # pyright: ignore[reportArgumentType]  # array_like
+            num_bins=64,
+        )
         for k, v in values.items()
     }
     self.run.log({'step': step, **data})

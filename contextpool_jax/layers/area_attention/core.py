@@ -173,5 +173,6 @@ def _split_rng(rng: Array | None, key_mode: str, needed: bool) -> tuple[Array | 
   ``needed`` (the sample only for ``'sample'`` keys), else None."""
   if not needed:
     return None, None
+  assert rng is not None  # check_function_call requires one where it is needed
   sample_rng, dropout_rng = jax.random.split(rng)
   return (sample_rng if key_mode == 'sample' else None), dropout_rng

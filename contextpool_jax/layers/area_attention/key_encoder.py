@@ -7,6 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from flax.linen import dtypes
 
 from contextpool_jax.base import checks
 from contextpool_jax.layers.area_attention.areas import check_area_options
@@ -124,7 +125,7 @@ class AreaKeyEncoder(nn.Module):
     if self.use_bias:
       b_in = self.param('hidden_bias', self.bias_init, lead + (hidden,), self.param_dtype)
       b_out = self.param('output_bias', self.bias_init, lead + (depth,), self.param_dtype)
-    base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out = nn.dtypes.promote_dtype(
+    base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out = dtypes.promote_dtype(
         base, std, e_h_table, e_w_table, w_in, w_out, b_in, b_out, dtype=self.dtype
     )
     e_h = jnp.take(e_h_table, jnp.asarray(height) - 1, axis=0)  # [num_areas, S]

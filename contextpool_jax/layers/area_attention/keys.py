@@ -76,9 +76,13 @@ def base_area_key(feats: AreaFeatures, key_mode: str, sample_rng: Array | None) 
   distribution.
   """
   base = key_base(key_mode)
+  # ``feats`` holds the statistics that key_features(key_mode) names.
   if base == 'max':
+    assert feats.max is not None
     return feats.max
+  assert feats.mean is not None
   if base == 'sample' and sample_rng is not None:
+    assert feats.std is not None
     eps = jax.random.normal(sample_rng, feats.mean.shape, jnp.float32)
     return (feats.mean + feats.std * eps.astype(feats.std.dtype)).astype(feats.mean.dtype)
   return feats.mean

@@ -4,7 +4,7 @@ cross-attention."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,15 @@ Array = jax.Array
 class StreamingMixin:
   """The ``decode=True`` half of :class:`~.module.AreaAttention` (a mixin: it
   reads the module's fields)."""
+
+  if TYPE_CHECKING:  # what it reads of AreaAttention (the fields) and flax's Module
+    max_area_width: int
+    key_mode: str
+    value_mode: str
+    std_epsilon: float
+    has_variable: Callable[..., bool]
+    get_variable: Callable[..., Any]
+    variable: Callable[..., Any]
 
   def _memory_keys_values(self, dense, x_kv: Array) -> tuple[Array, Array]:
     """The fixed memory's item keys and values (``decode=True``, not causal):
@@ -128,7 +137,8 @@ class StreamingMixin:
 
     def features(items, names):
       feats = compute_area_features(items, layout, features=names, std_epsilon=self.std_epsilon)
-      return AreaFeatures(*(pick(a) for a in feats[:4]), feats.height[ending], feats.width[ending])
+      sum_, mean, std, max_ = (pick(a) for a in feats[:4])
+      return AreaFeatures(sum_, mean, std, max_, feats.height[ending], feats.width[ending])
 
     key_feats = features(last('cached_key'), key_features(self.key_mode))
     area_keys = base_area_key(key_feats, self.key_mode, None)

@@ -102,7 +102,8 @@ def attend_through_items(
       dropout_rate=dropout_rate,
       kv=kv,
   )
-  per_query = _per_query_inputs(area_mask, layout, dropout_rng, dropout_rate, query.shape[:3])
+  lead = query.shape[0], query.shape[1], query.shape[2]
+  per_query = _per_query_inputs(area_mask, layout, dropout_rng, dropout_rate, lead)
   return _map_query_blocks(block, query, per_query)
 
 

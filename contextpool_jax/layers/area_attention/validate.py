@@ -97,8 +97,8 @@ def check_memory(
 def check_mask(owner: str, mask: Any, target: tuple[int, ...]) -> None:
   """Raises ValueError unless ``mask`` is an item mask broadcastable to ``target``."""
   shape = getattr(mask, 'shape', None)
-  ok = shape is not None and len(shape) <= 4
-  if ok:
+  ok = False
+  if shape is not None and len(shape) <= 4:
     try:
       ok = tuple(np.broadcast_shapes(tuple(shape), target)) == tuple(target)
     except ValueError:

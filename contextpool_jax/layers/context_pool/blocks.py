@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from contextpool_jax.layers.context_pool.pool import PoolRule
 from contextpool_jax.base.numerics import MIN_TWO_VARIANCE
 
 Array = jax.Array
+Positions = TypeVar('Positions', Centres, Context)
 
 
 class BlockSpec(NamedTuple):
@@ -189,6 +190,7 @@ def skip_block(
   query block's first centre is never skipped, so that the decision never
   reads a later input.
   """
+  assert q.sigma is not None and spec.skip_nats is not None  # set where blocks are skipped
   coords = grid_coordinates(jnp.asarray(q.index), spec.rule.spatial)
   box = boxes[kb]  # [ndim, 2]
   gaps = [
@@ -223,18 +225,16 @@ def take_slice(a: Array, start: Array, size: int, axis: int = 1) -> Array:
   return jax.lax.dynamic_slice_in_dim(a, start, size, axis)
 
 
-def positions(t: NamedTuple, start: Array, size: int) -> NamedTuple:
+def positions(t: Positions, start: Array, size: int) -> Positions:
   """Positions ``start .. start + size - 1`` of a :class:`Centres` or
   :class:`Context`: ``index`` along its axis 0, every other array along axis 1."""
-  return type(t)(
-      *(
-          None if a is None else take_slice(a, start, size, 0 if name == 'index' else 1)
-          for name, a in zip(t._fields, t)
-      )
+  return type(t)._make(
+      None if a is None else take_slice(a, start, size, 0 if name == 'index' else 1)
+      for name, a in zip(t._fields, t)
   )
 
 
-def pad_positions(t: NamedTuple, size: int, fill: dict[str, float]) -> NamedTuple:
+def pad_positions(t: Positions, size: int, fill: dict[str, float]) -> Positions:
   """A :class:`Centres` or :class:`Context` padded to ``size`` positions:
   ``index`` repeats its last entry, every other array gets ``fill.get(name, 0)``
   (False for ``valid``, so the padding is never pooled)."""
@@ -248,4 +248,4 @@ def pad_positions(t: NamedTuple, size: int, fill: dict[str, float]) -> NamedTupl
     widths = [(0, 0), (0, size - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
     return jnp.pad(a, widths, constant_values=fill.get(name, 0))
 
-  return type(t)(*(pad(name, a) for name, a in zip(t._fields, t)))
+  return type(t)._make(pad(name, a) for name, a in zip(t._fields, t))

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contextpool_jax.layers.context_pool.blocks import BlockSpec
+from contextpool_jax.layers.context_pool.blocks import Positions
 from contextpool_jax.layers.context_pool.blocks import SkipTables
 from contextpool_jax.layers.context_pool.blocks import key_block_order
 from contextpool_jax.layers.context_pool.blocks import key_block_ranges
@@ -260,11 +261,16 @@ def _blockwise_backward(spec: BlockSpec, residuals, dy):
   dq, dk, dx = jax.lax.fori_loop(0, centres.valid.shape[1] // spec.block_q, query_block, init)
   cast = lambda grads, like: jax.tree.map(lambda g, a: g.astype(a.dtype), grads, like)
   # Integer and boolean inputs (positions, validity, dropout seeds) get None.
-  d_centres = Centres(None, None)._replace(**dict(zip(_CENTRE_GRADS, cast(dq, centre_grads))))
-  d_context = Context(None, None, dx.astype(x.dtype))._replace(
-      **dict(zip(_CONTEXT_GRADS, cast(dk, context_grads)))
+  d_centres = _cotangent(Centres, dict(zip(_CENTRE_GRADS, cast(dq, centre_grads))))
+  d_context = _cotangent(
+      Context, {'x': dx.astype(x.dtype), **dict(zip(_CONTEXT_GRADS, cast(dk, context_grads)))}
   )
   return (PoolInputs(d_centres, d_context, None),)
+
+
+def _cotangent(cls: type[Positions], grads: dict[str, Any]) -> Positions:
+  """A :class:`Centres` or :class:`Context` of ``grads``, None in its other fields."""
+  return cls._make(grads.get(name) for name in cls._fields)
 
 
 _blockwise_pool.defvjp(_blockwise_forward, _blockwise_backward)

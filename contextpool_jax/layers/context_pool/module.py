@@ -375,6 +375,7 @@ class ContextPool(StreamingMixin, nn.Module):
       phi = proj('nonlocal_phi')(x_inputs)
     size = sigma = None
     if uses_size(self.locality):
+      assert raw is not None  # a learned size is a channel of the mapping's output
       size, sigma, prefix = self._sizes(raw[..., -1], valid, spatial, prefix)
     return MappingOutputs(log_weights(raw, self.weights), theta, phi, size, sigma), prefix
 
@@ -428,6 +429,7 @@ class ContextPool(StreamingMixin, nn.Module):
     raw = self._mapping(x, valid, dtype)
     outputs, _ = self._mapping_outputs(raw, valid, tokens, dtype, spatial, q_index)
     if outputs.sigma is not None:
+      assert outputs.size is not None  # _sizes gives both
       self.sow('intermediates', 'pool_size', outputs.size.reshape(batch, *spatial))
       self.sow('intermediates', 'pool_sigma', outputs.sigma.reshape(batch, *spatial))
     inputs = self._pool_inputs(outputs, q_index, valid, tokens, deterministic)

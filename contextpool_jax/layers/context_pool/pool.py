@@ -175,6 +175,7 @@ def pool_block(
         / math.sqrt(centres.theta.shape[-1])
     )
   if rule.locality == 'gaussian':
+    assert d2 is not None and sigma is not None  # a locality's distances, a learned size
     terms.append(-d2[None] / (2.0 * jnp.square(sigma) + MIN_TWO_VARIANCE))
   logits = functools.reduce(operator.add, terms) if terms else jnp.zeros((), jnp.float32)
 
@@ -182,8 +183,10 @@ def pool_block(
   if rule.causal:
     allowed = allowed & (k_index[None, :] <= q_index[:, None])[None]
   if rule.locality == 'fixed_window':
+    assert d2 is not None
     allowed = allowed & (d2 <= float(rule.window) ** 2)[None]
   elif rule.locality == 'random_sparse':
+    assert q_coords is not None and k_coords is not None and d2 is not None
     allowed = (
         allowed
         & random_support(
@@ -192,10 +195,12 @@ def pool_block(
     )
   in_window = soft_window = None
   if rule.locality == 'adaptive_window':
+    assert d2 is not None and sigma is not None
     in_window = d2[None] <= jnp.square(sigma)
     soft_window = jax.nn.sigmoid((sigma - jnp.sqrt(d2)[None]) / rule.window_softness)
   keep = None
   if rule.dropout_rate > 0.0:
+    assert dropout_seeds is not None  # the rule drops only where the inputs carry seeds
     keep = dropout_keep(dropout_seeds, rule.dropout_rate, q_index, k_index)
   return PoolBlock(jnp.broadcast_to(logits, shape), soft_window, allowed, in_window, keep)
 
@@ -310,6 +315,7 @@ def pool_dense(rule: PoolRule, inputs: PoolInputs) -> Array:
     # The adaptive window: exactly the hard window forward, the gradient of
     # its sigmoid edge backward (straight-through), so the radius trains.
     soft = block.soft_window
+    assert block.in_window is not None  # set with soft_window
     window_ste = block.in_window.astype(jnp.float32) + soft - jax.lax.stop_gradient(soft)
   p = masked_pool(block.logits, block.allowed, in_window=block.in_window, window_ste=window_ste)
   return apply_pool(drop(p, block.keep, rule.dropout_rate), inputs.context.x)

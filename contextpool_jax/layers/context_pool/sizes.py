@@ -52,11 +52,10 @@ def log_weights(raw: Optional[Array], weights: str) -> Optional[Array]:
   weights ``exp(a_j) / Z``, Z cancels in Eq. 4); ``'unnormalized'``,
   ``log softplus(raw)`` (``w_j = softplus(raw_j)``); None for uniform
   (a_j = 0) and non-local weights (Eq. 3, query dependent)."""
-  if weights == 'learned':
-    return raw[..., 0]
-  if weights == 'unnormalized':
-    return _log_softplus(raw[..., 0])
-  return None
+  if weights not in ('learned', 'unnormalized'):
+    return None
+  assert raw is not None  # these weights are a channel of the mapping's output
+  return raw[..., 0] if weights == 'learned' else _log_softplus(raw[..., 0])
 
 
 def _size_logits(raw_size: Array, valid: Array) -> Array:
@@ -177,6 +176,7 @@ def step_sizes(
   if size_norm == 'sigmoid':
     s = jax.nn.sigmoid(z)
   else:
+    assert lse is not None  # the softmax size norm's prefix carries it
     lse = jnp.logaddexp(lse, z[:, 0])
     s = jnp.exp(z - lse[:, None])
   s = jnp.where(valid, s, 0.0)

@@ -10,7 +10,7 @@ statistics carried in the cache, :class:`~.sizes.SizePrefix`) and the same
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,21 @@ class StreamingMixin:
   """The ``decode=True`` half of :class:`~.module.ContextPool` (a mixin: it reads
   the module's fields and its helpers ``_compute_dtype``, ``_mapping_step``,
   ``_mapping_outputs``, ``_combine`` and ``pool_rule``)."""
+
+  if TYPE_CHECKING:  # what it reads of ContextPool (fields, helpers) and flax's Module
+    weights: str
+    locality: str
+    mapping: str
+    size_norm: str
+    kernel_size: int
+    hidden_features: int
+    nonlocal_features: Optional[int]
+    variable: Callable[..., Any]
+    _compute_dtype: Callable[..., Any]
+    _mapping_step: Callable[..., Any]
+    _mapping_outputs: Callable[..., Any]
+    _combine: Callable[..., Any]
+    pool_rule: Callable[..., Any]
 
   def _stream_cache(
       self, batch: int, length: Optional[int], features: int, dtype: Dtype
