@@ -17,7 +17,6 @@ an encoder-decoder :func:`~contextpool_jax.inference.translation.translate`.
 from __future__ import annotations
 
 import sys
-from typing import Any, cast
 
 from contextpool_jax.base.errors import ArgumentError, ContextPoolJaxError
 from contextpool_jax.inference import decoding
@@ -86,11 +85,10 @@ def run(flag_values) -> list[str]:
 
   model, variables, config = load(flag_values.workdir, flag_values.step)
   run_model = runner(model)
-  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
   if run_model is None:
     raise ArgumentError(
         f'{flag_values.workdir} holds a {type(model).__name__} (config.model.name='
-        f'{cast(Any, config.model).name!r}); sampling supports language models (text) and '
+        f'{config.model.name!r}); sampling supports language models (text) and '
         'encoder-decoder translation models.'
     )
   return run_model(flag_values, model, variables, config)

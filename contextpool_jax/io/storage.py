@@ -140,19 +140,23 @@ class JsonLines:
 
   def __init__(self, path: epath.PathLike):
     self.path = epath.Path(path)
+    self._fd: Optional[int] = None
     with writing(self.path):
       self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
   def write(self, record: dict[str, Any]) -> None:
+    fd = self._fd
+    if fd is None:
+      raise ValueError(f'{self.path}: written after close().')
     data = memoryview((json.dumps(record) + '\n').encode())
-    size = os.fstat(self._fd).st_size
+    size = os.fstat(fd).st_size
     with writing(self.path):
       try:
         while data:
-          data = data[os.write(self._fd, data) :]
+          data = data[os.write(fd, data) :]
       except OSError:
         with contextlib.suppress(OSError):
-          os.ftruncate(self._fd, size)
+          os.ftruncate(fd, size)
         raise
 
   def close(self) -> None:
@@ -180,7 +184,8 @@ class EventFile:
     import tensorboardX  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
 
-    self._pb = event_pb2
+    # event_pb2 is generated protobuf code: its message classes are invisible to a type checker.
+    self._pb: Any = event_pb2
     directory = epath.Path(directory)
     with writing(directory):
       directory.mkdir(parents=True, exist_ok=True)
@@ -189,24 +194,31 @@ class EventFile:
     self._failed, self._records = False, None
     with self._failing():
       self._records = tensorboardX.RecordWriter(os.fspath(self.path))
-    self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+    self._write(self._pb.Event(wall_time=time.time(), file_version='brain.Event:2'))
     if purge_from is not None:
-      start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-      self._write(event_pb2.Event(wall_time=time.time(), step=purge_from, session_log=start))
+      start = self._pb.SessionLog(status=self._pb.SessionLog.START)
+      self._write(self._pb.Event(wall_time=time.time(), step=purge_from, session_log=start))
     self.flush()
 
   def add(self, step: int, summary: Any) -> None:
     """Adds a ``Summary`` proto (``tensorboardX.summary.scalar``/``histogram``) at ``step``."""
     self._write(self._pb.Event(wall_time=time.time(), step=step, summary=summary))
 
+  def _open(self) -> Any:
+    if self._records is None:
+      raise ValueError(f'{self.path}: written after close().')
+    return self._records
+
   def _write(self, event: Any) -> None:
+    records = self._open()
     with self._failing():
-      self._records.write(event.SerializeToString())
+      records.write(event.SerializeToString())
 
   def flush(self) -> None:
     """Writes the buffered events to the file (and fsyncs it)."""
+    records = self._open()
     with self._failing():
-      self._records.flush()
+      records.flush()
 
   @contextlib.contextmanager
   def _failing(self):

@@ -508,7 +508,7 @@ class ViT(ViTConfig, nn.Module):
     if num_prefix:
       cls = self.param('cls', nn.initializers.zeros, (1, 1, d), self.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, d)), x], axis=1)
-    base_grid = (self.image_size // p,) * 2
+    base_grid = (self.image_size // p, self.image_size // p)
     posemb = self.param(
         'pos_embedding',
         _posemb_init,
@@ -516,6 +516,7 @@ class ViT(ViTConfig, nn.Module):
         self.param_dtype,
     )
     if grid != base_grid:
+      assert self.posemb_resize is not None  # else _grid refused the size
       posemb = resize_posemb(posemb, base_grid, grid, num_prefix, self.posemb_resize)
     x = x + posemb.astype(x.dtype)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 from typing import Optional
 
-import flax
+from flax import serialization
 import jax
 import numpy as np
 
@@ -59,7 +59,7 @@ def export_params(
   storage.write_atomic(out / SAFETENSORS_FILE, tensors)
   if msgpack:
     try:
-      storage.write_atomic(out / EXPORT_FILE, flax.serialization.msgpack_serialize(state))
+      storage.write_atomic(out / EXPORT_FILE, serialization.msgpack_serialize(state))
     except BaseException:
       (out / SAFETENSORS_FILE).unlink()  # no half export: load would read it
       raise

@@ -46,7 +46,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Optional
 
-import flax
+from flax import serialization
 import flax.linen as nn
 import jax
 import ml_collections
@@ -154,7 +154,10 @@ def _read_export(path: pathlib.Path) -> dict[str, Any]:
   if (path / SAFETENSORS_FILE).is_file():
     data = (path / SAFETENSORS_FILE).read_bytes()
     return unflatten_variables(safetensors_numpy().load(data))
-  return flax.serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
+  variables = serialization.msgpack_restore((path / EXPORT_FILE).read_bytes())
+  if not isinstance(variables, dict):
+    raise WorkdirError(f'{path / EXPORT_FILE} does not hold a variables dict.')
+  return variables
 
 
 def _tuples(value: Any) -> Any:
@@ -241,11 +244,11 @@ def _restore_checkpoint(workdir: pathlib.Path, step: int) -> dict[str, Any]:
   state_dir = workdir / CHECKPOINTS_DIR / str(step) / STATE_ITEM
   with _quiet_orbax():
     metadata = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata
-  tree = getattr(metadata, 'tree', metadata)
-  missing = [f for f in RESTORED_FIELDS if f not in (tree or {})]
+  tree = getattr(metadata, 'tree', metadata) or {}
+  missing = [f for f in RESTORED_FIELDS if f not in tree]
   if missing:
     raise WorkdirError(
-        f'{state_dir} has no {missing} (it holds {sorted(tree or {})}); '
+        f'{state_dir} has no {missing} (it holds {sorted(tree)}); '
         'not a checkpoint written by the trainer.'
     )
   item = {f: tree[f] for f in RESTORED_FIELDS}

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import pathlib
 import sys
-from typing import Any, Mapping, Optional, Sequence, cast
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -495,18 +495,17 @@ def workdir_figures(
   from contextpool_jax.runs.workdirs import load
 
   model, variables, config = load(workdir, step)
-  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
   if not sampling.is_language_model(model):
     raise ValueError(
         f'{workdir} holds a {type(model).__name__} (config.model.name='
-        f'{cast(Any, config.model).name!r}); the command line draws language-model workdirs. '
+        f'{config.model.name!r}); the command line draws language-model workdirs. '
         'For images use plot_pool_grid.'
     )
   labels, pools = lm_pools(model, variables, text, context=sampling.trained_context(config) or None)
   pools = {k: v for k, v in pools.items() if WEIGHTS in v and SIGMA in v}
   if not pools:
     raise ValueError(
-        f'{workdir}: model {cast(Any, config.model).name!r} has no ContextPool layer with '
+        f'{workdir}: model {config.model.name!r} has no ContextPool layer with '
         'learned weights and sizes to draw.'
     )
   n = len(labels)

@@ -30,9 +30,7 @@ import importlib.util
 import math
 import os
 import re
-from typing import Any, Optional, cast
-
-import ml_collections
+from typing import Any, Optional
 
 GIB = 2**30
 
@@ -260,9 +258,7 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   config = config_fields.complete(config)
   devices = tpu_devices(topology)
   task = tasks.make_task(config, '')
-  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
-  optimizer = cast(ml_collections.ConfigDict, config.optimizer)
-  tx, schedule = optim.make_optimizer(optimizer, run.num_train_steps)
+  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh(devices)
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)

@@ -57,7 +57,7 @@ import dataclasses
 import signal
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 import grain
 import jax
@@ -205,9 +205,7 @@ def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -
   """Builds the task, optimizer, mesh and train iterator; checks every module (an
   abstract init) before any data is prepared, and every eval split before training."""
   task = tasks.make_task(config, str(workdir))
-  # cast: ml_collections is untyped, and what pyright infers for an entry varies.
-  optimizer = cast(ml_collections.ConfigDict, config.optimizer)
-  tx, schedule = optim.make_optimizer(optimizer, run.num_train_steps)
+  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh()
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)
