@@ -8,7 +8,8 @@ Each notebook runs top to bottom in a fresh ``python3`` kernel (nbclient) with
 run it: ``CONTEXTPOOL_NOTEBOOK_SMALL`` and ``CONTEXTPOOL_WORKDIR`` unset (the
 real run, training its own LM), ``CONTEXTPOOL_NOTEBOOK_WORKDIR`` a fixed
 directory ``/tmp/contextpool-notebooks/<name>`` (emptied before and removed
-after), so the paths the trainer prints are the same on every rerun. The stored
+after, so the paths the trainer prints are the same on every rerun) and
+``JAX_PLATFORMS=cpu`` (no TPU probe when libtpu is installed). The stored
 file gets the outputs (printed text, figures) and no volatile metadata: no
 execution timestamps, so a rerun diffs only where results changed. A cell that
 fails stops the script with the cell's error and leaves the stored notebook as
@@ -65,6 +66,10 @@ def execute(path: pathlib.Path, timeout: int) -> float:
   shutil.rmtree(workdir, ignore_errors=True)
   env = {k: v for k, v in os.environ.items() if k not in UNSET}
   env['CONTEXTPOOL_NOTEBOOK_WORKDIR'] = str(workdir)
+  # On the CPU, as the stored outputs show: with the developers' libtpu installed, JAX's probe
+  # for a TPU at start would log libtpu's lines into the first cell's output (a reader's
+  # install has no libtpu).
+  env['JAX_PLATFORMS'] = 'cpu'
   client = nbclient.NotebookClient(
       notebook,
       timeout=timeout,
