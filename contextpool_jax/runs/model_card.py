@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 from typing import Any, Optional
 
 import ml_collections
@@ -95,8 +96,12 @@ def _card_text(metadata: dict[str, Any], body: str) -> str:
 
     block = yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True).strip()
     return f'---\n{block}\n---\n{body}'
-  block = huggingface_hub.ModelCardData(**metadata).to_yaml()
-  return str(huggingface_hub.ModelCard(f'---\n{block}\n---\n{body}'))
+  # huggingface_hub's names import tqdm.auto on first use, which warns in a Jupyter kernel
+  # without ipywidgets (about progress bars: a card has none).
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', message='IProgress not found')
+    block = huggingface_hub.ModelCardData(**metadata).to_yaml()
+    return str(huggingface_hub.ModelCard(f'---\n{block}\n---\n{body}'))
 
 
 def _card_model(model: ml_collections.ConfigDict, variables: dict[str, Any]) -> list[str]:
