@@ -74,7 +74,6 @@ from contextpool_jax.training import sharding
 from contextpool_jax.training import spec as spec_lib
 from contextpool_jax.training import profiling, programs, steps, tasks, writers
 
-METRICS_FILE = writers.METRICS_FILE
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
 
 

@@ -54,7 +54,6 @@ from contextpool_jax.io import config_readers, console, storage
 from contextpool_jax.runs import layout
 from contextpool_jax.base.errors import ConfigError
 
-METRICS_FILE = layout.METRICS_FILE  # the workdir's layout (the model card reads it)
 TENSORBOARD_DIR = 'tensorboard'
 WANDB_DIR = 'wandb'
 MLFLOW_DIR = 'mlruns'
@@ -202,7 +201,7 @@ class JsonlWriter:
   (histograms are not written; their means are scalars of their own)."""
 
   def __init__(self, run: Run):
-    path = run.workdir / METRICS_FILE
+    path = run.workdir / layout.METRICS_FILE
     removed = storage.resume_metrics(path, run.start)
     if removed:
       print(
@@ -222,7 +221,7 @@ class JsonlWriter:
     self.jsonl.close()
 
 
-# A TensorBoard histogram's bins, even over the finite values' range (as the W&B writer's).
+# A histogram's bins (TensorBoard's and W&B's), even over the finite values' range.
 HISTOGRAM_BINS = 64
 
 
@@ -328,7 +327,7 @@ class WandbWriter:
     data = {
         f'{prefix}/{k}': self._wandb.Histogram(
             np.asarray(v, np.float32).ravel(),  # pyright: ignore[reportArgumentType]  # array_like
-            num_bins=64,
+            num_bins=HISTOGRAM_BINS,
         )
         for k, v in values.items()
     }
