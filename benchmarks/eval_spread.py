@@ -45,8 +45,9 @@ def _scorer(workdir: str, split: str):
   from contextpool_jax.runs.workdirs import load  # pylint: disable=g-import-not-at-top
 
   model, variables, config = load(workdir)
-  objective = tasks.make_objective(config)
+  task = tasks.read(config)
   spec = lm_input.resolve_spec(config)
+  objective = tasks.make_objective(task, spec, model)
   corpus = lm_input.load_split(spec, split)
 
   @jax.jit

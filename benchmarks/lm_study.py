@@ -630,8 +630,7 @@ def measure_costs(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import optim, tasks  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import optim, spec, tasks  # pylint: disable=g-import-not-at-top
 
   def workload(arm: str, depth: int, seq_len: Optional[int]) -> harness.Workload:
     config = make_config(Run('code', arm, depth, sizes.steps, 0, seq_len=seq_len), sizes, study_dir)
@@ -641,11 +640,12 @@ def measure_costs(
       tokens = jax.random.randint(key, (config.batch_size, n + 1), 0, 256, jnp.int32)
       return {'tokens': tokens, 'weights': jnp.ones((config.batch_size, n), jnp.float32)}
 
+    specs = spec.read(config, process_count=1, device_count=1)
     return harness.Workload(
-        module=config_fields.build_model(config),
-        objective=tasks.make_objective(config),
+        module=specs.model,
+        objective=tasks.make_objective(specs.task, specs.data, specs.model),
         make_batch=make_batch,
-        optimizer=optim.make_optimizer(config.optimizer, config.num_train_steps),
+        optimizer=optim.make_optimizer(specs.optimizer, specs.run.num_train_steps),
     )
 
   out = study_dir / 'costs'

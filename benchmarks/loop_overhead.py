@@ -202,14 +202,12 @@ class BareStep:
   def __init__(self, config: ml_collections.ConfigDict, workdir: pathlib.Path, steps: int):
     import jax  # pylint: disable=g-import-not-at-top
 
-    from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
-    from contextpool_jax.training import sharding, trainer  # pylint: disable=g-import-not-at-top
+    from contextpool_jax.training import sharding, spec, trainer  # pylint: disable=g-import-not-at-top
     from contextpool_jax.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
 
-    config = config_fields.complete(run_config(config))
-    run = trainer.validate_config(config)
-    setup = trainer._set_up(config, run, workdir)  # pylint: disable=protected-access
-    step_fn, self._step, _ = trainer._compile_steps(setup, run)  # pylint: disable=protected-access
+    specs = spec.read(run_config(config))
+    setup = trainer._set_up(specs, workdir)  # pylint: disable=protected-access
+    step_fn, self._step, _ = trainer._compile_steps(setup, specs.run)  # pylint: disable=protected-access
     self._state = jax.jit(setup.init_fn, out_shardings=setup.shardings)(setup.init_rng)
     self._batches = [
         sharding.put_batch(next(setup.train_iter), setup.data_sharding) for _ in range(steps)

@@ -40,7 +40,7 @@ from contextpool_jax.layers.context_pool import IMPLEMENTATIONS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
 from contextpool_jax.training import objectives
-from contextpool_jax.training.optim import make_optimizer
+from contextpool_jax.training.optim import make_optimizer, resolve_spec
 
 from benchmarks.harness import PaperColumn
 from benchmarks.harness import Workload
@@ -174,7 +174,7 @@ def _optimizer(**fields) -> tuple[optax.GradientTransformation, Callable]:
   """The project's optimizer builder: ``configs/common.py``'s optimizer with ``fields``."""
   cfg = common.base_config().optimizer
   cfg.update(dict(schedule='constant', warmup_steps=0), **fields)
-  return make_optimizer(cfg, num_train_steps=1000)
+  return make_optimizer(resolve_spec(cfg), num_train_steps=1000)
 
 
 def _with_cp_defaults(

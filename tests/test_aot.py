@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import default as default_config
-from contextpool_jax.training import aot, command_line, sharding, tasks
+from contextpool_jax.training import aot, command_line, sharding, spec, tasks
 
 # ---------------------------------------------------------------------------
 # Topologies.
@@ -145,7 +145,8 @@ def test_the_abstract_batches_are_the_pipelines_batches(tmp_path):
     config.dataset.seq_len, config.dataset.eval_context, config.dataset.eval_step = 32, 64, 32
     config.dataset.eval_batch_size = 4
     config.batch_size = 8
-  task = tasks.make_task(config, str(tmp_path))
+  specs = spec.read(config)
+  task = tasks.make_task(specs.task, specs.model, specs.data, str(tmp_path))
   task.data.prepare()
   train, evaluation = task.data.batch_shapes(config.batch_size)
   real_train = next(iter(task.data.train_dataset(0, 1)))

@@ -3,7 +3,7 @@
 Overrides go through the real path: ``config_flags.DEFINE_config_file`` on a
 command line like ``train.py``'s (flags of their own, so nothing is global),
 then the checks look at what the built model and its module tree received
-(``config_fields.build_model``, and ``jax.eval_shape`` of the trainer's init with every
+(``spec.read``'s model, and ``jax.eval_shape`` of the trainer's init with every
 module call intercepted: no compile, no data).
 """
 
@@ -31,7 +31,7 @@ from contextpool_jax.layers.augmented_conv import AugmentedConv2D
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.layers.lambda_layer import LambdaLayer
-from contextpool_jax.training import checkpoints, command_line, optim, steps, tasks, trainer
+from contextpool_jax.training import checkpoints, command_line, optim, spec, steps, tasks, trainer
 from conftest import REPO, config_cases
 
 # Every config file and its variants (test_every_config_file_is_listed keeps it whole).
@@ -128,8 +128,9 @@ def test_every_config_takes_an_override_of_each_model_field_family(name, arg):
   config = _parse(config_file, [(k, _text(v)) for k, v in wanted.items()])
   for path, value in wanted.items():
     assert _lookup(config, path) == value, path
-  assert trainer.validate_config(config).keep_checkpoint_period == 7
-  model = config_fields.build_model(config)  # what the model received
+  specs = spec.read(config)
+  assert specs.run.keep_checkpoint_period == 7
+  model = specs.model  # what the model received
   assert model.remat == 'dots_no_batch'  # the run's config.remat
   for path, value in wanted.items():
     if path.startswith('model.context_pool.'):
@@ -167,8 +168,9 @@ LAYER_FIELDS = {  # the module tree's layer: {its field: the model field that se
 
 def _modules_built(config, workdir):
   """Every module called while the trainer's init is traced (``jax.eval_shape``)."""
-  task = tasks.make_task(config, str(workdir))
-  tx, _ = optim.make_optimizer(config.optimizer, config.num_train_steps)
+  specs = spec.read(config)
+  task = tasks.make_task(specs.task, specs.model, specs.data, str(workdir))
+  tx, _ = optim.make_optimizer(specs.optimizer, specs.run.num_train_steps)
   init_fn = steps.make_init_fn(task.model, task.objective, task.data.init_batch(), tx)
   seen = []
 

@@ -22,9 +22,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from contextpool_jax import models
-from contextpool_jax.runs import config_fields
 from contextpool_jax.base.errors import ConfigError
-from contextpool_jax.training import command_line, evaluators, steps, tasks, trainer
+from contextpool_jax.training import command_line, evaluators, spec, steps, tasks, trainer
 from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -42,9 +41,8 @@ def _load(name, arg):
 @pytest.mark.parametrize('name,arg', CONFIGS)
 def test_every_config_is_valid(name, arg):
   config = _load(name, arg)
-  trainer.validate_config(config)
+  model = spec.read(config).model  # every override is a field of the model
   assert config.model.name in models.available()
-  model = config_fields.build_model(config)  # every override is a field of the model
   assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
 
 
@@ -283,7 +281,8 @@ def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
   config = _load('cifar10_resnet', 'cp_resnet20')
   with config.unlocked():
     config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
-  task = tasks.make_task(config, '')
+  specs = spec.read(config)
+  task = tasks.make_task(specs.task, specs.model, specs.data, '')
   devices = evaluators.Devices(
       state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
   )

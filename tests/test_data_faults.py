@@ -34,9 +34,15 @@ from contextpool_jax.data import image_input
 from contextpool_jax.data import lm_input
 from contextpool_jax.data import text_builders as tb
 from contextpool_jax.data import translation_input
-from contextpool_jax.training import tasks
+from contextpool_jax.training import spec, tasks
 from contextpool_jax.training import trainer
 from tests.test_training import tiny_config
+
+
+def _task(config, workdir):
+  """The trainer's task of ``config`` (its specs read as the trainer reads them)."""
+  specs = spec.read(config)
+  return tasks.make_task(specs.task, specs.model, specs.data, str(workdir))
 
 
 def _text(n, seed=0):
@@ -287,7 +293,7 @@ def test_bpc_is_exact_on_an_eval_split_smaller_than_one_batch(
       eval_batch_size=16,
       eval_max_bytes=0,
   )
-  task = tasks.make_task(config, str(tmp_path)).objective
+  task = _task(config, tmp_path).objective
   table = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
   shards = [
       lm_input.make_eval_batches(
@@ -414,7 +420,7 @@ def test_image_eval_split_smaller_than_one_batch_gives_exact_metrics(
     cifar_dir, tmp_path, process_count
 ):
   config = _cifar_config(cifar_dir)
-  task = tasks.make_task(config, str(tmp_path)).objective
+  task = _task(config, tmp_path).objective
   weights = np.random.default_rng(0).normal(size=(3, 10)).astype(np.float32)
   logits_of = lambda images: jnp.asarray(images.mean(axis=(1, 2)) @ weights)
   sums, labels = {}, []
@@ -528,7 +534,7 @@ def test_translation_eval_split_smaller_than_one_batch_gives_exact_loss(
     wmt_dir, tmp_path, process_count
 ):
   config = _wmt_config(wmt_dir, tmp_path)
-  full = tasks.make_task(config, str(tmp_path))
+  full = _task(config, tmp_path)
   task, vocab = full.objective, full.data.vocab
   table = np.random.default_rng(0).normal(size=(vocab.vocab_size, 32, vocab.vocab_size))
   logits_of = lambda inputs: jnp.asarray(table[inputs[:, 0]], jnp.float32)

@@ -39,10 +39,10 @@ F16_EPS = 2.0**-10
 def test_dtype_float16_is_accepted_and_an_unknown_dtype_names_the_allowed_ones():
   config = default_config.get_config()
   config.dtype = 'float16'
-  assert spec_lib.resolve_spec(config).dtype == jnp.float16
+  assert spec_lib.read_run(config).dtype == jnp.float16
   config.dtype = 'float8'
   with pytest.raises(ConfigError) as err:
-    spec_lib.resolve_spec(config)
+    spec_lib.read_run(config)
   assert str(err.value) == (
       "config.dtype='float8' is not supported; allowed values: 'float32', 'bfloat16', 'float16'."
   )

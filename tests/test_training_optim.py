@@ -1,8 +1,7 @@
-"""Optimizers and schedules built from configs."""
+"""Optimizers and schedules built from ``config.optimizer``, read into an OptimizerSpec."""
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -11,6 +10,7 @@ from contextpool_jax.training import optim
 
 
 def _cfg(**kw):
+  """``config.optimizer`` with ``kw``, read (:func:`optim.resolve_spec`)."""
   cfg = common.base_config().optimizer  # every optimizer field, at its default
   cfg.update(
       dict(
@@ -24,7 +24,7 @@ def _cfg(**kw):
       )
   )
   cfg.update(kw)
-  return cfg
+  return optim.resolve_spec(cfg)
 
 
 def test_inverse_sqrt_is_vaswanis_schedule():
@@ -75,7 +75,7 @@ def test_clipping_bounds_the_update():
 )
 def test_bad_values_raise_naming_the_field(field, value):
   with pytest.raises(ValueError, match=f'config.optimizer.{field}'):
-    optim.make_optimizer(_cfg(**{field: value}), 10)
+    _cfg(**{field: value})
 
 
 def test_piecewise_is_he_et_als_step_schedule():

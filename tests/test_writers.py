@@ -251,13 +251,15 @@ def test_an_unknown_writer_or_a_missing_package_fails_before_anything_is_built(
       __import__('importlib').util.find_spec(p) for p in writers.REGISTRY['wandb'].packages
   ):
     with pytest.raises(ConfigError, match="config.wandb.mode='offlin' is not supported"):
-      writers.check(tiny_config(corpus, tmp_path, writers=('wandb',), **{'wandb.mode': 'offlin'}))
+      writers.resolve_spec(
+          tiny_config(corpus, tmp_path, writers=('wandb',), **{'wandb.mode': 'offlin'})
+      )
   if all(importlib.util.find_spec(p) for p in writers.REGISTRY['mlflow'].packages):
     bad = {'writers': ('mlflow',), 'mlflow': {'experiment': 3}}  # e.g. a config file's typo
     with pytest.raises(
         ConfigError, match=r'^config.mlflow.experiment=3 is invalid; expected a string'
     ):
-      writers.check(bad)
+      writers.resolve_spec(bad)
   monkeypatch.setitem(
       writers.REGISTRY,
       'wandb',
@@ -283,7 +285,9 @@ def test_a_new_mlflow_store_says_nothing_on_a_quiet_console(quiet, tmp_path, mlf
 
   console.set_quiet(quiet)
   try:
-    writer = writers.MlflowWriter(writers.Run(default_config.get_config(), tmp_path, 0))
+    writer = writers.MlflowWriter(
+        writers.Run({}, default_config.get_config().to_dict(), tmp_path, 0)
+    )
     writer.close()
   finally:
     console.set_quiet(False)
@@ -301,7 +305,7 @@ def test_the_mlflow_writer_names_a_missing_package_and_its_extra(corpus, tmp_pat
       lambda name, *a: None if name == 'sqlalchemy' else find_spec(name, *a),
   )
   with pytest.raises(ConfigError) as error:
-    writers.check(tiny_config(corpus, tmp_path, writers=('jsonl', 'mlflow')))
+    writers.resolve_spec(tiny_config(corpus, tmp_path, writers=('jsonl', 'mlflow')))
   assert str(error.value) == (
       "config.writers includes 'mlflow', which needs the Python package sqlalchemy, not "
       "installed here: pip install 'contextpool-jax[mlflow]' (or pip install sqlalchemy), or "
@@ -313,16 +317,15 @@ def test_tensorboard_reads_the_event_file_back(tmp_path):
   """The TensorBoard writer's files, read by TensorBoard's own reader: the config as text, the
   scalars, a histogram (64 bins over the finite values: a NaN is not counted), and a rerun's
   file, which drops what the first run logged after the step it resumes from."""
-  import ml_collections
   from tensorboard.backend.event_processing import event_accumulator
 
-  config = ml_collections.ConfigDict({'model': {'name': 'cp_transformer_lm'}})
-  first = writers.TensorBoardWriter(writers.Run(config, tmp_path, 0))
+  record = {'model': {'name': 'cp_transformer_lm'}}
+  first = writers.TensorBoardWriter(writers.Run({}, record, tmp_path, 0))
   for step in (1, 2, 3):
     first.scalars(step, {'loss': 1.0 / step}, 'train')
   first.histograms(2, {'layer_0': np.array([[1.0, 2.0], [4.0, np.nan]])}, 'pool_sigma')
   first.close()
-  rerun = writers.TensorBoardWriter(writers.Run(config, tmp_path, 2))  # resumed from step 2
+  rerun = writers.TensorBoardWriter(writers.Run({}, record, tmp_path, 2))  # resumed from step 2
   rerun.scalars(3, {'loss': 0.125}, 'train')
   rerun.close()
   files = sorted((tmp_path / 'tensorboard').iterdir())
@@ -442,5 +445,5 @@ def test_every_writer_extra_installs_the_packages_the_writer_imports():
 
 @pytest.mark.slow
 def test_the_default_writers_are_jsonl_and_tensorboard(corpus, tmp_path):
-  assert writers.check(tiny_config(corpus, tmp_path)) == ('jsonl', 'tensorboard')
-  assert writers.check({}) == writers.DEFAULT_WRITERS  # a config without the field
+  assert writers.resolve_spec(tiny_config(corpus, tmp_path)).names == ('jsonl', 'tensorboard')
+  assert writers.resolve_spec({}).names == writers.DEFAULT_WRITERS  # a config without the field

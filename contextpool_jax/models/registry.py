@@ -39,12 +39,11 @@ def available() -> list[str]:
   return sorted(MODELS)
 
 
-def create(name: str, **overrides: Any) -> nn.Module:
-  """Builds the model ``name`` with its preset, fields overridden by ``overrides``.
+def factory(name: str) -> Callable[..., nn.Module]:
+  """``MODELS[name]``: the model class with the preset of ``name``.
 
   Raises:
-    ValueError: for an unknown name (listing close matches and all names) or an
-      override that is not a field of the model.
+    ConfigError: (a ValueError) an unknown name, listing close matches and all names.
   """
   if name not in MODELS:
     close = difflib.get_close_matches(name, MODELS, n=3)
@@ -52,8 +51,18 @@ def create(name: str, **overrides: Any) -> nn.Module:
     raise ConfigError(
         f'model={name!r} is not registered.{hint} Available: {", ".join(sorted(MODELS))}.'
     )
-  factory = MODELS[name]
+  return MODELS[name]
+
+
+def create(name: str, **overrides: Any) -> nn.Module:
+  """Builds the model ``name`` with its preset, fields overridden by ``overrides``.
+
+  Raises:
+    ValueError: for an unknown name (listing close matches and all names) or an
+      override that is not a field of the model.
+  """
+  make = factory(name)
   try:
-    return factory(**overrides)
+    return make(**overrides)
   except TypeError as e:
     raise ConfigError(f'model={name!r}: invalid override(s) {sorted(overrides)}: {e}') from e

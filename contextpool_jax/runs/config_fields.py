@@ -31,9 +31,10 @@ command line parses ``--config.model.num_layers=4`` as an int); any other field
 string (``--config.model.stage_pattern=C,A,A,A``). The module's own check rejects
 a bad value with a message naming the field.
 
-:func:`build_model` is how the trainer builds its model and how a workdir is
-loaded back (:mod:`contextpool_jax.runs.workdirs`):
-``models.create(config.model.name, **the other fields, dtype, remat)``.
+:func:`build_model` is how a run's model is built (``training.spec.read``) and how a
+workdir is loaded back (:mod:`contextpool_jax.runs.workdirs`): the class of
+``config.model.name`` (``models.registry.MODELS``) given the other fields, ``dtype``
+and ``remat``.
 """
 
 from __future__ import annotations
@@ -196,8 +197,16 @@ def model_settings(config: ml_collections.ConfigDict) -> tuple[Any, str]:
 
 
 def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  """``models.create(config.model.name, **config.model minus name, dtype, remat)``."""
+  """The model class of ``config.model.name`` (``models.registry.MODELS``, with its
+  preset) given the section's other fields, ``dtype`` and ``remat``: the section goes
+  straight to the module, whose own checks name a bad field."""
   dtype, remat = model_settings(config)
-  overrides = config.model.to_dict()
-  name = overrides.pop('name')
-  return registry.create(name, **overrides, dtype=dtype, remat=remat)
+  fields = config_readers.lookup(config, 'model').to_dict()
+  name = fields.pop('name', None)
+  model = registry.factory(config_readers.read_str(config, 'model.name'))
+  try:
+    return model(**fields, dtype=dtype, remat=remat)
+  except TypeError as e:  # a key that is not a field of the model
+    raise ConfigError(
+        f'config.model (model {name!r}): invalid field(s) {sorted(fields)}: {e}'
+    ) from e

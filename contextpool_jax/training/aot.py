@@ -251,14 +251,13 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   for memory, and the config's own errors (as ``train.py`` would) before compiling."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from contextpool_jax.runs import config_fields  # pylint: disable=g-import-not-at-top
-  from contextpool_jax.training import optim, programs, sharding, steps, tasks, trainer  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import optim, programs, sharding, spec, steps, tasks  # pylint: disable=g-import-not-at-top
 
-  run = trainer.validate_config(config)
-  config = config_fields.complete(config)
+  specs = spec.read(config)
+  run = specs.run
   devices = tpu_devices(topology)
-  task = tasks.make_task(config, '')
-  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
+  task = tasks.make_task(specs.task, specs.model, specs.data, '')
+  tx, schedule = optim.make_optimizer(specs.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh(devices)
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)

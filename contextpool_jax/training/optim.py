@@ -89,12 +89,8 @@ def resolve_spec(cfg: ml_collections.ConfigDict) -> OptimizerSpec:
   )
 
 
-def make_schedule(cfg: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
-  """The learning-rate schedule of ``config.optimizer`` (see the module docstring)."""
-  return _schedule(resolve_spec(cfg), num_train_steps)
-
-
-def _schedule(spec: OptimizerSpec, num_train_steps: int) -> optax.Schedule:
+def make_schedule(spec: OptimizerSpec, num_train_steps: int) -> optax.Schedule:
+  """The learning-rate schedule of ``spec`` (see the module docstring)."""
   peak, warmup, end = spec.learning_rate, spec.warmup_steps, spec.end_learning_rate
   if spec.schedule == 'constant':
     return optax.constant_schedule(peak)
@@ -135,11 +131,10 @@ def decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(
-    cfg: ml_collections.ConfigDict, num_train_steps: int
+    spec: OptimizerSpec, num_train_steps: int
 ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
-  """Returns ``(optimizer, schedule)`` for ``config.optimizer``."""
-  spec = resolve_spec(cfg)
-  schedule = _schedule(spec, num_train_steps)
+  """Returns ``(optimizer, schedule)`` for ``spec`` (:func:`resolve_spec` of ``config.optimizer``)."""
+  schedule = make_schedule(spec, num_train_steps)
   chain = []
   if spec.grad_clip_norm > 0:
     chain.append(optax.clip_by_global_norm(spec.grad_clip_norm))

@@ -1,11 +1,30 @@
-"""The top-level config fields of a run, read and checked once (:func:`resolve_spec`).
+"""A run's config, read and checked once: :func:`read` turns the ``ConfigDict`` into :class:`Specs`.
 
-Every config (``configs/common.py`` sets them all) has the fields of
-:class:`RunSpec`; the sections have their own readers: ``config.optimizer``
-(:func:`contextpool_jax.training.optim.resolve_spec`), ``config.dataset`` (the
-data modules' ``resolve_spec``), ``config.model`` (the model registry and the
-modules' own checks). All raise :class:`~contextpool_jax.base.errors.ConfigError`
-naming the field before anything is compiled.
+Everything below the command line takes these typed specs, never the config: the
+trainer, the task (model, objective, data pipeline), the optimizer, the writers, the
+profiler and the compile command. :func:`read` is the one place that reads a run's
+config; each section has its reader beside the code that uses its values, and only
+:func:`read` calls them:
+
+==================  =================================================  =========================
+section             reader                                             spec
+==================  =================================================  =========================
+top level           :func:`read_run` (this module)                     :class:`RunSpec`
+``model``           ``runs.config_fields.build_model``                 the model (a flax module:
+                                                                       its fields are the spec)
+``task`` (+ BLEU,   ``tasks.read``                                     ``tasks.TaskSpec``
+label smoothing)
+``dataset``         the task kind's data module's ``resolve_spec``     e.g. ``lm_input.LMDataSpec``
+``optimizer``       ``optim.resolve_spec``                             ``optim.OptimizerSpec``
+``writers``, ...    ``writers.resolve_spec``                           ``writers.WritersSpec``
+``profile``         ``profiling.resolve_spec``                         ``profiling.ProfileSpec``
+==================  =================================================  =========================
+
+All raise :class:`~contextpool_jax.base.errors.ConfigError` naming the field, the value
+and what is allowed, before anything is built or compiled. ``config.model`` is
+completed first (every field of the model, with its default where the config sets
+none: :func:`~contextpool_jax.runs.config_fields.complete`), so :attr:`Specs.config`
+is what ``config.json`` records.
 """
 
 from __future__ import annotations
@@ -13,19 +32,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.linen as nn
 import jax
 import ml_collections
 
 from contextpool_jax.io import config_readers
 from contextpool_jax.runs import config_fields
 from contextpool_jax.base.errors import ConfigError
-from contextpool_jax.training import runlock, sharding, tasks
+from contextpool_jax.training import optim, profiling, runlock, sharding, tasks, writers
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """What the loop needs from the top level of a config (see ``configs/common.py``).
-  ``config.task`` is the task registry's (:func:`tasks.kind_of` checks it)."""
+  ``config.task`` and its kind's fields are :func:`tasks.read`'s."""
 
   seed: int
   num_train_steps: int
@@ -48,7 +68,7 @@ class RunSpec:
   lock_stale_seconds: int  # run.lock of another machine: stale after this long without heartbeat
 
 
-def resolve_spec(
+def read_run(
     config: ml_collections.ConfigDict,
     *,
     process_count: int | None = None,
@@ -70,7 +90,6 @@ def resolve_spec(
   splits = (splits,) if isinstance(splits, str) else tuple(splits)
   if not splits or not all(isinstance(s, str) and s for s in splits):
     raise ConfigError(f'config.eval_splits={splits!r} is invalid; expected split names.')
-  tasks.kind_of(config)  # an unknown task: ConfigError naming the kinds
   spec = RunSpec(
       seed=config_readers.read_int(config, 'seed', minimum=-(2**63)),
       num_train_steps=read_int('num_train_steps'),
@@ -105,3 +124,42 @@ def resolve_spec(
         f'{spec.grad_accum_steps}; each must be a whole multiple of the {devices} devices.'
     )
   return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Specs:
+  """Everything a run reads from its config, typed (module docstring): what the
+  trainer, the task, the optimizer, the writers and the compile command take."""
+
+  config: ml_collections.ConfigDict  # completed: what config.json records (never read below)
+  run: RunSpec
+  model: nn.Module
+  task: tasks.TaskSpec
+  data: Any  # the task kind's data spec (lm_input.LMDataSpec, ...)
+  optimizer: optim.OptimizerSpec
+  writers: writers.WritersSpec
+  profile: profiling.ProfileSpec
+
+
+def read(
+    config: ml_collections.ConfigDict,
+    *,
+    process_count: int | None = None,
+    device_count: int | None = None,
+) -> Specs:
+  """Reads and checks every section of ``config`` (module docstring); ConfigError
+  names the first bad field. ``process_count`` and ``device_count``: as for
+  :func:`read_run` (defaults: this run's)."""
+  run = read_run(config, process_count=process_count, device_count=device_count)
+  config = config_fields.complete(config)
+  task = tasks.read(config)
+  return Specs(
+      config=config,
+      run=run,
+      model=config_fields.build_model(config),
+      task=task,
+      data=tasks.KINDS[task.kind].read_data(config),
+      optimizer=optim.resolve_spec(config.optimizer),
+      writers=writers.resolve_spec(config),
+      profile=profiling.resolve_spec(config),
+  )

@@ -1,8 +1,10 @@
 """The task registry: each kind of experiment (``config.task``) and everything it decides.
 
-``make_task(config, workdir)`` returns a :class:`Task`: the model from the
-registry (:func:`contextpool_jax.runs.config_fields.build_model`), the :class:`TaskKind`
-of ``config.task`` and what that kind builds from its resolved settings:
+:func:`read` reads ``config.task`` and the fields its kind has (label smoothing, BLEU)
+into a :class:`TaskSpec` (``training.spec.read`` calls it, with the kind's data
+module's reader of ``config.dataset``: :meth:`TaskKind.read_data`).
+``make_task(task_spec, model, data_spec, workdir)`` returns a :class:`Task`: the
+model, the :class:`TaskKind` of the spec and what that kind builds from the specs:
 
 * ``objective``: loss and metrics (:mod:`contextpool_jax.training.objectives`),
   which never see the data pipeline;
@@ -12,7 +14,7 @@ of ``config.task`` and what that kind builds from its resolved settings:
   the loop runs besides training (:mod:`contextpool_jax.training.evaluators`).
 
 This module is the one place that tells the kinds apart (:data:`KINDS`,
-keyed by ``config.task``); nothing else in the repository decides by
+keyed by ``config.task``, :attr:`TaskSpec.kind`); nothing else in the repository decides by
 ``config.task`` (``tests/test_code_shape.py``). A new kind of experiment is a
 :class:`TaskKind` here (an objective, a pipeline over its data module, its
 evaluators), not a change to the loop. Log hooks ask the
@@ -31,7 +33,6 @@ import ml_collections
 import numpy as np
 
 from contextpool_jax.io import config_readers
-from contextpool_jax.runs import config_fields
 from contextpool_jax.data import image_input, lm_input, translation_input
 from contextpool_jax.inference import decoding
 from contextpool_jax.training import evaluators, objectives
@@ -44,18 +45,14 @@ from contextpool_jax.training import evaluators, objectives
 class DataPipeline:
   """The data of one kind of experiment (batches: see :mod:`.objectives`).
 
-  ``spec``: the data module's resolved ``config.dataset`` (read once, on first use).
+  ``spec``: the data module's resolved ``config.dataset`` (:meth:`TaskKind.read_data`).
   """
 
   data_module: Any = None  # the module with resolve_spec / make_train_dataset / ...
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config = config
+  def __init__(self, spec: Any, workdir: str):
+    self.spec = spec
     self.workdir = workdir
-
-  @functools.cached_property
-  def spec(self):
-    return self.data_module.resolve_spec(self.config)
 
   def prepare(self) -> None:
     """Builds what the processes share through files (a dataset, a vocabulary).
@@ -176,21 +173,32 @@ class ImageData(DataPipeline):
 @dataclasses.dataclass(frozen=True)
 class BleuSpec:
   """The BLEU evaluation of a translation run (top-level ``eval_bleu``, ``beam_size``,
-  ``beam_alpha``, ``eval_bleu_batches``), read and checked once."""
+  ``beam_alpha``, ``eval_bleu_batches``)."""
 
   enabled: bool = True
   beam_size: int = decoding.BEAM_SIZE
   alpha: float = decoding.BEAM_ALPHA
   max_batches: int = 0  # 0: the whole split
 
-  @classmethod
-  def resolve(cls, config: ml_collections.ConfigDict) -> BleuSpec:
-    return cls(
-        enabled=config_readers.read_bool(config, 'eval_bleu', default=cls.enabled),
-        beam_size=config_readers.read_int(config, 'beam_size', minimum=1, default=cls.beam_size),
-        alpha=config_readers.read_float(config, 'beam_alpha', lo=0.0, default=cls.alpha),
-        max_batches=config_readers.read_int(config, 'eval_bleu_batches', default=cls.max_batches),
-    )
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """``config.task`` and the top-level fields its kind reads (:meth:`TaskKind.read`)."""
+
+  kind: str  # a key of KINDS
+  label_smoothing: float = 0.0  # translation, classification
+  bleu: Optional[BleuSpec] = None  # translation
+
+
+def _read_bleu(config: ml_collections.ConfigDict) -> BleuSpec:
+  return BleuSpec(
+      enabled=config_readers.read_bool(config, 'eval_bleu', default=BleuSpec.enabled),
+      beam_size=config_readers.read_int(config, 'beam_size', minimum=1, default=BleuSpec.beam_size),
+      alpha=config_readers.read_float(config, 'beam_alpha', lo=0.0, default=BleuSpec.alpha),
+      max_batches=config_readers.read_int(
+          config, 'eval_bleu_batches', default=BleuSpec.max_batches
+      ),
+  )
 
 
 def _label_smoothing(config: ml_collections.ConfigDict) -> float:
@@ -203,7 +211,17 @@ class TaskKind:
   name: str
   pipeline: type[DataPipeline]
 
-  def objective(self, config: ml_collections.ConfigDict, data: DataPipeline, model):
+  def read(self, config: ml_collections.ConfigDict) -> TaskSpec:
+    """The kind's own top-level fields (default: none)."""
+    del config
+    return TaskSpec(self.name)
+
+  def read_data(self, config: ml_collections.ConfigDict) -> Any:
+    """``config.dataset`` (and the top-level fields the data uses), by the kind's data module."""
+    return self.pipeline.data_module.resolve_spec(config)
+
+  def objective(self, spec: TaskSpec, data: Any, model: Optional[nn.Module]):
+    """The objective; ``data``: the data spec."""
     raise NotImplementedError
 
   def evaluators(self, task: Task, devices: evaluators.Devices, splits) -> list:
@@ -225,19 +243,22 @@ class TaskKind:
 class LanguageModelKind(TaskKind):
   name, pipeline = 'lm', LanguageModelData
 
-  def objective(self, config, data, model):
+  def objective(self, spec, data, model):
     return objectives.LanguageModelling()
 
 
 class TranslationKind(TaskKind):
   name, pipeline = 'translation', TranslationData
 
-  def objective(self, config, data, model):
-    return objectives.Translation(label_smoothing=_label_smoothing(config))
+  def read(self, config):
+    return TaskSpec(self.name, label_smoothing=_label_smoothing(config), bleu=_read_bleu(config))
+
+  def objective(self, spec, data, model):
+    return objectives.Translation(label_smoothing=spec.label_smoothing)
 
   def evaluators(self, task, devices, splits):
-    assert task.config is not None  # a Task of make_task
-    bleu = BleuSpec.resolve(task.config)
+    assert task.spec is not None and task.spec.bleu is not None  # a Task of make_task
+    bleu = task.spec.bleu
     out = []
     for split in splits:
       out.append(evaluators.SplitMetrics(task, devices, split))
@@ -259,13 +280,16 @@ class TranslationKind(TaskKind):
 class ClassificationKind(TaskKind):
   name, pipeline = 'classification', ImageData
 
-  def objective(self, config, data, model):
-    mix = data.spec
+  def read(self, config):
+    return TaskSpec(self.name, label_smoothing=_label_smoothing(config))
+
+  def objective(self, spec, data, model):
+    mix = data
     num_classes = getattr(model, 'num_classes', None)
     assert num_classes is not None  # every classification model has the field
     return objectives.Classification(
         num_classes=num_classes,
-        label_smoothing=_label_smoothing(config),
+        label_smoothing=spec.label_smoothing,
         mixup_alpha=mix.mixup_alpha,
         cutmix_alpha=mix.cutmix_alpha,
         mixup_switch_prob=mix.mixup_switch_prob,
@@ -277,9 +301,9 @@ KINDS: dict[str, TaskKind] = {
 }
 
 
-def kind_of(config: ml_collections.ConfigDict) -> TaskKind:
-  """The :class:`TaskKind` of ``config.task`` (ConfigError for an unknown one)."""
-  return KINDS[config_readers.read_choice(config, 'task', KINDS)]
+def read(config: ml_collections.ConfigDict) -> TaskSpec:
+  """``config.task`` (ConfigError naming the kinds for an unknown one) and its kind's fields."""
+  return KINDS[config_readers.read_choice(config, 'task', KINDS)].read(config)
 
 
 @dataclasses.dataclass
@@ -291,7 +315,7 @@ class Task:
   objective: objectives.Objective
   data: DataPipeline
   kind: Optional[TaskKind] = None
-  config: Optional[ml_collections.ConfigDict] = None
+  spec: Optional[TaskSpec] = None
 
   def evaluators(self, devices: evaluators.Devices, splits) -> list:
     assert self.kind is not None  # a Task of make_task
@@ -302,16 +326,15 @@ class Task:
     return self.kind.hooks(self, devices, log_pool_sizes)
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
-  """The task of ``config``: its kind's pipeline and objective around the model."""
-  kind = kind_of(config)
-  model = config_fields.build_model(config)
-  data = kind.pipeline(config, workdir)
-  objective = kind.objective(config, data, model)
-  return Task(model=model, objective=objective, data=data, kind=kind, config=config)
+def make_task(spec: TaskSpec, model: nn.Module, data: Any, workdir: str) -> Task:
+  """The task of ``spec``: its kind's pipeline over ``data`` (the data spec) and its
+  objective around ``model``."""
+  kind = KINDS[spec.kind]
+  pipeline = kind.pipeline(data, workdir)
+  objective = kind.objective(spec, data, model)
+  return Task(model=model, objective=objective, data=pipeline, kind=kind, spec=spec)
 
 
-def make_objective(config: ml_collections.ConfigDict, model: Optional[nn.Module] = None):
-  """The objective of ``config.task`` with its settings from the config (no workdir)."""
-  kind = kind_of(config)
-  return kind.objective(config, kind.pipeline(config, ''), model)
+def make_objective(spec: TaskSpec, data: Any, model: Optional[nn.Module] = None):
+  """The objective of ``spec`` (no data pipeline, no workdir)."""
+  return KINDS[spec.kind].objective(spec, data, model)

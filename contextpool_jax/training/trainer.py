@@ -2,8 +2,9 @@
 
 ``train_and_evaluate(config, workdir)``:
 
-1. reads and checks the config (:func:`spec.resolve_spec`, before anything is
-   built or compiled) and saves it as ``<workdir>/config.json``;
+1. reads and checks the config once into typed specs (:func:`spec.read`, before
+   anything is built or compiled; nothing below reads the config) and saves it as
+   ``<workdir>/config.json``;
 2. builds the task (:func:`tasks.make_task`: model, objective, data), the optax
    optimizer and a 1D ``'data'`` mesh over every device;
 3. initialises the train state directly in its shardings, or restores the
@@ -54,6 +55,7 @@ evaluation and checkpoint steps, and the host runs at most
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import threading
 import time
@@ -67,7 +69,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from contextpool_jax.io import console, storage
-from contextpool_jax.runs import config_fields, layout, workdirs
+from contextpool_jax.runs import layout, workdirs
 from contextpool_jax.base.errors import NonFiniteLossError, WriteError
 from contextpool_jax.training import checkpoints, evaluators, optim, runlock
 from contextpool_jax.training import sharding
@@ -75,11 +77,6 @@ from contextpool_jax.training import spec as spec_lib
 from contextpool_jax.training import profiling, programs, steps, tasks, writers
 
 TENSORBOARD_DIR = writers.TENSORBOARD_DIR
-
-
-def validate_config(config: ml_collections.ConfigDict) -> spec_lib.RunSpec:
-  """Reads and checks the run's top-level config (ConfigError names a bad field)."""
-  return spec_lib.resolve_spec(config)
 
 
 def due(done: int, every: int, total: int) -> bool:
@@ -162,23 +159,20 @@ def _prepare_on_first_process(task: tasks.Task) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains and evaluates ``config`` in ``workdir``; returns the final metrics.
 
-  ``config.model`` is completed first (every field of the model, with its default
-  where the config sets none: :func:`config_fields.complete`), so ``config.json``
+  The config is read once (:func:`spec.read`), its ``config.model`` completed (every
+  field of the model, with its default where the config sets none), so ``config.json``
   records the values used.
 
   Raises (besides the config, data and checkpoint errors): WorkdirLockedError if
   another run holds ``workdir``, before anything is read, written or built;
   WriteError if a file of the run cannot be written.
   """
-  run = validate_config(config)
-  writers.check(config)  # an unknown writer or its missing package: before anything is built
-  profile = profiling.resolve_spec(config)  # a bad profile field: before anything is built
-  config = config_fields.complete(config)
+  specs = spec_lib.read(config)  # every field checked before anything is built
   path = epath.Path(workdir)
   with storage.writing(path):
     path.mkdir(parents=True, exist_ok=True)
-  with runlock.hold(path, run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
-    return _train(config, run, profile, path, lock)
+  with runlock.hold(path, specs.run.lock_stale_seconds) as lock, storage.quiet_orbax_io_errors():
+    return _train(specs, path, lock)
 
 
 @dataclasses.dataclass
@@ -200,11 +194,12 @@ class _Setup:
   train_iter: Any
 
 
-def _set_up(config: ml_collections.ConfigDict, run: spec_lib.RunSpec, workdir) -> _Setup:
+def _set_up(specs: spec_lib.Specs, workdir) -> _Setup:
   """Builds the task, optimizer, mesh and train iterator; checks every module (an
   abstract init) before any data is prepared, and every eval split before training."""
-  task = tasks.make_task(config, str(workdir))
-  tx, schedule = optim.make_optimizer(config.optimizer, run.num_train_steps)
+  run = specs.run
+  task = tasks.make_task(specs.task, specs.model, specs.data, str(workdir))
+  tx, schedule = optim.make_optimizer(specs.optimizer, run.num_train_steps)
   mesh = sharding.make_mesh()
   init_rng, train_rng = jax.random.split(jax.random.key(run.seed))
   init_fn = programs.make_init_fn(task, tx, run)
@@ -395,14 +390,9 @@ def _close_all(closers, completed: bool, write_error, saver) -> None:
     raise failure
 
 
-def _train(
-    config: ml_collections.ConfigDict,
-    run: spec_lib.RunSpec,
-    profile: profiling.ProfileSpec,
-    workdir: epath.Path,
-    lock: runlock.RunLock,
-) -> dict[str, Any]:
+def _train(specs: spec_lib.Specs, workdir: epath.Path, lock: runlock.RunLock) -> dict[str, Any]:
   """:func:`train_and_evaluate` once the run holds ``workdir``."""
+  run, config = specs.run, specs.config
   is_main = jax.process_index() == 0
   directory = workdir / layout.CHECKPOINTS_DIR
   with storage.writing(directory):
@@ -419,12 +409,13 @@ def _train(
       checkpoints.check_resume_config(workdir, config)
     if is_main:
       workdirs.write_config(workdir, config)
-    setup = _set_up(config, run, workdir)
+    setup = _set_up(specs, workdir)
     start, state = _initial_state(setup, run, manager, saver, directory)
-    profiler = profiling.StepProfiler(profile, workdir, start, run.num_train_steps)
+    profiler = profiling.StepProfiler(specs.profile, workdir, start, run.num_train_steps)
     ctx = dict(manager=manager, saver=saver, lock=lock, directory=directory, profiler=profiler)
     loop = _Loop(setup, run, state, start, ctx)
-    loop.writer = writer = writers.Writers(config, workdir, is_main, start)
+    record = json.loads(config.to_json_best_effort())
+    loop.writer = writer = writers.Writers(specs.writers, record, workdir, is_main, start)
     loop.pbar = pbar = console.Progress(start, run.num_train_steps, is_main and run.progress_bar)
     preemption = Preemption()
     closers = [profiler.close, preemption.close, pbar.close, writer.close]

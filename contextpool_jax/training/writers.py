@@ -23,8 +23,9 @@ and the hooks talk to one :class:`Writers` (fan-out, in the order of
 
 The default is ``('jsonl', 'tensorboard')``. A new writer is a factory
 registered with :func:`register` (a name, the Python packages it needs, the
-pip extra that installs them); :func:`check` names a missing package before
-anything is compiled.
+pip extra that installs them, the settings it reads); :func:`resolve_spec` reads
+``config.writers`` and each writer's section into a :class:`WritersSpec`, and names a
+missing package, before anything is compiled.
 
 Resuming: ``metrics.jsonl`` is cut back to the step the run resumes from and
 the TensorBoard file of a rerun starts with a ``SessionLog.START`` there, so
@@ -46,7 +47,6 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-import ml_collections
 import numpy as np
 from etils import epath
 
@@ -78,15 +78,17 @@ class MetricWriter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """What a writer factory gets: the config, the workdir, the step the run starts from."""
+  """What a writer factory gets: its settings (its config section, read by its kind's
+  ``read``), the config's record, the workdir, the step the run starts from."""
 
-  config: ml_collections.ConfigDict
+  settings: Mapping[str, str]
+  record: Mapping[str, Any]  # the config as plain JSON values (what config.json holds)
   workdir: epath.Path
   start: int
 
   def config_dict(self) -> dict[str, Any]:
-    """The config as plain JSON values (what ``config.json`` holds)."""
-    return json.loads(self.config.to_json_best_effort())
+    """The config's record (a copy)."""
+    return json.loads(json.dumps(self.record))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +98,7 @@ class Kind:
   factory: Callable[[Run], MetricWriter]
   packages: tuple[str, ...] = ()
   extra: Optional[str] = None
-  validate: Optional[Callable[[Any], None]] = None  # checks its config section (ConfigError)
+  read: Optional[Callable[[Any], Mapping[str, str]]] = None  # its config section (ConfigError)
 
 
 REGISTRY: dict[str, Kind] = {}
@@ -107,16 +109,25 @@ def register(
     factory: Callable[[Run], MetricWriter],
     packages: Sequence[str] = (),
     extra: Optional[str] = None,
-    validate: Optional[Callable[[Any], None]] = None,
+    read: Optional[Callable[[Any], Mapping[str, str]]] = None,
 ) -> None:
   """Adds a writer ``config.writers`` can name; ``packages``: modules it needs,
-  installed by ``pip install 'contextpool-jax[<extra>]'``; ``validate(config)``
-  checks its settings before anything is compiled."""
-  REGISTRY[name] = Kind(factory, tuple(packages), extra, validate)
+  installed by ``pip install 'contextpool-jax[<extra>]'``; ``read(config)`` reads and
+  checks its settings (:attr:`Run.settings`) before anything is compiled."""
+  REGISTRY[name] = Kind(factory, tuple(packages), extra, read)
 
 
-def check(config: Any) -> tuple[str, ...]:
-  """The writers ``config.writers`` names (default :data:`DEFAULT_WRITERS`).
+@dataclasses.dataclass(frozen=True)
+class WritersSpec:
+  """``config.writers`` and the settings of each writer it names."""
+
+  names: tuple[str, ...] = DEFAULT_WRITERS
+  settings: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+
+
+def resolve_spec(config: Any) -> WritersSpec:
+  """The writers ``config.writers`` names (default :data:`DEFAULT_WRITERS`), with
+  their settings.
 
   Raises:
     ConfigError: an unknown or repeated name, or a writer whose package is not
@@ -147,24 +158,29 @@ def check(config: Any) -> tuple[str, ...]:
           f'{", ".join(missing)}, not installed here: {how} (or pip install '
           f'{" ".join(missing)}), or remove {name!r} from config.writers.'
       )
-    if kind.validate is not None:
-      kind.validate(config)
-  return names
+  readers = {n: REGISTRY[n].read for n in names}
+  return WritersSpec(names, {n: read(config) for n, read in readers.items() if read is not None})
 
 
 class Writers:
-  """The writers of ``config.writers`` as one; does nothing unless ``enabled``
-  (process 0 writes, the others compute the same values)."""
+  """The writers of ``spec`` as one; does nothing unless ``enabled`` (process 0
+  writes, the others compute the same values). ``record``: the run's config as plain
+  JSON values (what ``config.json`` holds), which the writers log."""
 
   def __init__(
-      self, config: ml_collections.ConfigDict, workdir: epath.Path, enabled: bool, start: int = 0
+      self,
+      spec: WritersSpec,
+      record: Mapping[str, Any],
+      workdir: epath.PathLike,
+      enabled: bool,
+      start: int = 0,
   ):
     self.enabled = enabled
     self.writers: list[MetricWriter] = []
     if enabled:
-      run = Run(config, epath.Path(workdir), start)
       try:
-        for name in check(config):
+        for name in spec.names:
+          run = Run(spec.settings.get(name, {}), record, epath.Path(workdir), start)
           self.writers.append(REGISTRY[name].factory(run))
       except BaseException:
         self.close()
@@ -260,17 +276,21 @@ class TensorBoardWriter:
 WANDB_MODES = ('', 'online', 'offline', 'disabled')
 
 
-def _check_strings(config: Any, section: str, keys: Sequence[str]) -> None:
-  """``config.<section>.<key>`` is a string (or absent) for each key."""
+def _read_strings(config: Any, section: str, keys: Sequence[str]) -> dict[str, str]:
+  """``config.<section>.<key>`` for each key: a string ('' when absent)."""
+  out = {}
   for key in keys:
     value = config_readers.lookup(config, f'{section}.{key}', '')
     if not isinstance(value, str):
       raise ConfigError(f'config.{section}.{key}={value!r} is invalid; expected a string.')
+    out[key] = value
+  return out
 
 
-def _check_wandb(config: Any) -> None:
-  _check_strings(config, 'wandb', ('project', 'entity', 'name'))
-  config_readers.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
+def _read_wandb(config: Any) -> dict[str, str]:
+  settings = _read_strings(config, 'wandb', ('project', 'entity', 'name'))
+  settings['mode'] = config_readers.read_choice(config, 'wandb.mode', WANDB_MODES, default='')
+  return settings
 
 
 def kept_run_id(path: epath.Path, make: Callable[[], str]) -> str:
@@ -305,7 +325,7 @@ class WandbWriter:
     import wandb  # pylint: disable=g-import-not-at-top
 
     self._wandb = wandb
-    get = lambda key, default='': config_readers.lookup(run.config, f'wandb.{key}', default)
+    get = lambda key: run.settings.get(key, '')
     self.run = wandb.init(
         project=get('project') or PROJECT,
         entity=get('entity') or None,
@@ -313,7 +333,7 @@ class WandbWriter:
         dir=str(run.workdir),
         id=wandb_run_id(run.workdir),
         resume='allow',
-        mode=get('mode') or None,
+        mode=get('mode') or None,  # pyright: ignore[reportArgumentType]  # one of WANDB_MODES
         config=run.config_dict(),
     )
     self.run.define_metric('step')
@@ -346,8 +366,8 @@ MLFLOW_STATS = {
 }
 
 
-def _check_mlflow(config: Any) -> None:
-  _check_strings(config, 'mlflow', ('tracking_uri', 'experiment', 'run_name'))
+def _read_mlflow(config: Any) -> dict[str, str]:
+  return _read_strings(config, 'mlflow', ('tracking_uri', 'experiment', 'run_name'))
 
 
 def mlflow_store(workdir: epath.Path, tracking_uri: str) -> tuple[str, Optional[str]]:
@@ -416,7 +436,7 @@ class MlflowWriter:
     from mlflow import entities, tracking  # pylint: disable=g-import-not-at-top
 
     self._entities = entities
-    get = lambda key: config_readers.lookup(run.config, f'mlflow.{key}', '')
+    get = lambda key: run.settings.get(key, '')
     uri, artifacts = mlflow_store(run.workdir, get('tracking_uri'))
     with console.library_logs('mlflow.store.db.utils', 'alembic'):
       self.client = tracking.MlflowClient(tracking_uri=uri)  # a new store creates its tables
@@ -431,7 +451,7 @@ class MlflowWriter:
         if found is not None
         else self.client.create_experiment(experiment, artifact_location=artifacts)
     )
-    name = config_readers.lookup(run.config, 'mlflow.run_name', '') or run.workdir.name
+    name = run.settings.get('run_name', '') or run.workdir.name
     make = lambda: self.client.create_run(experiment_id, run_name=name).info.run_id
     path = run.workdir / MLFLOW_DIR / 'run_id'
     run_id = kept_run_id(path, make)
@@ -487,11 +507,11 @@ class MlflowWriter:
 
 register('jsonl', JsonlWriter)
 register('tensorboard', TensorBoardWriter, packages=('tensorboardX',), extra='train')
-register('wandb', WandbWriter, packages=('wandb',), extra='wandb', validate=_check_wandb)
+register('wandb', WandbWriter, packages=('wandb',), extra='wandb', read=_read_wandb)
 register(
     'mlflow',
     MlflowWriter,
     packages=('mlflow', 'sqlalchemy', 'alembic'),
     extra='mlflow',
-    validate=_check_mlflow,
+    read=_read_mlflow,
 )
