@@ -2,8 +2,8 @@
 
 Contract with the trainer (``contextpool_jax/training``): each data module reads
 and checks ``config.dataset`` (and ``config.seed``, ``config.batch_size``) once,
-``resolve_spec(config) -> spec`` (the task registry calls it); its pipeline
-functions receive that spec, never the config.
+``resolve_spec(config) -> spec`` (``training.spec.read`` calls it, through the task
+kind: ``TaskKind.read_data``); its pipeline functions receive that spec, never the config.
 
 * ``make_train_dataset(spec, *, process_index, process_count) -> grain.IterDataset``
   yields *per-process* batches (``config.batch_size // process_count`` examples)

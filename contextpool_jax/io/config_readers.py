@@ -1,7 +1,8 @@
 """Config readers: a run's config (``ml_collections.ConfigDict``), read and checked.
 
-Used by the training system (the top-level config and ``config.optimizer``), the
-data modules' ``resolve_spec`` (``config.dataset``) and loading a workdir; never by
+Used only by the section readers that ``training.spec.read`` calls (the top level,
+``config.model``, the task's fields, ``config.dataset``, ``config.optimizer``, the
+writers', ``config.profile``: the table in :mod:`contextpool_jax.training.spec`); never by
 the layers and models, which check their fields with :mod:`contextpool_jax.base.checks`.
 
 Readers take the root config and a dotted path (``read_int(config,
