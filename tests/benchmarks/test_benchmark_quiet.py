@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from benchmarks import harness, quiet
+from helpers import mlp_workload
 
 
 def test_others_are_the_machines_busy_time_less_this_process_trees(monkeypatch):
@@ -56,9 +57,7 @@ def test_a_loaded_row_never_replaces_a_quiet_one():
 
 def test_the_harness_records_the_load_and_refuses_a_loaded_timing(monkeypatch):
   monkeypatch.setattr(quiet, 'MAX_OTHERS', -1.0)  # every timing counts as loaded
-  import test_benchmarks  # pylint: disable=g-import-not-at-top
-
-  build = lambda: test_benchmarks._mlp_workload(8)  # pylint: disable=protected-access
+  build = lambda: mlp_workload(8)
   with pytest.raises(quiet.LoadedMachine, match=r"the step of 'mlp'"):
     harness.measure('mlp', build, warmup=0, repeats=1)
   row = harness.measure('mlp', build, warmup=0, repeats=1, allow_load=True)

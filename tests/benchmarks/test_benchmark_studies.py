@@ -12,7 +12,7 @@ from benchmarks import ablation_default
 from benchmarks import corpus_splits
 from benchmarks import eval_spread
 from configs import default as default_config
-from test_old_workdir import old_workdir_copy  # a trained 2-step LM workdir
+from helpers import old_workdir_copy  # a trained 2-step LM workdir
 
 
 def test_ablation_variants_set_the_fields_they_name():

@@ -7,17 +7,15 @@ import csv
 import dataclasses
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 import pytest
 
 from benchmarks import harness
 from benchmarks import report
 from benchmarks import tables
 from contextpool_jax.models.common import count_params
-from contextpool_jax.training import objectives
+from helpers import Mlp, mlp_workload
 
 TINY = dataclasses.replace(
     tables.QUICK,
@@ -34,31 +32,9 @@ TINY = dataclasses.replace(
 )
 
 
-class _Mlp(nn.Module):
-  width: int = 16
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    h = nn.relu(nn.Dense(self.width)(x))
-    h = nn.Dropout(0.1)(h, deterministic=not train)
-    return nn.Dense(3)(h)
-
-
-def _mlp_workload(width: int) -> harness.Workload:
-  def make_batch(key):  # 'image' is what a classification objective feeds the model
-    return {'image': jax.random.normal(key, (4, 8)), 'label': jnp.arange(4) % 3}
-
-  return harness.Workload(
-      _Mlp(width),
-      objectives.Classification(num_classes=3),
-      make_batch,
-      (optax.adam(1e-3), optax.constant_schedule(1e-3)),
-  )
-
-
 def _tiny_table() -> tables.Table:
   rows = tuple(
-      tables.Row(f'mlp{w}', lambda w=w: _mlp_workload(w), ('mlp', w), {'paper_x': float(w)})
+      tables.Row(f'mlp{w}', lambda w=w: mlp_workload(w), ('mlp', w), {'paper_x': float(w)})
       for w in (16, 32)
   )
   return tables.Table(
@@ -74,8 +50,8 @@ def _tiny_table() -> tables.Table:
 
 def test_measure_row_fields():
   # allow_load: the suite's other workers load the machine (benchmarks/quiet.py).
-  row = harness.measure('mlp', lambda: _mlp_workload(16), warmup=1, repeats=2, allow_load=True)
-  variables = _Mlp(16).init(jax.random.key(0), jnp.zeros((4, 8)))
+  row = harness.measure('mlp', lambda: mlp_workload(16), warmup=1, repeats=2, allow_load=True)
+  variables = Mlp(16).init(jax.random.key(0), jnp.zeros((4, 8)))
   assert row['params'] == count_params(variables['params']) == 8 * 16 + 16 + 16 * 3 + 3
   assert row['gflops'] > 0 and row['temp_mib'] >= 0 and row['total_mib'] > 0
   assert row['step_ms'] > 0 and row['step_ms_min'] <= row['step_ms'] <= row['step_ms_max']
@@ -85,7 +61,7 @@ def test_measure_row_fields():
 
 
 def test_measure_over_memory_budget_compiles_only():
-  row = harness.measure('mlp', lambda: _mlp_workload(16), max_run_bytes=1.0)
+  row = harness.measure('mlp', lambda: mlp_workload(16), max_run_bytes=1.0)
   assert row['gflops'] > 0 and row['step_ms'] is None and row['note'].startswith('not run')
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from benchmarks import loop_overhead
-from test_training import tiny_config
+from helpers import tiny_config
 
 
 def test_window_rate_sums_the_log_intervals_of_the_window():

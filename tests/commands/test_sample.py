@@ -9,7 +9,6 @@ import types
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -22,11 +21,12 @@ from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.training import trainer
 from contextpool_jax.runs.export import export_params
 from contextpool_jax.runs.workdirs import WorkdirError, load
-from test_training import tiny_config  # the small offline LM config
+from helpers import tiny_config  # the small offline LM config
+from helpers import translation_workdir  # pylint: disable=unused-import  # a fixture
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope='module')
@@ -229,59 +229,6 @@ def test_workdir_figures_show_the_models_pools(workdir):
 # ----------------------------------------------------------------------------
 # Translation workdirs.
 # ----------------------------------------------------------------------------
-
-EN = 'the a house cat dog is small big green red sees runs and old new'.split()
-DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
-
-
-@pytest.fixture(scope='module')
-def translation_workdir(tmp_path_factory):
-  """A translation workdir as the trainer lays it out: config.json, the SentencePiece model
-  and a checkpoint of an (untrained) tiny Transformer."""
-  from contextpool_jax.data import translation_input as ti
-
-  root = tmp_path_factory.mktemp('translation')
-  config = ml_collections.ConfigDict(
-      dict(
-          task='translation',
-          dtype='float32',
-          remat=False,
-          model=dict(
-              name='cp_transformer_tiny',
-              vocab_size=48,
-              num_layers=1,
-              emb_dim=32,
-              mlp_dim=64,
-              num_heads=2,
-          ),
-          dataset=dict(
-              name='wmt14_translate/de-en',
-              source_lang='en',
-              target_lang='de',
-              vocab_size=48,
-              vocab_type='unigram',
-              vocab_path='',
-              max_source_len=16,
-              max_target_len=12,
-          ),
-      )
-  )
-  (root / 'config.json').write_text(config.to_json_best_effort(indent=2))
-  rng = np.random.default_rng(0)
-  sentences = [' '.join(rng.choice(w, 6)) for _ in range(200) for w in (EN, DE)]
-  (root / ti.vocab_filename(ti.resolve_spec(config))).write_bytes(
-      ti.train_sentencepiece(sentences, vocab_size=48)
-  )
-  model = config_fields.build_model(config)
-  ids = jnp.ones((1, 8), jnp.int32)
-  params = model.init(jax.random.key(0), ids, ids)['params']
-  state = dict(
-      step=jnp.int32(1), params=params, opt_state={}, model_state={}, bad_step=jnp.int32(-1)
-  )
-  with ocp.CheckpointManager(root / 'checkpoints') as mgr:
-    mgr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
-    mgr.wait_until_finished()
-  return root
 
 
 def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):

@@ -36,7 +36,7 @@ from contextpool_jax.data import text_builders as tb
 from contextpool_jax.data import translation_input
 from contextpool_jax.training import tasks
 from contextpool_jax.training import trainer
-from tests.test_training import tiny_config
+from helpers import tiny_config
 
 
 def _text(n, seed=0):

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from contextpool_jax.io import console
 from contextpool_jax.data import text_builders as tb
-from test_readme import TINY_TRAIN
+from helpers import TINY_TRAIN
 
 # The shrunk default command (README "Train"), as test_readme shrinks it, with its progress
 # bar on and a log line every other step.

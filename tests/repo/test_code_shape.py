@@ -23,7 +23,7 @@ import subprocess
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = REPO / 'contextpool_jax'
 REGISTRY = PACKAGE / 'training' / 'tasks.py'
 MAX_LINES = 80

@@ -27,7 +27,7 @@ from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import command_line, evaluators, steps, tasks, trainer
 from conftest import config_cases
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 CONFIGS = config_cases()  # every argument of every config file
 

@@ -5,7 +5,7 @@ Links are checked as GitHub resolves them, which is stricter than the Sphinx bui
 link must name a file of the repository, and an anchor (``page.md#a-heading``) a heading of that
 Markdown file, by GitHub's rule for heading anchors (lower case, punctuation but ``-`` and ``_``
 dropped, spaces to ``-``, a repeated heading ``-1``, ``-2``, ...). The pages are ``PAGES`` (what
-tests/test_readme.py runs) and the recorded results, which the built site includes.
+tests/repo/test_readme.py runs) and the recorded results, which the built site includes.
 """
 
 from __future__ import annotations

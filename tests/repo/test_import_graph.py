@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = REPO / 'contextpool_jax'
 ARCHITECTURE = REPO / 'docs' / 'architecture.md'
 ROOT = 'contextpool_jax'

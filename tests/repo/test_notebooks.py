@@ -19,7 +19,7 @@ import nbclient
 import nbformat
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / 'notebooks'
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 

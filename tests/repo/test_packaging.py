@@ -15,9 +15,10 @@ import zipfile
 
 import pytest
 
-from test_readme import TINY_TRAIN, markdown_blocks
+from helpers import TINY_TRAIN
+from pages import markdown_blocks
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
 PROJECT = PYPROJECT['project']
 
@@ -360,7 +361,7 @@ def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_p
   )
   root, total, files = run('python', '-c', code).split()
   assert root.startswith(str(tmp_path / 'cache')) and (int(total), int(files)) == (4194301, 373)
-  tiny = {  # the pages' shrunk run (test_readme.TINY_TRAIN) on this test's corpus
+  tiny = {  # the pages' shrunk run (helpers.TINY_TRAIN) on this test's corpus
       **TINY_TRAIN,
       'num_train_steps': 4,
       'eval_every_steps': 4,
@@ -419,7 +420,7 @@ def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(
   ``contextpool-train`` ends with one line naming the [train] extra."""
   from contextpool_jax.runs.export import export_params  # pylint: disable=g-import-not-at-top
 
-  export = export_params(REPO / 'tests' / 'data' / 'workdir_0_1_0', tmp_path / 'export')
+  export = export_params(REPO / 'tests' / 'fixtures' / 'workdir_0_1_0', tmp_path / 'export')
   wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
   venv.create(tmp_path / 'core', with_pip=False)
   python = tmp_path / 'core' / 'bin' / 'python'

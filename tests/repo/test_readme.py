@@ -5,7 +5,7 @@ What is collected
 -----------------
 * The pages (``PAGES``): every fenced block. Its info string is ``python`` or ``bash`` (code: it
   runs unless marked ``skip``) or ``text`` (a diagram or a listing: not code); any other, or none,
-  fails. (Their links are checked in tests/test_docs.py.)
+  fails. (Their links are checked in tests/repo/test_docs.py.)
 * Docstrings (``contextpool_jax/**/*.py`` and ``train.py``): ``>>>`` examples, run by doctest;
   indented command lines (``python ...``, ``\\`` continuations), run like the pages'. A
   docstring cannot hold a marker, so the commands it cannot run are listed in
@@ -16,7 +16,7 @@ What is collected
   (````...````) that start with a program of ``PROGRAMS``. They are checked, not run (they are
   fragments of prose: placeholders such as ``W``, ``DIR``, ``<file>``, or hours of benchmarks),
   except the TensorBoard viewer, which is started on a free port and asked for the curves. (The
-  notebooks' code cells run in tests/test_notebooks.py.)
+  notebooks' code cells run in tests/repo/test_notebooks.py.)
 
 Every command (run, skipped or inline) is also checked statically, cheaply: its program is
 installed next to this Python (what ``requirements.txt`` installs); a ``python`` script or module
@@ -44,7 +44,7 @@ How it runs
 -----------
 * ``/tmp/...`` and ``/path/to/...`` become paths in the test's temporary directory.
 * ``/tmp/wmt`` (a translation workdir, which needs the downloaded WMT data to train) is the small
-  translation workdir of ``tests/test_load_sample.py``.
+  translation workdir of ``tests/helpers.py`` (``translation_workdir``).
 * Shell commands run without a shell, from the repository root, ``python`` and the tools found
   next to this Python first on ``PATH``; one that needs a shell (``&&``, ``|``, ``$VAR``) fails,
   asking for a skip marker. A docstring command a page runs too (same words) runs once.
@@ -84,7 +84,11 @@ import pytest
 
 from conftest import PAGES
 from conftest import REPO
-from test_load_sample import translation_workdir  # pylint: disable=unused-import  # a fixture
+from helpers import TINY_TRAIN
+from helpers import translation_workdir  # pylint: disable=unused-import  # a fixture
+from pages import Block
+from pages import markdown_blocks
+from pages import MarkupError
 
 pytestmark = pytest.mark.slow  # runs the pages' commands
 
@@ -100,23 +104,23 @@ SKIPPED = {
         'pip install -U "jax[cuda12]'
     ),
     "Colab only (IPython ! and a git clone of REPO_URL); the notebooks' first cell does this, "
-    'and tests/test_notebooks.py runs it from the checkout': "REPO_URL = ''",
+    'and tests/repo/test_notebooks.py runs it from the checkout': "REPO_URL = ''",
     'the test suite itself (CI runs it: .ci/run)': 'pip install -r requirements-dev.txt',
-    'the documentation build itself: tests/test_docs.py runs this command '
+    'the documentation build itself: tests/repo/test_docs.py runs this command '
     '(test_the_docs_build_strictly)': 'python -m sphinx -W',
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
-    'needs the Hugging Face Hub (the network); tests/test_export_weights.py loads an export '
+    'needs the Hugging Face Hub (the network); tests/runs/test_export.py loads an export '
     'from an offline Hub cache': 'from huggingface_hub import upload_folder',
-    'minutes of benchmarks (the full tables are for a GPU/TPU); tests/test_benchmarks.py runs '
+    'minutes of benchmarks (the full tables are for a GPU/TPU); tests/benchmarks/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',
-    "removes an earlier build's leftovers from the checkout: tests/test_packaging.py runs it "
+    "removes an earlier build's leftovers from the checkout: tests/repo/test_packaging.py runs it "
     'on a copy with leftovers (test_an_earlier_builds_leftovers_ship_unless_cleaned_as_the_docs_say)': (
         'rm -rf build'
     ),
-    'rewrites the stored notebooks from real-size runs (minutes each); tests/test_notebooks.py '
+    'rewrites the stored notebooks from real-size runs (minutes each); tests/repo/test_notebooks.py '
     'checks the stored outputs and executes copies smoke-sized': 'python notebooks/execute.py',
     'compiles the 12-layer LM at 32k twice (20 s on a 2-core CPU); '
-    'tests/test_aot.py::test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel '
+    'tests/training/test_aot.py::test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel '
     'compiles the same': 'contextpool-compile --config enwik8:stage1',
 }
 
@@ -129,25 +133,7 @@ DOCSTRING_SKIPS = {
     ('contextpool_jax/data/text_builders.py', 'python -c'): 'downloads enwik8',
 }
 
-# Appended to the training commands of blocks marked `shrink` ({tmp}: the test's directory).
-TINY_TRAIN = {
-    'batch_size': 4,
-    'log_every_steps': 1,
-    'eval_every_steps': 2,
-    'checkpoint_every_steps': 2,
-    'progress_bar': False,
-    'model.num_layers': 1,
-    'model.emb_dim': 32,
-    'model.mlp_dim': 64,
-    'model.num_heads': 2,
-    'dataset.data_dir': '{tmp}/tfds',
-    'dataset.max_bytes': 65536,
-    'dataset.seq_len': 32,
-    'dataset.eval_context': 32,
-    'dataset.eval_step': 16,
-    'dataset.eval_batch_size': 4,
-    'dataset.eval_max_bytes': 1024,
-}
+# Appended to the training commands of blocks marked `shrink`: helpers.TINY_TRAIN.
 TINY_STEPS = 4  # a shrunk train.py command in the session first runs half of them, then resumes
 
 # The package's console scripts (pyproject.toml): program -> the module whose flags it takes.
@@ -160,8 +146,6 @@ SCRIPTS = {
 }
 # A code span that starts with one of these is a command.
 PROGRAMS = ('python', 'python3', 'pip', 'tensorboard', 'tfds', 'pyink', 'pytest', *SCRIPTS)
-LANGUAGES = ('python', 'bash', 'text')
-DIRECTIVES = ('skip', 'shrink', 'check')
 ABSL_FLAGS = {
     'help',
     'helpfull',
@@ -178,110 +162,9 @@ USER_PATH = re.compile(r'(?<![\w.])/(?:tmp|path/to)/')
 PREPARED = {'/tmp/wmt': 'translation_workdir'}
 
 
-class MarkupError(ValueError):
-  """A page's marker or fence the test cannot read."""
-
-
 # ----------------------------------------------------------------------------
 # Extraction.
 # ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Marker:
-  directive: str
-  text: str
-  line: int  # of the text's first line
-
-
-@dataclasses.dataclass
-class Block:
-  """A fenced block (or a docstring command): what runs, and where it came from."""
-
-  file: str
-  line: int  # of the code's first line
-  lang: str  # 'python' | 'bash' | 'text' | 'doctest'
-  code: str
-  markers: dict = dataclasses.field(default_factory=dict)
-
-  @property
-  def where(self) -> str:
-    return f'{self.file}:{self.line}'
-
-  @property
-  def first_line(self) -> str:
-    return self.code.splitlines()[0] if self.code else ''
-
-  def marker(self, directive: str) -> str | None:
-    m = self.markers.get(directive)
-    return None if m is None else m.text
-
-
-MARKER = re.compile(r'<!--\s*readme-test:\s*(\w+)(.*?)-->', re.S)
-
-
-def markdown_blocks(text: str, file: str = 'README.md') -> list[Block]:
-  """The fenced blocks of a markdown text, each with the markers right before it."""
-  lines = text.splitlines()
-  blocks, pending, i = [], {}, 0
-  while i < len(lines):
-    line = lines[i]
-    if line.startswith('```'):
-      lang = line[3:].strip()
-      end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith('```')), None)
-      if end is None:
-        raise MarkupError(f'{file}:{i + 1}: a fenced block that is never closed')
-      if lang not in LANGUAGES:
-        raise MarkupError(
-            f'{file}:{i + 1}: a fenced block labelled {lang!r}; label it one of {LANGUAGES} '
-            '(text: not code)'
-        )
-      blocks.append(Block(file, i + 2, lang, '\n'.join(lines[i + 1 : end]), pending))
-      pending, i = {}, end + 1
-      continue
-    if line.startswith('<!--') and 'readme-test' in line:  # a marker (prose may name one)
-      start, comment = i, line
-      while '-->' not in comment and i + 1 < len(lines):
-        i += 1
-        comment += '\n' + lines[i]
-      m = MARKER.fullmatch(comment.strip())
-      if not m:
-        raise MarkupError(f'{file}:{start + 1}: not a marker: {comment!r}')
-      directive, raw = m.group(1), m.group(2)
-      arg = raw.strip()
-      # The line the marker's text starts on (check code may start on the next one).
-      text_line = start + 1 + raw[: len(raw) - len(raw.lstrip())].count('\n')
-      if directive == 'given':
-        raise MarkupError(
-            f'{file}:{start + 1}: no hidden set-up (given): a block defines what it uses, '
-            'as a reader copies it'
-        )
-      if directive not in DIRECTIVES:
-        raise MarkupError(
-            f'{file}:{start + 1}: unknown directive {directive!r}; expected one of {DIRECTIVES}'
-        )
-      if directive in pending:
-        raise MarkupError(f'{file}:{start + 1}: a second {directive!r} marker for one block')
-      if (directive == 'shrink') != (not arg):
-        raise MarkupError(
-            f'{file}:{start + 1}: {directive!r} '
-            + ('takes nothing' if directive == 'shrink' else 'needs a reason or code')
-        )
-      pending[directive] = Marker(directive, arg, text_line)
-    elif line.strip() and pending:
-      raise MarkupError(
-          f'{file}:{min(m.line for m in pending.values())}: a readme-test marker must come '
-          'right before a fenced block'
-      )
-    i += 1
-  if pending:
-    raise MarkupError(f'{file}: a readme-test marker after the last fenced block')
-  for block in blocks:
-    if block.lang == 'text' and block.markers:
-      raise MarkupError(f'{block.where}: a text block takes no marker')
-    if block.lang == 'bash' and 'check' in block.markers:
-      raise MarkupError(f'{block.where}: check is for Python blocks')
-  return blocks
 
 
 def shell_commands(code: str) -> list[str]:

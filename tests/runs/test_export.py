@@ -2,7 +2,7 @@
 export from either weights file, and from a Hugging Face Hub repo (offline, from a local
 cache laid out as the Hub's).
 
-Fast: the trained 2-step LM workdir of ``tests/test_old_workdir.py`` (no training here).
+Fast: the trained 2-step LM workdir of ``tests/runs/test_workdirs.py`` (no training here).
 """
 
 import hashlib
@@ -23,7 +23,7 @@ from contextpool_jax.runs import hub, model_card, workdirs
 from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.runs.export import export_params
 from contextpool_jax.runs.workdirs import load, load_variables
-from test_old_workdir import CORPUS_TEXT, OLD
+from helpers import CORPUS_TEXT, OLD
 
 TOKENS = jnp.asarray(np.frombuffer(CORPUS_TEXT[:16].encode(), np.uint8)[None], jnp.int32)
 

@@ -1,14 +1,12 @@
 """A workdir written by version 0.1.0 (before the modules moved) still loads and resumes.
 
-``tests/data/workdir_0_1_0`` is a 2-step run of the tiny LM config (ContextPool Transformer,
+``tests/fixtures/workdir_0_1_0`` is a 2-step run of the tiny LM config (ContextPool Transformer,
 one layer) written by commit c4db9d8, before ``config_fields``, ``workdirs`` and ``storage``
 moved to the package root and ``context_pool/config.py`` became ``validate.py``. Its
 ``config.json`` and ``checkpoints/2`` are kept as that code wrote them.
 """
 
 import json
-import pathlib
-import shutil
 
 import chex
 import jax
@@ -19,24 +17,7 @@ import pytest
 from contextpool_jax.runs import config_fields
 from contextpool_jax.training import trainer
 from contextpool_jax.runs.workdirs import load, read_config
-
-OLD = pathlib.Path(__file__).parent / 'data' / 'workdir_0_1_0'
-# The corpus the fixture was trained on (its config.json names /tmp/fx/corpus/*.txt).
-CORPUS_TEXT = 'the quick brown fox jumps over the lazy dog. ' * 200
-
-
-def old_workdir_copy(tmp_path: pathlib.Path) -> pathlib.Path:
-  """A copy of the fixture in ``tmp_path / 'run'`` with its corpus beside it: the
-  machine-specific paths of its ``config.json`` are the only fields that change."""
-  workdir = tmp_path / 'run'
-  shutil.copytree(OLD, workdir)
-  corpus = tmp_path / 'corpus'
-  corpus.mkdir()
-  (corpus / 'a.txt').write_text(CORPUS_TEXT)
-  saved = json.loads((workdir / 'config.json').read_text())
-  saved['dataset'].update(files=[str(corpus / '*.txt')], data_dir=str(tmp_path / 'data'))
-  (workdir / 'config.json').write_text(json.dumps(saved))
-  return workdir
+from helpers import CORPUS_TEXT, OLD, old_workdir_copy
 
 
 def test_old_workdir_loads_into_the_model_the_new_code_builds():

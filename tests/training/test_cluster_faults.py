@@ -43,8 +43,7 @@ from contextpool_jax.base.errors import WorkdirLockedError
 from contextpool_jax.training import runlock, sharding, trainer
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
-from test_faults import _committed_steps, _tiny
-from test_scale import flags
+from helpers import committed_steps, flags, tiny_run_config
 
 pytestmark = pytest.mark.slow  # processes killed, disks filled, runs on two processes
 
@@ -177,7 +176,7 @@ def _lines(workdir):
 def _state(workdir):
   """``(step, state)``: the latest checkpoint's whole TrainState (params, optimizer
   state, step, ...) as numpy arrays, restored on this one-device process."""
-  step = _committed_steps(workdir)[-1]
+  step = committed_steps(workdir)[-1]
   state_dir = pathlib.Path(workdir) / 'checkpoints' / str(step) / 'state'
   metadata = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata
   tree = getattr(metadata, 'tree', metadata)
@@ -357,8 +356,8 @@ def test_a_run_whose_lock_was_taken_over_stops_before_writing_more(corpus, tmp_p
       match=rf'{w}: this run \(run \w{{8}}\) lost its lock {w}/run\.lock to another '
       r'run \(host node-b, pid 77, started 2026-11-26 12:00:00 UTC\); stopped without writing',
   ):
-    trainer.train_and_evaluate(_tiny(corpus, tmp_path, 6), str(workdir))
-  assert _committed_steps(workdir) == [2]  # nothing written at step 4
+    trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 6), str(workdir))
+  assert committed_steps(workdir) == [2]  # nothing written at step 4
   assert {r['step'] for r in _lines(workdir)} == {2}
   assert json.loads((workdir / 'run.lock').read_text()) == other  # the other run's, kept
 
@@ -648,7 +647,7 @@ def _kills_then_resume(driver, args, workdir, uninterrupted, *, seed, kills, pro
   rng = random.Random(seed)
   done, log = [], []
   for _ in range(kills):
-    r = (_committed_steps(workdir) or [0])[-1]
+    r = (committed_steps(workdir) or [0])[-1]
     process = rng.randrange(processes)
     # Array writes: process 0 writes some of every checkpoint (the others may write none).
     points = [p for p in sorted(KILL_POINTS) if KILL_COUNTS[p](r) >= 1]

@@ -7,7 +7,6 @@ stops with one clear message.
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -24,8 +23,7 @@ from contextpool_jax.runs import layout, workdirs
 from contextpool_jax.training import checkpoints, trainer
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
-from test_scale import flags, metrics
-from test_training import tiny_config
+from helpers import committed_steps, flags, metrics, tiny_run_config
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
 
@@ -67,11 +65,6 @@ def _train(args, *, kill_at=None, check=True):
   if check:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out
-
-
-def _committed_steps(workdir):
-  path = pathlib.Path(workdir) / 'checkpoints'
-  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.exists() else []
 
 
 def _final(workdir):
@@ -123,7 +116,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(reference, tmp_path):
   for i, (point, kill_at) in enumerate(KILLS):
     killed = _train(args(workdir), kill_at=kill_at, check=False)
     assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
-    assert _committed_steps(workdir) == [2], point
+    assert committed_steps(workdir) == [2], point
     if i > 0:  # a rerun of a killed run
       assert f'Resumed from {workdir / "checkpoints"} at step 2.' in killed.stdout, point
   resumed = _train(args(workdir))
@@ -155,7 +148,7 @@ def test_sigterm_saves_the_current_step_and_the_rerun_resumes_there(reference, t
   out, err = proc.communicate(timeout=600)
   assert proc.returncode == 143, out[-2000:] + err[-3000:]
   assert 'Traceback' not in err
-  saved = _committed_steps(workdir)
+  saved = committed_steps(workdir)
   assert len(saved) == 1 and 2 <= saved[0] < 400
   assert f'saved a checkpoint at step {saved[0]}' in out
   # The rerun (back to the 8-step schedule, the reference's) resumes exactly there.
@@ -166,7 +159,7 @@ def test_sigterm_saves_the_current_step_and_the_rerun_resumes_there(reference, t
   else:  # a slow start overshot step 8: resume to a later step instead
     resumed = _train(proc_args[:-1] + [f'--config.num_train_steps={saved[0] + 2}'])
     assert f'at step {saved[0]}.' in resumed.stdout
-    assert _committed_steps(workdir)[-1] == saved[0] + 2
+    assert committed_steps(workdir)[-1] == saved[0] + 2
 
 
 def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
@@ -203,7 +196,7 @@ def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
   proc.send_signal(signal.SIGTERM)  # the launcher forwards it to both processes
   out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 143, out[-4000:]
-  saved = _committed_steps(workdir)
+  saved = committed_steps(workdir)
   assert len(saved) == 1
   lines = [l for l in out.splitlines() if 'saved a checkpoint at step' in l]
   assert len(lines) == 2 and all(f'at step {saved[0]} ' in l for l in lines), lines
@@ -212,18 +205,6 @@ def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
 # ----------------------------------------------------------------------------
 # Damaged checkpoints and a changed config (in process: fast).
 # ----------------------------------------------------------------------------
-
-
-def _tiny(corpus, tmp_path, steps, **overrides):
-  return tiny_config(
-      corpus,
-      tmp_path / 'data',
-      num_train_steps=steps,
-      log_every_steps=2,
-      checkpoint_every_steps=2,
-      eval_every_steps=100,
-      **overrides,
-  )
 
 
 def _largest_array_file(step_dir):
@@ -248,7 +229,7 @@ DAMAGE = {
 @pytest.fixture(scope='module')
 def uninterrupted_six(corpus, tmp_path_factory):
   root = tmp_path_factory.mktemp('six')
-  trainer.train_and_evaluate(_tiny(corpus, root, 6), str(root / 'run'))
+  trainer.train_and_evaluate(tiny_run_config(corpus, root, 6), str(root / 'run'))
   return root / 'run'
 
 
@@ -257,14 +238,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     corpus, tmp_path, uninterrupted_six, damage
 ):
   workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4), str(workdir))
+  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4), str(workdir))
   DAMAGE[damage](workdir / 'checkpoints' / '4')
   with pytest.warns(
       UserWarning,
       match=r'(?s)Resuming from checkpoint step 2 in .*'
       r'step 4 \(moved to .*damaged_checkpoints/4-',
   ):
-    result = trainer.train_and_evaluate(_tiny(corpus, tmp_path, 6), str(workdir))
+    result = trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 6), str(workdir))
   assert result['step'] == 6
   assert [p.name.split('-')[0] for p in (workdir / 'damaged_checkpoints').iterdir()] == ['4']
   step, params = _final(workdir)
@@ -275,22 +256,22 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
 
 def test_no_readable_checkpoint_stops_with_one_message_not_a_restart(corpus, tmp_path):
   workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4, keep_checkpoints=2), str(workdir))
+  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4, keep_checkpoints=2), str(workdir))
   for step in (2, 4):
     DAMAGE['array_file_missing'](workdir / 'checkpoints' / str(step))
   with pytest.raises(
       checkpoints.CheckpointError,
       match=r'(?s)No checkpoint in .*checkpoints ' r'could be read.*step 4.*step 2',
   ):
-    trainer.train_and_evaluate(_tiny(corpus, tmp_path, 6), str(workdir))
+    trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 6), str(workdir))
   assert not (workdir / 'checkpoints' / '6').exists()  # nothing trained from step 0
 
 
 def test_resuming_with_a_different_model_names_what_differs(corpus, tmp_path):
   workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(_tiny(corpus, tmp_path, 2), str(workdir))
+  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 2), str(workdir))
   saved = (workdir / 'config.json').read_text()
-  changed = _tiny(corpus, tmp_path, 4, **{'model.num_layers': 2, 'model.emb_dim': 48})
+  changed = tiny_run_config(corpus, tmp_path, 4, **{'model.num_layers': 2, 'model.emb_dim': 48})
   with pytest.raises(
       checkpoints.CheckpointError,
       match=r'(?s)different configuration.*'
@@ -299,7 +280,7 @@ def test_resuming_with_a_different_model_names_what_differs(corpus, tmp_path):
     trainer.train_and_evaluate(changed, str(workdir))
   assert (workdir / 'config.json').read_text() == saved  # nothing written or restored
   # Fields that do not change the saved state may change (here the step count).
-  assert trainer.train_and_evaluate(_tiny(corpus, tmp_path, 4), str(workdir))['step'] == 4
+  assert trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4), str(workdir))['step'] == 4
 
 
 def _torn_reads(write, path, rewrites=300):

@@ -25,7 +25,7 @@ from contextpool_jax.layers import AreaAttention, AugmentedConv2D, ContextPool, 
 from contextpool_jax.layers import area_features
 from contextpool_jax.training import checkpoints, objectives, steps, tasks, trainer
 from contextpool_jax.training import spec as spec_lib
-from test_training import tiny_config
+from helpers import tiny_config
 from init_keys import init_key, init_variables
 
 F16_EPS = 2.0**-10
@@ -166,7 +166,7 @@ def test_an_overflow_at_the_minimum_scale_or_a_non_finite_loss_is_a_bad_step():
 
 
 # ----------------------------------------------------------------------------
-# The trainer: the default LM config, shrunk (tests/test_training.py).
+# The trainer: the default LM config, shrunk (tests/training/test_trainer.py).
 # ----------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Runs tests/multi_device/ in a subprocess with 4 fake CPU devices."""
+"""Runs tests/training/multi_device/ in a subprocess with 4 fake CPU devices."""
 
 import os
 import pathlib
@@ -9,11 +9,11 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a subprocess with four fake devices
 
-TESTS = pathlib.Path(__file__).resolve().parent
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def test_multi_device_suite():
-  """Slow: one subprocess with 4 fake CPU devices runs every test of tests/multi_device/
+  """Slow: one subprocess with 4 fake CPU devices runs every test of tests/training/multi_device/
   (they must set XLA_FLAGS before JAX starts); one process for all of them, so the start-up
   is paid once."""
   env = dict(os.environ, CONTEXTPOOL_MULTI_DEVICE='1', JAX_PLATFORMS='cpu')
@@ -29,9 +29,9 @@ def test_multi_device_suite():
           'no:cacheprovider',
           '-p',
           'no:xdist',
-          str(TESTS / 'multi_device'),
+          str(HERE / 'multi_device'),
       ],
-      cwd=TESTS.parent,
+      cwd=HERE.parents[1],  # the repository's root
       env=env,
       capture_output=True,
       text=True,

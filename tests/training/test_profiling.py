@@ -10,7 +10,7 @@ import pytest
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import profiling, trainer
 from conftest import REPO
-from test_training import tiny_config
+from helpers import tiny_config
 
 
 def _losses(workdir):

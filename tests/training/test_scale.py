@@ -14,9 +14,7 @@ evaluation and checkpoints inside the run; results are read back from
   with exactly the parameters of an uninterrupted one; replicated and FSDP.
 """
 
-import json
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -27,40 +25,9 @@ import pytest
 
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
+from helpers import flags, metrics
 
 pytestmark = pytest.mark.slow  # training on several processes
-
-
-def flags(corpus, data_dir, workdir, steps=8, **overrides):
-  """``train.py`` flags: configs/default.py shrunk, everything on inside the run."""
-  config = {
-      'num_train_steps': steps,
-      'batch_size': 8,
-      'log_every_steps': 2,
-      'eval_every_steps': 4,
-      'checkpoint_every_steps': 4,
-      'progress_bar': False,
-      'model.num_layers': 1,
-      'model.emb_dim': 32,
-      'model.mlp_dim': 64,
-      'model.num_heads': 2,
-      # A schedule that does not depend on num_train_steps, so a run stopped at
-      # step 4 and resumed to 8 follows the uninterrupted run's rates.
-      'optimizer.schedule': 'warmup_constant',
-      'optimizer.warmup_steps': 2,
-      'dataset.files': f"('{corpus}/*.txt',)",
-      'dataset.data_dir': str(data_dir),
-      'dataset.max_bytes': 0,
-      'dataset.seq_len': 32,
-      'dataset.eval_context': 32,
-      'dataset.eval_step': 16,
-      'dataset.eval_batch_size': 4,
-      'dataset.eval_max_bytes': 4096,
-      **overrides,
-  }
-  return ['--config', str(REPO / 'configs/default.py'), '--workdir', str(workdir)] + [
-      f'--config.{k}={v}' for k, v in config.items()
-  ]
 
 
 def _env(devices):
@@ -101,15 +68,6 @@ def run_launcher(args, processes, devices):
   )
   assert out.returncode == 0, out.stdout[-8000:] + out.stderr[-3000:]
   return out.stdout
-
-
-def metrics(workdir):
-  """{split: [record, ...]} from metrics.jsonl (written by process 0 only)."""
-  out = {}
-  for line in (pathlib.Path(workdir) / 'metrics.jsonl').read_text().splitlines():
-    record = json.loads(line)
-    out.setdefault(record.pop('split'), []).append(record)
-  return out
 
 
 def assert_same_run(a, b, rtol=2e-5):

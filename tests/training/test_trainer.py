@@ -12,40 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from configs import default as default_config
 from contextpool_jax.training import steps
 from contextpool_jax.training import trainer
 from conftest import REPO
-
-
-def tiny_config(corpus, data_dir, **overrides):
-  c = default_config.get_config()
-  c.num_train_steps = 4
-  c.batch_size = 4
-  c.log_every_steps = 2
-  c.eval_every_steps = 4
-  c.checkpoint_every_steps = 2
-  c.progress_bar = False
-  c.async_checkpointing = False
-  c.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2, dropout_rate=0.1)
-  c.optimizer.update(schedule='warmup_constant', warmup_steps=2, learning_rate=1e-3)
-  c.dataset.update(
-      files=(str(corpus / '*.txt'),),
-      data_dir=str(data_dir),
-      max_bytes=0,
-      seq_len=32,
-      eval_context=32,
-      eval_step=16,
-      eval_batch_size=4,
-      eval_max_bytes=2048,
-  )
-  for key, value in overrides.items():
-    target = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
-  return c
+from helpers import tiny_config
 
 
 def _params(workdir):

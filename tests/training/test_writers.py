@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import trainer, writers
-from test_training import tiny_config
+from helpers import tiny_config
 
 
 class Recorder:

@@ -1,7 +1,7 @@
 """The modules in a user's own loop: ``jax.jit`` over sharded arrays (the example of
 docs/distributed.md), ``jax.pmap`` and ``shard_map`` (4 fake CPU devices).
 
-Run by ``tests/test_multi_device.py`` in a subprocess with
+Run by ``tests/training/test_multi_device.py`` in a subprocess with
 ``--xla_force_host_platform_device_count=4`` (the device count is fixed when JAX
 starts, and the rest of the suite runs on one device).
 """
@@ -27,7 +27,7 @@ AXIS = 'batch'
 
 def setup_module():
   assert jax.local_device_count() == N_DEV, (
-      f'run through tests/test_multi_device.py ({N_DEV} fake devices), '
+      f'run through tests/training/test_multi_device.py ({N_DEV} fake devices), '
       f'got {jax.local_device_count()}'
   )
 
@@ -49,7 +49,7 @@ def _merge(x):
 # The docs' own loop: jit over arrays sharded on a jax.make_mesh mesh.
 # ----------------------------------------------------------------------------
 
-DOCS = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'distributed.md'
+DOCS = pathlib.Path(__file__).resolve().parents[3] / 'docs' / 'distributed.md'
 
 
 def _own_loop_block() -> str:
