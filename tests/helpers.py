@@ -1,10 +1,13 @@
 """What several test files share: tiny configs and ``train.py`` flags, the stored old workdir, a
-translation workdir, a tiny benchmark workload. A test file imports these from here, never from
+translation workdir, run locks, a tiny benchmark workload. A test file imports these from here, never from
 another test file (each file of ``tests/<room>/`` stands alone)."""
 
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -158,6 +161,14 @@ def old_workdir_copy(tmp_path: pathlib.Path) -> pathlib.Path:
   return workdir
 
 
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+  """An export of the 0.1.0 fixture's step 2 (the workdir is only read)."""
+  from contextpool_jax.runs.export import export_params  # pylint: disable=g-import-not-at-top
+
+  return export_params(OLD, tmp_path_factory.mktemp('export') / 'out')
+
+
 EN = 'the a house cat dog is small big green red sees runs and old new'.split()
 DE = 'das ein haus katze hund ist klein gross gruen rot sieht laeuft und alt neu'.split()
 
@@ -247,3 +258,31 @@ def mlp_workload(width: int):
       make_batch,
       (optax.adam(1e-3), optax.constant_schedule(1e-3)),
   )
+
+
+# ----------------------------------------------------------------------------
+# Run locks (training/runlock.py).
+# ----------------------------------------------------------------------------
+
+
+def lock_info(**overrides):
+  """A lock file's content as a run on this machine writes it."""
+  from contextpool_jax.training import runlock  # pylint: disable=g-import-not-at-top
+
+  return {
+      'run_id': 'a' * 32,
+      **runlock._this_process(),  # pylint: disable=protected-access
+      'started': '2026-11-26 12:00:00 UTC',
+      'processes': 1,
+      'heartbeat': time.time(),
+      **overrides,
+  }
+
+
+@pytest.fixture
+def sleeper():
+  """A live process on this machine (the holder of a live lock)."""
+  proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+  yield proc
+  proc.kill()
+  proc.wait()

@@ -1,4 +1,6 @@
-"""Loading a trained workdir back (load, export_params), sampling and translating from it."""
+"""Loading a trained workdir back (load, export_params), sampling from it, and the command lines
+that do (contextpool-sample, contextpool-viz). (Translating: tests/inference/test_translation.py.)
+"""
 
 import json
 import pathlib
@@ -15,14 +17,13 @@ import pytest
 
 from contextpool_jax.runs import config_fields
 from contextpool_jax.commands import sample
-from contextpool_jax.inference import sampling, translation
+from contextpool_jax.inference import sampling
 from contextpool_jax.tools import viz
 from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.training import trainer
 from contextpool_jax.runs.export import export_params
 from contextpool_jax.runs.workdirs import WorkdirError, load
 from helpers import tiny_config  # the small offline LM config
-from helpers import translation_workdir  # pylint: disable=unused-import  # a fixture
 
 pytestmark = pytest.mark.slow  # trains a model for its workdir, runs the command lines
 
@@ -224,36 +225,3 @@ def test_workdir_figures_show_the_models_pools(workdir):
       np.asarray(image, np.float64).reshape(-1)[: len(labels)],
       np.asarray(pool['pool_sigma'][0], np.float64),
   )
-
-
-# ----------------------------------------------------------------------------
-# Translation workdirs.
-# ----------------------------------------------------------------------------
-
-
-def test_translate_decodes_with_the_workdirs_vocab(translation_workdir):
-  from contextpool_jax.inference import decoding
-
-  model, variables, config = load(translation_workdir)
-  vocab = translation.load_vocab(translation_workdir, config)
-  sentences = ['the small cat sees a dog', 'old house']
-  flags = types.SimpleNamespace(
-      workdir=str(translation_workdir),
-      step=None,
-      prompt=None,
-      sentence=sentences,
-      beam_size=1,
-      alpha=0.6,
-      max_len=8,
-  )
-  greedy = sample.run(flags)
-  inputs = translation.encode_sentences(vocab, sentences, 16)
-  assert inputs.shape[0] == 2 and all(int(row[row > 0][-1]) == 1 for row in inputs)  # EOS
-  ids = decoding.greedy_decode(model, variables, inputs, max_len=8)
-  assert greedy == [vocab.decode(row) for row in np.asarray(ids)]
-  flags.beam_size = 3
-  beams = sample.run(flags)
-  assert len(beams) == 2 and all(isinstance(t, str) for t in beams)
-  flags.sentence = []
-  with pytest.raises(ArgumentError, match='--sentence is required for a translation workdir'):
-    sample.run(flags)

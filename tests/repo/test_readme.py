@@ -109,7 +109,7 @@ SKIPPED = {
     'the documentation build itself: tests/repo/test_docs.py runs this command '
     '(test_the_docs_build_strictly)': 'python -m sphinx -W',
     'needs a Cloud TPU pod or a GPU cluster': '# Cloud TPU pod',
-    'needs the Hugging Face Hub (the network); tests/runs/test_export.py loads an export '
+    'needs the Hugging Face Hub (the network); tests/runs/test_hub.py loads an export '
     'from an offline Hub cache': 'from huggingface_hub import upload_folder',
     'minutes of benchmarks (the full tables are for a GPU/TPU); tests/benchmarks/test_benchmarks.py runs '
     'the harness on tiny tables': 'python -m benchmarks --quick',

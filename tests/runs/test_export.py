@@ -1,16 +1,11 @@
-"""Shareable weights: ``export_params``'s ``model.safetensors`` and model card, loading an
-export from either weights file, and from a Hugging Face Hub repo (offline, from a local
-cache laid out as the Hub's).
+"""Shareable weights: ``export_params``'s ``model.safetensors`` (and model card:
+tests/runs/test_model_card.py), loading an export from either weights file (from a Hugging Face
+Hub repo: tests/runs/test_hub.py).
 
 Fast: the trained 2-step LM workdir of ``tests/runs/test_workdirs.py`` (no training here).
 """
 
-import hashlib
-import json
-import os
-import pathlib
 import shutil
-import sys
 
 import chex
 import jax
@@ -19,23 +14,18 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from contextpool_jax.runs import hub, model_card, workdirs
+from contextpool_jax.runs import workdirs
 from contextpool_jax.base.errors import ArgumentError
 from contextpool_jax.runs.export import export_params
 from contextpool_jax.runs.workdirs import load, load_variables
 from helpers import CORPUS_TEXT, OLD
+from helpers import exported  # pylint: disable=unused-import  # a fixture
 
 TOKENS = jnp.asarray(np.frombuffer(CORPUS_TEXT[:16].encode(), np.uint8)[None], jnp.int32)
 
 
 def _np(tree):
   return jax.tree.map(np.asarray, tree)
-
-
-@pytest.fixture(scope='module')
-def exported(tmp_path_factory):
-  """An export of the 0.1.0 fixture's step 2 (the workdir is only read)."""
-  return export_params(OLD, tmp_path_factory.mktemp('export') / 'out')
 
 
 def test_export_writes_safetensors_msgpack_config_and_card(exported):
@@ -99,144 +89,3 @@ def test_export_without_msgpack_and_no_overwrite(tmp_path):
   again = export_params(out, tmp_path / 'again')
   chex.assert_trees_all_equal(_np(load_variables(again)[0]), _np(load_variables(OLD)[0]))
   assert 'No evaluation metrics' in (again / 'README.md').read_text()
-
-
-def test_the_model_card_names_model_config_data_split_and_metrics(exported):
-  card = (exported / 'README.md').read_text()
-  config = json.loads((OLD / 'config.json').read_text())
-  assert card.startswith('---\nlibrary_name: contextpool-jax\n')
-  assert '# cp_transformer_lm' in card and '- name: `cp_transformer_lm`' in card
-  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(load_variables(OLD)[0]['params']))
-  assert f'- parameters: {n:,}' in card
-  for field in ('num_layers', 'emb_dim', 'mlp_dim', 'num_heads', 'vocab_size'):
-    assert f'- {field}: `{config["model"][field]}`' in card
-  assert '`config.json` beside this file' in card
-  assert '- task: `lm`' in card and '- num_train_steps: `2`' in card
-  assert '- dataset: `local_text`' in card and '/tmp/fx/corpus/*.txt' in card
-  assert 'split_block_bytes: `4096`, split_seed: `0`' in card
-  # The last evaluation of metrics.jsonl, with its step.
-  evals = [json.loads(l) for l in (OLD / 'metrics.jsonl').read_text().splitlines()]
-  (last,) = [r for r in evals if r['split'] == 'eval_validation']
-  assert 'evaluation at step 2:' in card
-  assert '| split | accuracy | bpc | loss |' in card
-  assert f'| eval_validation | 0 | {last["bpc"]:.6g} | {last["loss"]:.6g} |' in card
-  assert 'from contextpool_jax.runs.workdirs import load' in card
-
-
-def test_the_card_is_huggingface_hubs_model_card_and_the_same_without_it(
-    exported, tmp_path, monkeypatch
-):
-  """huggingface_hub.ModelCard renders the card (its YAML block: the library and the tags);
-  an install without huggingface_hub (the core and [train] ones, which export too) writes the
-  same text."""
-  hub = pytest.importorskip('huggingface_hub')
-  card = (exported / 'README.md').read_text()
-  assert card.startswith(
-      '---\nlibrary_name: contextpool-jax\ntags:\n- jax\n- flax\n- contextpool-jax\n'
-      '- cp_transformer_lm\n---\n\n# cp_transformer_lm\n'
-  )
-  read = hub.ModelCard(card)
-  assert read.data.library_name == 'contextpool-jax'
-  assert read.data.tags == ['jax', 'flax', 'contextpool-jax', 'cp_transformer_lm']
-  assert str(read) == card
-  monkeypatch.setitem(sys.modules, 'huggingface_hub', None)  # importing it fails
-  with pytest.raises(ImportError):
-    import huggingface_hub  # pylint: disable=import-outside-toplevel,unused-import
-  without = export_params(OLD, tmp_path / 'without', msgpack=False)
-  assert (without / 'README.md').read_text() == card
-
-
-def test_the_card_takes_the_last_evaluation_up_to_the_exported_step(tmp_path):
-  run = tmp_path / 'run'
-  shutil.copytree(OLD, run)
-  lines = [
-      {'step': 1, 'split': 'eval_validation', 'loss': 9.0},
-      {'step': 2, 'split': 'train', 'loss': 8.0},
-      {'step': 2, 'split': 'eval_validation', 'loss': 7.0},
-      {'step': 2, 'split': 'eval_test', 'loss': 7.5},
-      {'step': 3, 'split': 'eval_validation', 'loss': 6.0},  # after the exported step
-  ]
-  (run / 'metrics.jsonl').write_text('\n'.join(json.dumps(l) for l in lines) + '\n{"step": 4, "spl')
-  assert model_card.latest_eval(run, 2) == (
-      2,
-      {'eval_validation': {'loss': 7.0}, 'eval_test': {'loss': 7.5}},
-  )
-  assert model_card.latest_eval(run, 3) == (3, {'eval_validation': {'loss': 6.0}})
-  (run / 'metrics.jsonl').unlink()
-  card = (export_params(run, tmp_path / 'out') / 'README.md').read_text()
-  assert 'No evaluation metrics' in card
-
-
-# ----------------------------------------------------------------------------
-# The Hugging Face Hub, offline.
-# ----------------------------------------------------------------------------
-
-COMMIT = 'a' * 40  # a commit hash of the fake repo
-
-
-def hub_cache(cache: pathlib.Path, repo_id: str, export: pathlib.Path) -> pathlib.Path:
-  """Lays ``export``'s files out as ``huggingface_hub`` caches a downloaded repo:
-  ``models--<user>--<repo>/blobs/<sha256>``, ``snapshots/<commit>/<file>`` (relative
-  symlinks to the blobs) and ``refs/main`` (the commit). Returns the snapshot."""
-  root = cache / ('models--' + repo_id.replace('/', '--'))
-  snapshot = root / 'snapshots' / COMMIT
-  (root / 'blobs').mkdir(parents=True)
-  snapshot.mkdir(parents=True)
-  (root / 'refs').mkdir()
-  (root / 'refs' / 'main').write_text(COMMIT)
-  for path in sorted(export.iterdir()):
-    blob = root / 'blobs' / hashlib.sha256(path.read_bytes()).hexdigest()
-    shutil.copy(path, blob)
-    (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
-  return snapshot
-
-
-def test_load_from_hub_offline_from_the_hub_cache(exported, tmp_path, monkeypatch):
-  pytest.importorskip('huggingface_hub')
-  snapshot = hub_cache(tmp_path / 'hub', 'someone/tiny-cp-lm', exported)
-  # The real snapshot_download, never the network: local_files_only, and the Hub's
-  # offline switch for load('hf://...') through the default cache.
-  model, variables, config = workdirs.load_from_hub(
-      'someone/tiny-cp-lm', cache_dir=tmp_path / 'hub', local_files_only=True
-  )
-  ref_model, checkpoint, _ = load(OLD)
-  chex.assert_trees_all_equal(_np(variables), _np(checkpoint))
-  chex.assert_trees_all_equal(
-      model.apply(variables, TOKENS, train=False),
-      ref_model.apply(checkpoint, TOKENS, train=False),
-  )
-  assert config.model.name == 'cp_transformer_lm'
-  assert hub.hub_snapshot(
-      'someone/tiny-cp-lm', 'main', cache_dir=tmp_path / 'hub', local_files_only=True
-  ) == pathlib.Path(snapshot)
-
-  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-  monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path / 'hub'))
-  import huggingface_hub.constants  # pylint: disable=import-outside-toplevel
-
-  # The constants are read at import; set them as the environment would have.
-  monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_OFFLINE', True)
-  monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
-  _, by_url, _ = load('hf://someone/tiny-cp-lm')
-  chex.assert_trees_all_equal(_np(by_url), _np(checkpoint))
-  _, by_rev, _ = load(f'hf://someone/tiny-cp-lm@{COMMIT}')
-  chex.assert_trees_all_equal(_np(by_rev), _np(checkpoint))
-  with pytest.raises(Exception, match='Cannot find an appropriate cached snapshot'):
-    load('hf://someone/not-there')
-
-
-def test_without_huggingface_hub_the_error_names_the_extra(monkeypatch):
-  import builtins  # pylint: disable=import-outside-toplevel
-
-  real_import = builtins.__import__
-
-  def no_hub(name, *args, **kwargs):
-    if name == 'huggingface_hub' or name.startswith('huggingface_hub.'):
-      raise ModuleNotFoundError(f"No module named '{name}'")
-    return real_import(name, *args, **kwargs)
-
-  monkeypatch.setattr(builtins, '__import__', no_hub)
-  with pytest.raises(ImportError, match=r"pip install 'contextpool-jax\[hub\]'"):
-    load('hf://someone/tiny-cp-lm')
-  with pytest.raises(ImportError, match=r"pip install 'contextpool-jax\[hub\]'"):
-    workdirs.load_from_hub('someone/tiny-cp-lm')

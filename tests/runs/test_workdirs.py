@@ -1,4 +1,5 @@
-"""A workdir written by version 0.1.0 (before the modules moved) still loads and resumes.
+"""Workdirs (contextpool_jax.runs.workdirs): one written by version 0.1.0 (before the modules
+moved) still loads and resumes; the saved config is never seen half written.
 
 ``tests/fixtures/workdir_0_1_0`` is a 2-step run of the tiny LM config (ContextPool Transformer,
 one layer) written by commit c4db9d8, before ``config_fields``, ``workdirs`` and ``storage``
@@ -7,6 +8,7 @@ moved to the package root and ``context_pool/config.py`` became ``validate.py``.
 """
 
 import json
+import threading
 
 import chex
 import jax
@@ -14,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contextpool_jax.runs import config_fields
+from configs import default as default_config
+from contextpool_jax.runs import config_fields, layout, workdirs
 from contextpool_jax.training import trainer
 from contextpool_jax.runs.workdirs import load, read_config
 from helpers import CORPUS_TEXT, OLD, old_workdir_copy
@@ -47,3 +50,43 @@ def test_old_workdir_resumes_training(tmp_path):
   ]
   assert max(steps) == 4
   assert (workdir / 'checkpoints' / '4').is_dir()
+
+
+def _torn_reads(write, path, rewrites=300):
+  """How many of a reader's parses of ``path`` fail while ``write`` rewrites it
+  ``rewrites`` times (what another process's resume check sees)."""
+  write()
+  done, torn, reads = threading.Event(), [0], [0]
+
+  def reader():
+    while not done.is_set():
+      try:
+        json.loads(path.read_text())
+      except (json.JSONDecodeError, FileNotFoundError):
+        torn[0] += 1
+      reads[0] += 1
+
+  thread = threading.Thread(target=reader)
+  thread.start()
+  for _ in range(rewrites):
+    write()
+  done.set()
+  thread.join()
+  assert reads[0] > 0
+  return torn[0]
+
+
+@pytest.mark.slow  # hundreds of rewrites raced by a reader thread
+def test_the_saved_config_is_never_seen_half_written(tmp_path):
+  # On a resume, process 0 rewrites config.json while the other processes read
+  # it in check_resume_config. Under load, a 2-process resume failed that way:
+  # process 1 left before the first barrier (as a torn read makes it do), and
+  # process 0, still waiting there, failed the shutdown barrier.
+  config = default_config.get_config()
+  path = tmp_path / layout.CONFIG_FILE
+  assert _torn_reads(lambda: workdirs.write_config(tmp_path, config), path) == 0
+  assert json.loads(path.read_text()) == json.loads(config.to_json_best_effort())
+  assert [p.name for p in tmp_path.iterdir()] == [layout.CONFIG_FILE]  # no temporaries left
+  # The probe can fail: a plain rewrite (truncate, then write) is seen torn.
+  naive = lambda: path.write_text(config.to_json_best_effort(indent=2))
+  assert _torn_reads(naive, path) > 0

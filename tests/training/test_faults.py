@@ -1,16 +1,15 @@
-"""Faults a long run meets: kill -9, SIGTERM, damaged checkpoints, a changed config.
+"""Faults a long run meets: kill -9, SIGTERM (damaged checkpoints and a changed config:
+tests/training/test_checkpoints.py).
 
 Nothing may be lost or silently restarted: after any of them, running the same
 command again ends with exactly the parameters of an uninterrupted run, or
 stops with one clear message.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 
@@ -18,12 +17,9 @@ import jax
 import numpy as np
 import pytest
 
-from configs import default as default_config
-from contextpool_jax.runs import layout, workdirs
-from contextpool_jax.training import checkpoints, trainer
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
-from helpers import committed_steps, flags, metrics, tiny_run_config
+from helpers import committed_steps, flags, metrics
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
 
@@ -200,123 +196,3 @@ def test_sigterm_on_two_processes_saves_one_common_step(corpus, tmp_path):
   assert len(saved) == 1
   lines = [l for l in out.splitlines() if 'saved a checkpoint at step' in l]
   assert len(lines) == 2 and all(f'at step {saved[0]} ' in l for l in lines), lines
-
-
-# ----------------------------------------------------------------------------
-# Damaged checkpoints and a changed config (in process: fast).
-# ----------------------------------------------------------------------------
-
-
-def _largest_array_file(step_dir):
-  files = [p for p in step_dir.rglob('*') if p.is_file() and p.parent.name == 'd']
-  return max(files, key=lambda p: p.stat().st_size)
-
-
-DAMAGE = {
-    'array_file_missing': lambda step_dir: _largest_array_file(step_dir).unlink(),
-    'array_file_truncated': lambda step_dir: _largest_array_file(step_dir).write_bytes(
-        _largest_array_file(step_dir).read_bytes()[:100]
-    ),
-    'metadata_truncated': lambda step_dir: (step_dir / 'state' / '_METADATA').write_text(
-        (step_dir / 'state' / '_METADATA').read_text()[:50]
-    ),
-    'data_iterator_state_missing': lambda step_dir: next(
-        (step_dir / 'data').glob('process_*.json')
-    ).unlink(),
-}
-
-
-@pytest.fixture(scope='module')
-def uninterrupted_six(corpus, tmp_path_factory):
-  root = tmp_path_factory.mktemp('six')
-  trainer.train_and_evaluate(tiny_run_config(corpus, root, 6), str(root / 'run'))
-  return root / 'run'
-
-
-@pytest.mark.parametrize('damage', sorted(DAMAGE))
-def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
-    corpus, tmp_path, uninterrupted_six, damage
-):
-  workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4), str(workdir))
-  DAMAGE[damage](workdir / 'checkpoints' / '4')
-  with pytest.warns(
-      UserWarning,
-      match=r'(?s)Resuming from checkpoint step 2 in .*'
-      r'step 4 \(moved to .*damaged_checkpoints/4-',
-  ):
-    result = trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 6), str(workdir))
-  assert result['step'] == 6
-  assert [p.name.split('-')[0] for p in (workdir / 'damaged_checkpoints').iterdir()] == ['4']
-  step, params = _final(workdir)
-  step_ref, params_ref = _final(uninterrupted_six)
-  assert step == step_ref == 6
-  jax.tree.map(np.testing.assert_array_equal, params, params_ref)
-
-
-def test_no_readable_checkpoint_stops_with_one_message_not_a_restart(corpus, tmp_path):
-  workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4, keep_checkpoints=2), str(workdir))
-  for step in (2, 4):
-    DAMAGE['array_file_missing'](workdir / 'checkpoints' / str(step))
-  with pytest.raises(
-      checkpoints.CheckpointError,
-      match=r'(?s)No checkpoint in .*checkpoints ' r'could be read.*step 4.*step 2',
-  ):
-    trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 6), str(workdir))
-  assert not (workdir / 'checkpoints' / '6').exists()  # nothing trained from step 0
-
-
-def test_resuming_with_a_different_model_names_what_differs(corpus, tmp_path):
-  workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 2), str(workdir))
-  saved = (workdir / 'config.json').read_text()
-  changed = tiny_run_config(corpus, tmp_path, 4, **{'model.num_layers': 2, 'model.emb_dim': 48})
-  with pytest.raises(
-      checkpoints.CheckpointError,
-      match=r'(?s)different configuration.*'
-      r'model\.emb_dim: saved 32, now 48.*model\.num_layers: saved 1, now 2',
-  ):
-    trainer.train_and_evaluate(changed, str(workdir))
-  assert (workdir / 'config.json').read_text() == saved  # nothing written or restored
-  # Fields that do not change the saved state may change (here the step count).
-  assert trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4), str(workdir))['step'] == 4
-
-
-def _torn_reads(write, path, rewrites=300):
-  """How many of a reader's parses of ``path`` fail while ``write`` rewrites it
-  ``rewrites`` times (what another process's resume check sees)."""
-  write()
-  done, torn, reads = threading.Event(), [0], [0]
-
-  def reader():
-    while not done.is_set():
-      try:
-        json.loads(path.read_text())
-      except (json.JSONDecodeError, FileNotFoundError):
-        torn[0] += 1
-      reads[0] += 1
-
-  thread = threading.Thread(target=reader)
-  thread.start()
-  for _ in range(rewrites):
-    write()
-  done.set()
-  thread.join()
-  assert reads[0] > 0
-  return torn[0]
-
-
-def test_the_saved_config_is_never_seen_half_written(tmp_path):
-  # On a resume, process 0 rewrites config.json while the other processes read
-  # it in check_resume_config. Under load, a 2-process resume failed that way:
-  # process 1 left before the first barrier (as a torn read makes it do), and
-  # process 0, still waiting there, failed the shutdown barrier.
-  config = default_config.get_config()
-  path = tmp_path / layout.CONFIG_FILE
-  assert _torn_reads(lambda: workdirs.write_config(tmp_path, config), path) == 0
-  assert json.loads(path.read_text()) == json.loads(config.to_json_best_effort())
-  assert [p.name for p in tmp_path.iterdir()] == [layout.CONFIG_FILE]  # no temporaries left
-  # The probe can fail: a plain rewrite (truncate, then write) is seen torn.
-  naive = lambda: path.write_text(config.to_json_best_effort(indent=2))
-  assert _torn_reads(naive, path) > 0
