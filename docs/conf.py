@@ -71,7 +71,7 @@ def _redirect_to_root_doc(app, exception):
 
 
 # A docstring names its page as a path (it reads well in the source and in help());
-# tests/test_docs.py checks that the page and anchor exist.
+# tests/repo/test_docs.py checks that the page and anchor exist.
 _PAGE = re.compile(r'(?<![`/\w])docs/([\w/]+)\.md(#[\w-]+)?')
 
 

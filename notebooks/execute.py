@@ -13,7 +13,7 @@ after, so the paths the trainer prints are the same on every rerun) and
 file gets the outputs (printed text, figures) and no volatile metadata: no
 execution timestamps, so a rerun diffs only where results changed. A cell that
 fails stops the script with the cell's error and leaves the stored notebook as
-it was. tests/test_notebooks.py checks the stored outputs and executes the
+it was. tests/repo/test_notebooks.py checks the stored outputs and executes the
 notebooks smoke-sized from copies without outputs.
 """
 

@@ -103,7 +103,7 @@ def _reuse_mlir_contexts() -> None:
   dialects each time, and the tests lower thousands of small programs (every eager
   operation at a new shape is one); what sharing saves is measured in
   ``benchmarks/results/test_costs.md``. A context only holds the programs' types and
-  attributes: the programs are the same (``tests/test_tiers.py``).
+  attributes: the programs are the same (``tests/repo/test_tiers.py``).
   ``CONTEXTPOOL_FRESH_MLIR_CONTEXTS=1`` turns this off."""
   if os.environ.get('CONTEXTPOOL_FRESH_MLIR_CONTEXTS'):
     return
@@ -121,7 +121,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # import it as the checkout's package `configs`, as `python train.py` does.
 sys.path.insert(0, str(REPO))
 
-# The pages users read: tests/test_readme.py runs their blocks and commands, tests/test_docs.py
+# The pages users read: tests/repo/test_readme.py runs their blocks and commands, tests/repo/test_docs.py
 # checks their links. README.md first (its default run trains the workdir other pages load).
 PAGES = [
     REPO / 'README.md',
@@ -241,6 +241,6 @@ def config_cases() -> list[tuple[str, str]]:
   return cases
 
 
-# tests/multi_device/ needs several (fake) devices, fixed when JAX starts:
-# tests/test_multi_device.py runs it in a subprocess that sets them.
-collect_ignore = [] if os.environ.get('CONTEXTPOOL_MULTI_DEVICE') else ['multi_device']
+# tests/training/multi_device/ needs several (fake) devices, fixed when JAX starts:
+# tests/training/test_multi_device.py runs it in a subprocess that sets them.
+collect_ignore = [] if os.environ.get('CONTEXTPOOL_MULTI_DEVICE') else ['training/multi_device']

@@ -18,7 +18,7 @@ keeps JAX's default PRNG.
 forward that ``init`` runs: the forward is traced on the inputs' shapes, and only
 the draws run, each a small program that later tests of the same shapes reuse
 (an eager ``init`` runs the whole forward op by op; a jitted one compiles a
-program per model). Their own checks: ``tests/test_tiers.py``.
+program per model). Their own checks: ``tests/repo/test_tiers.py``.
 """
 
 import math

@@ -17,7 +17,7 @@ e.g. a toy Flax module in tests; ``encoded`` may be any pytree with a leading
 batch axis.
 
 Two ways to get the logits of step t (argument ``cache``), with identical
-results up to float rounding (tests/test_decoding_cache.py):
+results up to float rounding (tests/inference/test_decoding.py):
 
 * ``cache=True`` (default): incremental decoding, Flax's usual form.
   :func:`init_cache` creates the model's ``'cache'`` collection for
@@ -35,7 +35,7 @@ results up to float rounding (tests/test_decoding_cache.py):
   measured in ``benchmarks/results/decoding_speed_cpu.md``). This needs the one
   property every cache here has: the cache for ``w`` positions is the
   leading slice of the cache for ``max_len >= w`` (positions stored at their
-  index, tables computed per row); tests/test_decoding_cache.py checks it.
+  index, tables computed per row); tests/inference/test_decoding.py checks it.
 * ``cache=False``: the reference, no cache. Step ``t`` re-runs ``decode`` on
   the decoded prefix padded to a static width and reads the logits at
   position ``t``. That is exact because the decoder is causal (position t

@@ -171,7 +171,7 @@ class EventFile:
   WriteError where the disk fails. tensorboardX's public ``RecordWriter`` writes the
   records (TFRecord framing and checksums) of ``Event`` protos holding the summaries of
   ``tensorboardX.summary``. (Its ``SummaryWriter`` writes from a thread, which a failed
-  write kills, and then blocks the loop on its full queue: tests/test_writers.py shows it.)
+  write kills, and then blocks the loop on its full queue: tests/io/test_storage.py shows it.)
 
   ``purge_from``: a rerun of a workdir starts its file with a ``SessionLog.START`` at
   that step, which makes TensorBoard drop the events a killed run logged from that

@@ -10,7 +10,7 @@ cache (``nnx.Cache``, ``decode=True``) -- is updated in place, as NNX modules do
 Bridged, not written again: one implementation of each layer (the Linen one,
 tested against the papers' references) serves both APIs, so an NNX layer
 computes exactly what the Linen layer computes with the same parameters
-(``tests/test_nnx.py``), and every field of the Linen layer is a keyword
+(``tests/layers/test_nnx.py``), and every field of the Linen layer is a keyword
 argument here. Usage: docs/nnx.md.
 """
 

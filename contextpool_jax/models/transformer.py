@@ -905,7 +905,7 @@ class Transformer(_TransformerModel):
   it creates the ``'cache'`` collection, see
   :func:`contextpool_jax.inference.decoding.init_cache`), then one token
   ``[batch, 1]`` per call, returning that position's logits ``[batch, 1,
-  vocab]``; equal to the full forward's (tests/test_decoding_cache.py).
+  vocab]``; equal to the full forward's (tests/inference/test_decoding.py).
   """
 
   def setup(self):

@@ -88,7 +88,7 @@ def _card_text(metadata: dict[str, Any], body: str) -> str:
   ``huggingface_hub.ModelCard`` (the ``[hub]`` extra). Without huggingface_hub (the core and
   ``[train]`` installs export too), PyYAML writes the block as huggingface_hub does
   (``yaml.dump``: keys in order, unicode kept): the same text
-  (tests/test_export_weights.py compares them)."""
+  (tests/runs/test_model_card.py compares them)."""
   try:
     import huggingface_hub  # pylint: disable=import-outside-toplevel
   except ImportError:

@@ -23,7 +23,7 @@ state (about a third of the size with Adam) and without orbax. ``load('hf://user
 This module sits below both the trainer and inference: both use it, neither is used by it.
 
 With ``/tmp/cp`` a workdir of ``python train.py --config configs/default.py --workdir /tmp/cp``
-(tests/test_readme.py runs these examples against a short run of it):
+(tests/repo/test_readme.py runs these examples against a short run of it):
 
   >>> import jax.numpy as jnp
   >>> from contextpool_jax.runs.export import export_params

@@ -22,7 +22,7 @@ The protocol:
   object stores, and a kill -9 must leave a lock the next run can judge. Not
   ``flufl.lock`` (the same hard-link protocol, with lifetimes): it takes a dead
   holder's lock over only when its lifetime ends, its file names only the host and
-  pid, and it needs hard links (tests/test_cluster_faults.py tries it).
+  pid, and it needs hard links (tests/training/test_runlock.py tries it).
 * **One lock per run**, not per process: the other processes of a multi-process
   run take none; they learn from process 0 (``broadcast_one_to_all``) the run id,
   or that the workdir is held, and then stop with it.

@@ -15,7 +15,7 @@ model, the :class:`TaskKind` of the spec and what that kind builds from the spec
 
 This module is the one place that tells the kinds apart (:data:`KINDS`,
 keyed by ``config.task``, :attr:`TaskSpec.kind`); nothing else in the repository decides by
-``config.task`` (``tests/test_code_shape.py``). A new kind of experiment is a
+``config.task`` (``tests/repo/test_code_shape.py``). A new kind of experiment is a
 :class:`TaskKind` here (an objective, a pipeline over its data module, its
 evaluators), not a change to the loop. Log hooks ask the
 built model what it contains (:meth:`evaluators.PoolSizes.sows`), never the config.

@@ -35,7 +35,7 @@ Choices the paper leaves open (each documented where it is made):
   the areas' moments pairwise (:func:`_area_variances`) keeps it within a few
   float32 epsilons, relatively, against float64 on the same float32 inputs
   (measured, 1D and 2D: docs/area_attention.md, Precision; asserted in
-  ``tests/test_area_attention.py``).
+  ``tests/layers/test_area_attention.py``).
 """
 
 from __future__ import annotations
