@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contextpool_jax.io import config_readers
 from contextpool_jax.data import image_builders as ib
 from contextpool_jax.data import image_input as ii
-from contextpool_jax.base.errors import ConfigError
 
 
 @pytest.fixture(scope='module')
@@ -116,15 +114,3 @@ def test_prepared_on_first_use_in_an_empty_data_dir(tmp_path):
   )
   assert batch['image'].shape == (300, 16, 16, 3)
   assert (tmp_path / 'fresh' / ib.NAME).is_dir()
-
-
-@pytest.mark.parametrize('value', [None, ''])
-def test_empty_data_dir_means_the_default_not_the_current_directory(value):
-  config = ml_collections.ConfigDict({'dataset': {'data_dir': value}})
-  assert config_readers.read_dir(config, 'dataset.data_dir') is None
-
-
-def test_bad_data_dir_names_the_field():
-  config = ml_collections.ConfigDict({'dataset': {'data_dir': 3}})
-  with pytest.raises(ConfigError, match='config.dataset.data_dir=3'):
-    config_readers.read_dir(config, 'dataset.data_dir')

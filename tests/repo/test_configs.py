@@ -14,16 +14,14 @@ import shutil
 import sys
 import zipfile
 
-import jax
 import ml_collections
 import numpy as np
-import optax
 import pytest
 import tensorflow_datasets as tfds
 
 from contextpool_jax import models
 from contextpool_jax.base.errors import ConfigError
-from contextpool_jax.training import command_line, evaluators, spec, steps, tasks, trainer
+from contextpool_jax.training import command_line, spec, trainer
 from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -272,26 +270,3 @@ def test_preset_context_pool_model_logs_pool_sizes(tmp_path):
   assert sizes and all(np.isfinite(v) and v > 0 for v in sizes.values())
   events = list((tmp_path / 'run' / 'tensorboard').iterdir())
   assert any(b'pool_sigma/' in p.read_bytes() for p in events)  # the histograms
-
-
-@pytest.mark.parametrize('name,has_pool', [('cp_resnet20', True), ('resnet20', False)])
-def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
-  """The hook asks the built model (a preset name; the config names no
-  ``context_pool``) whether it sows pooling sizes; without them it writes nothing."""
-  config = _load('cifar10_resnet', 'cp_resnet20')
-  with config.unlocked():
-    config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
-  specs = spec.read(config)
-  task = tasks.make_task(specs.task, specs.model, specs.data, '')
-  devices = evaluators.Devices(
-      state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
-  )
-  [hook] = task.hooks(devices, log_pool_sizes=True)
-  batch = task.data.init_batch()
-  init = steps.make_init_fn(task.model, task.objective, batch, optax.identity())
-  state = jax.eval_shape(init, jax.random.key(0))  # abstract: nothing computed
-  assert hook.sows(state, batch) is has_pool
-  if not has_pool:  # abstract values: running the probe would raise
-    hook(1, state, batch, writer=None)
-    assert hook.sown is False
-  assert task.hooks(devices, log_pool_sizes=False) == []
