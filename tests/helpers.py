@@ -286,3 +286,15 @@ def sleeper():
   yield proc
   proc.kill()
   proc.wait()
+
+
+def make_text_files(root, sizes, seed=0):
+  """Random printable text files of ``sizes`` bytes under ``root/dir0``, ``root/dir1``."""
+  rng = np.random.default_rng(seed)
+  paths = []
+  for i, size in enumerate(sizes):
+    path = root / f'dir{i % 2}' / f'f{i}.txt'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(rng.integers(32, 127, size, np.uint8).tobytes())
+    paths.append(path)
+  return paths

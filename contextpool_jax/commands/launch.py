@@ -124,7 +124,9 @@ def run(
   previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
     code = 0
-    while any(p.poll() is None for p in procs):
+    # Every process polled each round (any() would stop at the first one still running and
+    # never see a later one fail while the others wait for it in a collective).
+    while None in [p.poll() for p in procs]:
       failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
       if failed and not code:
         code = failed[0]

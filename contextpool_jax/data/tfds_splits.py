@@ -42,7 +42,11 @@ def require_examples(
     source: Sequence[Any], setting: str, name: str, data_dir: Optional[str] = None
 ) -> None:
   """Raises ValueError naming ``setting`` if ``source`` has no examples."""
-  if len(source) == 0:
+  try:
+    empty = len(source) == 0
+  except ValueError:  # a reversed slice ('train[5:2]'): TFDS's source has a negative length
+    empty = True
+  if empty:
     raise ConfigError(
         f"{setting} selects no example of '{name}'. Prepared splits: "
         f'{_prepared_splits(name, data_dir)}; {_EXPECTED_SPLIT}.'

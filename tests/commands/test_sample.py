@@ -115,48 +115,6 @@ def test_a_missing_or_wrong_workdir_is_one_clear_error(workdir, tmp_path):
   assert issubclass(WorkdirError, FileNotFoundError)
 
 
-def test_sample_has_the_requested_length_and_is_reproducible(workdir):
-  model, variables, config = load(workdir)
-  kw = dict(length=40, temperature=1.0, top_k=0)
-  a = sampling.sample_text(model, variables, config, 'def ', seed=0, **kw)
-  b = sampling.sample_text(model, variables, config, 'def ', seed=0, **kw)
-  c = sampling.sample_text(model, variables, config, 'def ', seed=1, **kw)
-  assert a == b and a != c
-  ids = sampling.sample_tokens(
-      model, variables, jnp.asarray([[100, 101, 102]]), length=40, context=32, seed=0
-  )
-  assert ids.shape == (1, 40) and ids.dtype == jnp.int32
-  # top_k=1 is greedy whatever the seed.
-  greedy = sampling.sample_tokens(model, variables, TOKENS, length=5, context=32, temperature=0)
-  top1 = sampling.sample_tokens(model, variables, TOKENS, length=5, context=32, top_k=1, seed=7)
-  chex.assert_trees_all_equal(greedy, top1)
-
-
-def test_greedy_sampling_matches_a_step_by_step_reference_with_a_sliding_window(workdir):
-  """The prompt (33 bytes) is longer than the context (32): every step slides the window."""
-  model, variables, _ = load(workdir)
-  got = sampling.sample_tokens(model, variables, TOKENS, length=4, context=32, temperature=0)
-  tokens = list(np.asarray(TOKENS[0]))
-  for _ in range(4):
-    logits = model.apply(variables, jnp.asarray([tokens[-32:]], jnp.int32))
-    tokens.append(int(jnp.argmax(logits[0, -1])))
-  chex.assert_trees_all_equal(np.asarray(got[0]), np.asarray(tokens[-4:], np.int32))
-
-
-def test_sampling_rejects_bad_arguments(workdir):
-  model, variables, config = load(workdir)
-  with pytest.raises(ValueError, match='length=0 is not allowed; expected a positive int'):
-    sampling.sample_tokens(model, variables, TOKENS, length=0, context=32)
-  with pytest.raises(ValueError, match='temperature=-1.0 is not allowed'):
-    sampling.sample_tokens(model, variables, TOKENS, length=2, context=32, temperature=-1.0)
-  with pytest.raises(
-      ValueError, match='top_k=300 is not allowed; expected at most the ' 'vocabulary size 256'
-  ):
-    sampling.sample_tokens(model, variables, TOKENS, length=2, context=32, top_k=300)
-  with pytest.raises(ValueError, match="prompt='' is not allowed"):
-    sampling.sample_text(model, variables, config, '')
-
-
 def test_the_command_line_names_the_flag_a_language_model_workdir_needs(workdir):
   flags = types.SimpleNamespace(workdir=str(workdir), step=None, prompt=None, sentence=[])
   with pytest.raises(ArgumentError, match='--prompt is required for a language model workdir'):

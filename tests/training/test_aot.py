@@ -104,36 +104,6 @@ def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_sett
 
 
 # ---------------------------------------------------------------------------
-# The abstract batches are the batches a run reads.
-# ---------------------------------------------------------------------------
-
-
-def test_the_abstract_batches_are_the_pipelines_batches(tmp_path):
-  text = tmp_path / 'text'
-  text.mkdir()
-  rng = np.random.default_rng(0)
-  for i in range(3):
-    (text / f'f{i}.txt').write_bytes(rng.integers(32, 127, 40_000, np.uint8).tobytes())
-  config = default_config.get_config()
-  with config.unlocked():
-    config.dataset.files = (str(text),)
-    config.dataset.data_dir = str(tmp_path / 'tfds')
-    config.dataset.seq_len, config.dataset.eval_context, config.dataset.eval_step = 32, 64, 32
-    config.dataset.eval_batch_size = 4
-    config.batch_size = 8
-  specs = spec.read(config)
-  task = tasks.make_task(specs.task, specs.model, specs.data, str(tmp_path))
-  task.data.prepare()
-  train, evaluation = task.data.batch_shapes(config.batch_size)
-  real_train = next(iter(task.data.train_dataset(0, 1)))
-  real_eval = next(iter(task.data.eval_batches('validation', 0, 1)))
-  for shapes, real in ((train, real_train), (evaluation, real_eval)):
-    assert {k: (np.shape(v), np.asarray(v).dtype) for k, v in real.items()} == {
-        k: (shape, np.dtype(dtype)) for k, (shape, dtype) in shapes.items()
-    }
-
-
-# ---------------------------------------------------------------------------
 # Compiled for TPU (libtpu).
 # ---------------------------------------------------------------------------
 

@@ -1,13 +1,12 @@
-"""The task registry (``training/tasks.py``): what each kind of experiment builds from its specs,
-its evaluators and its log hooks."""
+"""The task registry (``training/tasks.py``): what each kind of experiment builds from its specs:
+its objective, its data pipeline's batches and its evaluators."""
 
-import jax
-import ml_collections
-import optax
+import numpy as np
 import pytest
 
+from configs import default as default_config
 from conftest import REPO
-from contextpool_jax.training import command_line, evaluators, spec, steps, tasks
+from contextpool_jax.training import command_line, evaluators, spec, tasks
 
 NO_DEVICES = evaluators.Devices(
     state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
@@ -24,25 +23,6 @@ def _load(name, arg):
 def _task(config):
   specs = spec.read(config)
   return tasks.make_task(specs.task, specs.model, specs.data, '')
-
-
-@pytest.mark.parametrize('name,has_pool', [('cp_resnet20', True), ('resnet20', False)])
-def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
-  """The hook asks the built model (a preset name; the config names no
-  ``context_pool``) whether it sows pooling sizes; without them it writes nothing."""
-  config = _load('cifar10_resnet', 'cp_resnet20')
-  with config.unlocked():
-    config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
-  task = _task(config)
-  [hook] = task.hooks(NO_DEVICES, log_pool_sizes=True)
-  batch = task.data.init_batch()
-  init = steps.make_init_fn(task.model, task.objective, batch, optax.identity())
-  state = jax.eval_shape(init, jax.random.key(0))  # abstract: nothing computed
-  assert hook.sows(state, batch) is has_pool
-  if not has_pool:  # abstract values: running the probe would raise
-    hook(1, state, batch, writer=None)
-    assert hook.sown is False
-  assert task.hooks(NO_DEVICES, log_pool_sizes=False) == []
 
 
 @pytest.mark.parametrize('bleu', [True, False])
@@ -69,3 +49,28 @@ def test_a_classification_objective_takes_the_models_classes_and_the_runs_smooth
   objective = _task(config).objective
   assert isinstance(objective, tasks.objectives.Classification)
   assert (objective.num_classes, objective.label_smoothing) == (10, 0.1)
+
+
+def test_the_abstract_batches_are_the_pipelines_batches(tmp_path):
+  text = tmp_path / 'text'
+  text.mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(3):
+    (text / f'f{i}.txt').write_bytes(rng.integers(32, 127, 40_000, np.uint8).tobytes())
+  config = default_config.get_config()
+  with config.unlocked():
+    config.dataset.files = (str(text),)
+    config.dataset.data_dir = str(tmp_path / 'tfds')
+    config.dataset.seq_len, config.dataset.eval_context, config.dataset.eval_step = 32, 64, 32
+    config.dataset.eval_batch_size = 4
+    config.batch_size = 8
+  specs = spec.read(config)
+  task = tasks.make_task(specs.task, specs.model, specs.data, str(tmp_path))
+  task.data.prepare()
+  train, evaluation = task.data.batch_shapes(config.batch_size)
+  real_train = next(iter(task.data.train_dataset(0, 1)))
+  real_eval = next(iter(task.data.eval_batches('validation', 0, 1)))
+  for shapes, real in ((train, real_train), (evaluation, real_eval)):
+    assert {k: (np.shape(v), np.asarray(v).dtype) for k, v in real.items()} == {
+        k: (shape, np.dtype(dtype)) for k, (shape, dtype) in shapes.items()
+    }
