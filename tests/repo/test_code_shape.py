@@ -168,3 +168,31 @@ def test_the_checks_can_fail():
       'also_fine = setup.task.model\n'
   )
   assert task_comparisons(chain) == [1, 3, 5, 7, 8, 9, 10]
+
+
+# Modules without a test file of their own, and why (CONTRIBUTING.md, "The tests mirror the
+# package"). The layer packages have one file for the package (LAYER_PACKAGES).
+WITHOUT_TEST_FILE = {
+    'runs/layout.py': 'file names only',
+    'commands/viz.py': "tests/commands/test_sample.py (the tools' file is test_viz.py)",
+}
+LAYER_PACKAGES = {
+    'layers/context_pool': 'tests/layers/test_context_pool.py',
+    'layers/area_attention': 'tests/layers/test_area_attention.py',
+}
+
+
+def test_every_module_has_its_test_file():
+  """``contextpool_jax/<room>/<module>.py`` is tested in ``tests/<room>/test_<module>.py``."""
+  package = REPO / 'contextpool_jax'
+  missing = []
+  for path in sorted(package.rglob('*.py')):
+    rel = path.relative_to(package)
+    if path.name == '__init__.py' or rel.as_posix() in WITHOUT_TEST_FILE:
+      continue
+    owner = LAYER_PACKAGES.get(rel.parent.as_posix())
+    expected = owner or f'tests/{rel.parts[0]}/test_{path.stem}.py'
+    if not (REPO / expected).is_file():
+      missing.append(f'{rel} -> {expected}')
+  assert not missing, missing
+  assert all((package / m).is_file() for m in WITHOUT_TEST_FILE)  # the list stays current
