@@ -51,6 +51,7 @@ import math
 import os
 import pathlib
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,9 @@ PEER_ENVS = {
     ),
     'torch': (('torch==2.13.0', 'pyyaml', 'huggingface_hub', 'safetensors'), ('timm==1.0.31',)),
 }
+# The interpreter a peer env is made with, where ours may be too new for it (TensorFlow 2.15
+# has wheels up to Python 3.11); None: the one running this file.
+PEER_PYTHONS = {'tf': 'python3.11', 'torch': None}
 AREA = dict(batch=4, heads=8, length=256, depth=64, width=5)
 LAMBDA = dict(batch=2, size=56, channels=64, heads=4, key_depth=16, scope=23)
 ROWS = ('area', 'lambda_global', 'lambda_conv')
@@ -100,7 +104,10 @@ def ensure_env(root: pathlib.Path, name: str, install: bool, log: Callable[[str]
   log(f'Installing the {name!r} peer env into {env} (once) ...')
   with_deps, no_deps = PEER_ENVS[name]
   if not python.exists():
-    subprocess.run([sys.executable, '-m', 'venv', str(env)], check=True)
+    maker = PEER_PYTHONS[name] or sys.executable
+    if shutil.which(maker) is None:
+      raise RuntimeError(f'the {name!r} peer env needs {maker} (on PATH), which is not here')
+    subprocess.run([maker, '-m', 'venv', str(env)], check=True)
   pip = [str(python), '-m', 'pip', 'install', '--quiet']
   subprocess.run(pip + list(with_deps), check=True)
   if no_deps:
