@@ -39,9 +39,10 @@ Only the offsets an input of the given size can reach, ``|offset| <= size - 1``,
 are used; a 'conv' scope larger than 2 * size - 1 is cropped to it (same
 result, less work on small inputs).
 
-Three exact algorithms for the position lambdas (``position_algorithm``;
+Four exact algorithms for the position lambdas (``position_algorithm``;
 :func:`position_lambdas`, :func:`position_lambdas_rows`,
-:func:`position_lambdas_banded`, :func:`choose_position_algorithm`)::
+:func:`position_lambdas_banded`, :func:`position_lambdas_fft`,
+:func:`choose_position_algorithm`)::
 
   'correlation': the cross-correlation above (position_lambdas);
             memory O(batch n k v), ~4x the direct FLOPs for 'global'.
@@ -63,9 +64,16 @@ Three exact algorithms for the position lambdas (``position_algorithm``;
             Memory: ~(B + r_w - 1) / B times the values (forward), ~r_h
             times the values (backward, a custom VJP: the transpose of the
             correlation with its rows unfolded into features).
+  'fft':    the same correlation by the correlation theorem
+            (position_lambdas_fft): per example, FFTs of the v u value maps
+            and the v k outputs (length >= size + reach per axis, so the
+            circular correlation is the linear one) and v u k products per
+            frequency: ~0.1 of the direct FLOPs at 56x56, r = 23; exact to
+            float32 rounding (~1e-6 of the largest output).
   'auto':   'rows' for 'global' on a grid whenever its table is smaller than
             an n x m map (|T| < n^2, i.e. roughly H > 2 k u), else
-            'correlation'; 'banded' for 'conv' (grids and sequences)
+            'correlation'; for 'conv', 'fft' on a grid whose reachable scope
+            has more than FFT_MIN_TAPS = 256 taps (r >= 17), else 'banded'
             (choose_position_algorithm). The scanned axis of 'rows' is the
             longer one (the table is then the smaller).
 """
@@ -92,7 +100,7 @@ PrecisionLike = Any
 
 _OWNER = 'LambdaLayer'
 POSITIONS = ('global', 'conv', 'none')
-POSITION_ALGORITHMS = ('auto', 'correlation', 'rows', 'banded')
+POSITION_ALGORITHMS = ('auto', 'correlation', 'rows', 'banded', 'fft')
 _EMBEDDING = 'position_embedding'
 
 
@@ -192,15 +200,27 @@ def rows_table_size(spatial: Sequence[int], depth_k: int, depth_u: int) -> int:
   return (2 * scanned - 1) * unrolled * unrolled * depth_k * depth_u
 
 
+# 'auto' takes 'fft' for a lambda convolution on a grid whose reachable kernel has more taps
+# than this (17 x 17 and up; 'banded' at 13 x 13 and below): the crossover measured at 56x56 and
+# 28x28, batch 1, 2 and 8, forward and forward+backward (benchmarks/results/lambda_conv_forward_cpu.md).
+FFT_MIN_TAPS = 256
+
+
 def choose_position_algorithm(
-    position: str, spatial: Sequence[int], depth_k: int, depth_u: int
+    position: str,
+    spatial: Sequence[int],
+    depth_k: int,
+    depth_u: int,
+    kernel: Sequence[int] | None = None,
 ) -> str:
   """'auto': which exact algorithm computes the position lambdas.
 
-  'banded' for ``position='conv'`` (sequences and grids): measured faster
-  than 'correlation' forward and forward+backward at every conv shape tried
-  (56x56 to 7x7 grids, r = 7 and 23, sequences of 256 and 1,024; 7x faster
-  forward at the peers table's 56x56, r = 23: benchmarks/results/peers_cpu.md).
+  For ``position='conv'``: 'fft' on a grid whose reachable kernel (``kernel``,
+  the table's spatial shape, cropped as :func:`reachable_table` crops it) has
+  more than :data:`FFT_MIN_TAPS` taps, else 'banded' (sequences, small scopes,
+  small grids): each measured the faster there, forward and forward+backward
+  (benchmarks/results/lambda_conv_forward_cpu.md; 'banded' beat 'correlation' at
+  every conv shape tried, 7x faster forward at the peers table's 56x56, r = 23).
   'rows' (direct sum, ~4x fewer FLOPs than the correlation for a global table)
   for ``position='global'`` on a grid whenever its Toeplitz table is smaller
   than one ``[n, m]`` map (n = m = H * W), so no [n, m]-sized intermediate
@@ -209,7 +229,10 @@ def choose_position_algorithm(
   memory for its windows).
   """
   if position == 'conv':
-    return 'banded'
+    if len(spatial) != 2 or kernel is None:
+      return 'banded'
+    reach = [min((t - 1) // 2, n - 1) for t, n in zip(kernel, spatial)]
+    return 'fft' if math.prod(2 * r + 1 for r in reach) > FFT_MIN_TAPS else 'banded'
   if position != 'global' or len(spatial) != 2:
     return 'correlation'
   num = math.prod(spatial)
@@ -484,6 +507,69 @@ def position_lambdas_banded(
   return out.reshape(batch, depth_v, *spatial, out.shape[-1])
 
 
+def _fft_size(n: int) -> int:
+  """The smallest ``m >= n`` with no prime factor above 5 (a fast FFT length)."""
+  m = n
+  while True:
+    rest = m
+    for p in (2, 3, 5):
+      while rest % p == 0:
+        rest //= p
+    if rest == 1:
+      return m
+    m += 1
+
+
+def _fft_correlation(values: Array, table: Array, reach: Sequence[int], precision) -> Array:
+  """One example: ``[*spatial, v, u], [*(2 reach + 1), k, u] -> [v, *spatial, k]``."""
+  spatial, rank = values.shape[:-2], values.ndim - 2
+  sizes = tuple(_fft_size(s + r) for s, r in zip(spatial, reach))
+  axes = tuple(range(-rank, 0))
+  lhs = jnp.moveaxis(values, (-2, -1), (0, 1))  # [v, u, *spatial]: FFT axes minor
+  v_hat = jnp.fft.rfftn(lhs, s=sizes, axes=axes)
+  kernel = jnp.moveaxis(table, (-2, -1), (0, 1))  # [k, u, *kernel]
+  pad = [(0, 0), (0, 0)] + [(0, n - (2 * r + 1)) for n, r in zip(sizes, reach)]
+  placed = jnp.roll(jnp.pad(kernel, pad), [-r for r in reach], axis=axes)  # offset o at o mod N
+  r_hat = jnp.conj(jnp.fft.rfftn(placed, s=sizes, axes=axes))
+  out_hat = jnp.einsum('vu...,ku...->vk...', v_hat, r_hat, precision=precision)
+  out = jnp.fft.irfftn(out_hat, s=sizes, axes=axes)[(Ellipsis, *(slice(0, s) for s in spatial))]
+  return jnp.moveaxis(out, 1, -1)  # [v, *spatial, k]
+
+
+def position_lambdas_fft(values: Array, table: Array, *, precision: PrecisionLike = None) -> Array:
+  """λ^p_n = Σ_m R[pos(m) - pos(n)] V_m by the correlation theorem (L3).
+
+  The same zero-padded correlation as :func:`position_lambdas`, computed in the
+  frequency domain: per spatial axis an FFT of length ``N >= size + reach`` (the
+  next 5-smooth length), so the circular correlation equals the linear one on
+  the ``size`` outputs kept; the table's offset ``o`` sits at index ``o mod N``.
+  Per example the products are ``v u k`` per frequency plus FFTs of the ``v u``
+  inputs and the ``v k`` outputs, against ``v u k r_h r_w`` per position for the
+  direct sum: at 56x56 with r = 23, ~0.1 of its FLOPs. Computed in float32 (or
+  the values' wider type) and cast back; exact up to the FFT's rounding (about
+  1e-6 of the largest output in float32). One example at a time (``lax.map``): a
+  batch at once leaves the ``[v, k, N, N]`` spectra out of cache (measured:
+  benchmarks/results/lambda_conv_forward_cpu.md).
+
+  Args:
+    values: ``[batch, *spatial, v, u]`` (spatial = ``(L,)`` or ``(H, W)``).
+    table: ``[*kernel, k, u]``, centred; offsets beyond ``spatial - 1`` are
+      cropped away.
+    precision: ``jax.lax.Precision`` for the product of the spectra.
+
+  Returns:
+    ``[batch, v, *spatial, k]`` position lambdas (as :func:`position_lambdas`).
+  """
+  spatial = values.shape[1:-2]
+  kernel, reach = reachable_table(table, spatial)
+  work = jnp.promote_types(values.dtype, jnp.float32)
+  kernel = kernel.astype(work)
+  out = lax.map(
+      lambda example: _fft_correlation(example, kernel, reach, precision), values.astype(work)
+  )
+  return out.astype(values.dtype)
+
+
 class LambdaLayer(nn.Module):
   """Multi-query lambda layer with content and relative-position lambdas.
 
@@ -530,8 +616,10 @@ class LambdaLayer(nn.Module):
       'correlation' (:func:`position_lambdas`), 'rows' (direct sum row by row,
       :func:`position_lambdas_rows`; position='global' on a grid only),
       'banded' (:func:`position_lambdas_banded`: the correlation as banded
-      matrix products over blocks of columns) or 'auto'
-      (:func:`choose_position_algorithm`: for 'conv', 'banded'; for 'global',
+      matrix products over blocks of columns), 'fft'
+      (:func:`position_lambdas_fft`: the correlation theorem) or 'auto'
+      (:func:`choose_position_algorithm`: for 'conv', 'fft' on a grid whose
+      reachable scope has more than 256 taps, else 'banded'; for 'global',
       'rows' where its table is smaller than an n x m map, else
       'correlation').
     batch_norm: batch-normalise queries and values (paper default; False is the
@@ -621,10 +709,12 @@ class LambdaLayer(nn.Module):
       )
     return tuple(2 * s - 1 for s in size)
 
-  def _position_algorithm(self, spatial: tuple[int, ...], depth_k: int, depth_u: int) -> str:
+  def _position_algorithm(
+      self, spatial: tuple[int, ...], depth_k: int, depth_u: int, kernel: tuple[int, ...]
+  ) -> str:
     """The algorithm of the position lambdas for this input (validated)."""
     if self.position_algorithm == 'auto':
-      return choose_position_algorithm(self.position, spatial, depth_k, depth_u)
+      return choose_position_algorithm(self.position, spatial, depth_k, depth_u, kernel)
     if self.position_algorithm == 'rows' and (self.position != 'global' or len(spatial) != 2):
       raise ConfigError(
           f"{_OWNER}.position_algorithm='rows' needs position='global' and a "
@@ -663,7 +753,7 @@ class LambdaLayer(nn.Module):
     table_shape = algorithm = None
     if self.position != 'none':
       table_shape = self._table_shape(spatial)
-      algorithm = self._position_algorithm(spatial, depth_k, depth_u)
+      algorithm = self._position_algorithm(spatial, depth_k, depth_u, table_shape)
 
     default_init = nn.initializers.normal(stddev=d**-0.5)
     queries = self._projection((self.heads, depth_k), 'query', default_init)(x)  # [b, *s, h, k]
@@ -748,6 +838,7 @@ class LambdaLayer(nn.Module):
     compute = {
         'rows': position_lambdas_rows,
         'banded': position_lambdas_banded,
+        'fft': position_lambdas_fft,
         'correlation': position_lambdas,
     }[algorithm]
     lam_p = compute(values_c, table, precision=self.precision)

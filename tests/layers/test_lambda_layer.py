@@ -195,7 +195,7 @@ def test_matches_reference(position, content, intra_depth, dims):
         (5, (1, 11, D)),
     ],
 )
-@pytest.mark.parametrize('algorithm', ['banded', 'correlation'])
+@pytest.mark.parametrize('algorithm', ['banded', 'fft', 'correlation'])
 def test_conv_scopes_match_reference(scope_size, shape, algorithm):
   module = LambdaLayer(
       key_depth=K,
@@ -588,8 +588,12 @@ def test_auto_picks_rows_only_where_its_table_is_below_n_by_m():
   assert choose('global', (56, 56), 16, 1) == 'rows'
   assert choose('global', (12, 10), 16, 1) == 'correlation'  # table > n * m
   assert choose('global', (3136,), 16, 1) == 'correlation'  # sequences
-  assert choose('conv', (56, 56), 16, 1) == 'banded'
-  assert choose('conv', (1024,), 16, 1) == 'banded'
+  assert choose('conv', (56, 56), 16, 1, (23, 23)) == 'fft'  # 529 taps
+  assert choose('conv', (56, 56), 16, 1, (17, 17)) == 'fft'  # 289
+  assert choose('conv', (56, 56), 16, 1, (15, 15)) == 'banded'  # 225
+  assert choose('conv', (7, 7), 16, 1, (23, 23)) == 'banded'  # cropped to 13 x 13
+  assert choose('conv', (1024,), 16, 1, (23,)) == 'banded'  # sequences
+  assert choose('conv', (56, 56), 16, 1) == 'banded'  # no kernel given
   for spatial, k, u in [((56, 56), 16, 1), ((40, 8), 4, 1), ((12, 10), 16, 1), ((8, 40), 4, 2)]:
     n = spatial[0] * spatial[1]
     assert (choose('global', spatial, k, u) == 'rows') == (
@@ -617,7 +621,7 @@ def test_auto_rows_has_no_n_by_m_intermediate_and_matches_correlation():
 @pytest.mark.parametrize(
     'kwargs,shape,pattern',
     [
-        ({'position_algorithm': 'fft'}, (2, 5, 4, D), r"position_algorithm='fft'.*'auto'"),
+        ({'position_algorithm': 'fftw'}, (2, 5, 4, D), r"position_algorithm='fftw'.*'auto'"),
         ({'position_algorithm': 'rows', 'position': 'conv'}, (2, 5, 4, D), r"position='conv'"),
         ({'position_algorithm': 'rows'}, (2, 7, D), r'rows.*1 spatial axes'),
     ],
@@ -642,28 +646,30 @@ BANDED_CASES = [
 ]
 
 
+@pytest.mark.parametrize('algorithm', ['banded', 'fft'])
 @pytest.mark.parametrize('shape,position,scope_size,intra_depth', BANDED_CASES)
-def test_banded_matches_reference(shape, position, scope_size, intra_depth):
+def test_banded_and_fft_match_reference(shape, position, scope_size, intra_depth, algorithm):
   module = LambdaLayer(
       key_depth=K,
       heads=HEADS,
       intra_depth=intra_depth,
       position=position,
       scope_size=scope_size,
-      position_algorithm='banded',
+      position_algorithm=algorithm,
   )
   _assert_matches_reference_in_both_modes(module, _x(shape, seed=31), 7)
 
 
+@pytest.mark.parametrize('algorithm', ['banded', 'fft'])
 @pytest.mark.parametrize('shape,scope_size', [((2, 6, 11, D), (5, 7)), ((2, 13, D), 5)])
-def test_banded_grad_matches_reference_grad(shape, scope_size):
+def test_banded_and_fft_grad_match_reference_grad(shape, scope_size, algorithm):
   module = LambdaLayer(
       key_depth=K,
       heads=HEADS,
       intra_depth=2,
       position='conv',
       scope_size=scope_size,
-      position_algorithm='banded',
+      position_algorithm=algorithm,
   )
   x = _x(shape, seed=32)
   variables = _init(module, x, 8)
@@ -681,13 +687,15 @@ def test_banded_grad_matches_reference_grad(shape, scope_size):
         ((0, 3, 3, 2, 1), (3, 3)),  # empty batch
     ],
 )
+@pytest.mark.parametrize('algorithm', ['banded', 'fft'])
 @pytest.mark.sweep
-def test_position_lambdas_banded_equals_correlation_with_vjp(values_shape, kernel):
+def test_position_lambdas_banded_and_fft_equal_correlation_with_vjp(
+    values_shape, kernel, algorithm
+):
   """The pure functions agree in float64, values and both cotangents."""
   table_shape = (*kernel, 4, values_shape[-1])
-  _assert_equals_correlation_with_vjp(
-      lambda_lib.position_lambdas_banded, values_shape, table_shape, 34
-  )
+  compute = getattr(lambda_lib, f'position_lambdas_{algorithm}')
+  _assert_equals_correlation_with_vjp(compute, values_shape, table_shape, 34)
 
 
 def test_banded_kernel_is_the_table_on_its_band():
@@ -699,8 +707,16 @@ def test_banded_kernel_is_the_table_on_its_band():
     np.testing.assert_array_equal(band[:, big_j, 0, j], want)
 
 
-def test_banded_bfloat16_and_vmap():
-  module = LambdaLayer(key_depth=K, heads=HEADS, position='conv', scope_size=3, dtype=jnp.bfloat16)
+@pytest.mark.parametrize('algorithm', ['banded', 'fft'])
+def test_banded_and_fft_bfloat16_and_vmap(algorithm):
+  module = LambdaLayer(
+      key_depth=K,
+      heads=HEADS,
+      position='conv',
+      scope_size=3,
+      position_algorithm=algorithm,
+      dtype=jnp.bfloat16,
+  )
   x = _x(SHAPES['2d'], seed=36)
   variables = _init(module, x, 9)
   y = _apply(module, variables, x)
