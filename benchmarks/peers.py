@@ -450,14 +450,14 @@ def area_candidates(pythons: dict[str, str]) -> list[Candidate]:
   return out
 
 
-def lambda_candidates(pythons: dict[str, str], position: str) -> list[Candidate]:
+def lambda_candidates(pythons: dict[str, str], position: str, batch: int) -> list[Candidate]:
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   from contextpool_jax.layers.lambda_layer import LambdaLayer
 
-  c = LAMBDA
+  c = {**LAMBDA, 'batch': batch}
   spec = dict(kind='timm_lambda', position=position, **c)
   label = 'global' if position == 'global' else f'conv (r = {c["scope"]})'
   out = [_peer(f'timm LambdaLayer {label}', 'PyTorch', pythons['torch'], spec)]
@@ -465,7 +465,9 @@ def lambda_candidates(pythons: dict[str, str], position: str) -> list[Candidate]
       np.random.default_rng(0).normal(size=(c['batch'], c['size'], c['size'], c['channels'])),
       jnp.float32,
   )
-  algorithms = ('auto', 'correlation')
+  # 'auto' (the default) and the algorithm it replaced as the default: for 'conv', 'banded'
+  # ('auto' takes 'fft' at r = 23 on 56x56); for 'global', 'correlation' ('auto': 'rows').
+  algorithms = ('auto', 'banded' if position == 'conv' else 'correlation')
   for algorithm in algorithms:
     module = LambdaLayer(
         key_depth=c['key_depth'],
@@ -558,6 +560,15 @@ def row_records(row: str, candidates: list[Candidate]) -> list[dict[str, Any]]:
   return records
 
 
+def _load(record: dict[str, Any]) -> str:
+  """The row's load: the load average and others' CPU while it was timed, and
+  'loaded' where the quiet-machine rule (benchmarks/quiet.py) would have refused it."""
+  if 'load_average' not in record:
+    return 'not recorded'
+  loaded = ' (loaded)' if record['measured_under_load'] else ''
+  return f'{record["load_average"]}, {record["others_cpu"]:.0%}{loaded}'
+
+
 def markdown(records: list[dict[str, Any]], repeats: int, note: str = '') -> str:
   lines = [
       f'Forward+backward and forward, median of {repeats} interleaved steps per candidate '
@@ -571,15 +582,17 @@ def markdown(records: list[dict[str, Any]], repeats: int, note: str = '') -> str
   lines += [
       '',
       '| row | implementation | f+b (ms) | forward (ms) | forward / peer | f+b / peer | '
-      'memory (MiB) | memory measure | f+b / standard attention (same framework) |',
-      '|---|---|---:|---:|---:|---:|---:|---|---:|',
+      'memory (MiB) | memory measure | f+b / standard attention (same framework) | '
+      "load average, others' CPU |",
+      '|---|---|---:|---:|---:|---:|---:|---|---:|---|',
   ]
   times = lambda r, key: f'{r[key]:.2f}x' if key in r else ''
   for r in records:
     lines.append(
         f'| {r["row"]} | {r["name"]} | {r["fb_ms"]:.0f} | {r["f_ms"]:.0f} | '
         f'{times(r, "f_vs_peer")} | {times(r, "fb_vs_peer")} | '
-        f'{r["memory_mib"]:.0f} | {r["memory_measure"]} | {times(r, "ratio")} |'
+        f'{r["memory_mib"]:.0f} | {r["memory_measure"]} | {times(r, "ratio")} | '
+        f'{_load(r)} |'
     )
   lines += ['', 'Versions and files:', '']
   seen = set()
@@ -602,6 +615,14 @@ def main(argv=None) -> None:
   parser.add_argument('--no_install', action='store_true', help='fail instead of installing')
   parser.add_argument('--out', default=None, help='also write the markdown here')
   parser.add_argument('--note', default='', help='a line printed under the header')
+  parser.add_argument(
+      '--batches', default=str(LAMBDA['batch']), help='the lambda rows at each of these batches'
+  )
+  parser.add_argument(
+      '--allow_load',
+      action='store_true',
+      help='keep a row timed while other processes used the machine (marked in the table)',
+  )
   args = parser.parse_args(argv)
   if args.worker:
     worker_main(json.loads(args.worker))
@@ -615,18 +636,26 @@ def main(argv=None) -> None:
   needed = {'tf'} if 'area' in rows else set()
   needed |= {'torch'} if any(r.startswith('lambda') for r in rows) else set()
   pythons = {name: ensure_env(root, name, not args.no_install, log) for name in sorted(needed)}
-  builders = {
-      'area': lambda: area_candidates(pythons),
-      'lambda_global': lambda: lambda_candidates(pythons, 'global'),
-      'lambda_conv': lambda: lambda_candidates(pythons, 'conv'),
-  }
+  from benchmarks import quiet  # pylint: disable=g-import-not-at-top  # not in the workers
+
+  batches = [int(b) for b in args.batches.split(',') if b]
+  jobs = [('area', lambda: area_candidates(pythons))] if 'area' in rows else []
+  for position in ('global', 'conv'):
+    if f'lambda_{position}' in rows:
+      for b in batches:
+        make = lambda position=position, b=b: lambda_candidates(pythons, position, b)
+        jobs.append((f'lambda_{position}, batch {b}', make))
   records = []
-  for row in rows:
+  for row, make in jobs:
     log(f'{row}: starting peers and compiling ...')
-    candidates = builders[row]()
+    candidates = make()
     try:
-      run_row(candidates, args.repeats, log)
-      records += row_records(row, candidates)
+      with quiet.watch() as load:
+        run_row(candidates, args.repeats, log)
+      quiet.check(load(), f'the {row} row', args.allow_load)
+      log(f'{row}: {load().describe()}')
+      for rec in row_records(row, candidates):
+        records.append({**rec, **load().fields()})
     finally:
       for cand in candidates:
         cand.close()

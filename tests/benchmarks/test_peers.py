@@ -80,3 +80,14 @@ def test_ours_relative_to_the_fastest_peer_forward_and_fb():
   assert ours['fb_vs_peer'] == pytest.approx(4 / 8)  # XLA's f+b is the faster
   assert all('f_vs_peer' not in r for n, r in recs.items() if not n.startswith('ours'))
   assert '| 0.50x | 0.50x |' in peers.markdown(list(recs.values()), repeats=1)
+
+
+def test_every_row_says_the_load_it_was_timed_under():
+  recs = peers.row_records(
+      'lambda_conv, batch 2', [_fake('timm', 'PyTorch', [5]), _fake('ours', 'JAX', [4])]
+  )
+  quiet = dict(load_average='1.07-1.10', others_cpu=0.004, measured_under_load=False)
+  loaded = dict(load_average='9.50-11.20', others_cpu=0.62, measured_under_load=True)
+  text = peers.markdown([{**recs[0], **quiet}, {**recs[1], **loaded}], repeats=1)
+  assert '| 1.07-1.10, 0% |' in text and '| 9.50-11.20, 62% (loaded) |' in text
+  assert '| not recorded |' in peers.markdown(recs, repeats=1)  # rows of an older run
