@@ -298,3 +298,13 @@ def make_text_files(root, sizes, seed=0):
     path.write_bytes(rng.integers(32, 127, size, np.uint8).tobytes())
     paths.append(path)
   return paths
+
+
+def load_config(name, arg=''):
+  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]`` (loaded by
+  the command line's loader, completed: every model field present)."""
+  from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
+
+  return command_line.load_config_file(
+      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
+  )

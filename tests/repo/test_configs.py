@@ -22,6 +22,7 @@ import tensorflow_datasets as tfds
 from contextpool_jax import models
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.training import command_line, spec, trainer
+from helpers import load_config
 from conftest import config_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -29,16 +30,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = config_cases()  # every argument of every config file
 
 
-def _load(name, arg):
-  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]``."""
-  return command_line.load_config_file(
-      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
-  )
-
-
 @pytest.mark.parametrize('name,arg', CONFIGS)
 def test_every_config_is_valid(name, arg):
-  config = _load(name, arg)
+  config = load_config(name, arg)
   model = spec.read(config).model  # every override is a field of the model
   assert config.model.name in models.available()
   assert type(model).__name__ in ('Transformer', 'TransformerLM', 'ViT', 'ResNet')
@@ -58,7 +52,7 @@ def test_every_config_is_valid(name, arg):
 def test_bad_config_argument_is_a_clear_error(name, arg):
   """The message names the file and the argument (and what is allowed)."""
   with pytest.raises(ConfigError, match=f'configs/{name}.py.*{arg!r}') as e:
-    _load(name, arg)
+    load_config(name, arg)
   assert 'expected' in str(e.value) or 'allowed values' in str(e.value)
 
 
@@ -77,7 +71,7 @@ def test_a_copied_config_directory_loads_its_own_common(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m.split('.')[0] == 'my_configs']:
       del sys.modules[name]
   assert config.seed == 7 and config.model.name == 'transformer_lm'
-  assert _load('default', '').seed == 0  # the checkout's configs/ are untouched
+  assert load_config('default', '').seed == 0  # the checkout's configs/ are untouched
   (tmp_path / 'alone.py').write_text(
       'import ml_collections\n\ndef get_config():\n'
       '  return ml_collections.ConfigDict(dict(model=dict(name="transformer_lm")))\n'
@@ -91,7 +85,7 @@ def test_a_config_name_is_a_module_of_the_configs_package(monkeypatch):
   lists the names."""
   monkeypatch.setattr(command_line, 'CONFIGS_PACKAGE', 'configs')
   assert 'default' in command_line.config_names() and 'common' not in command_line.config_names()
-  assert command_line.load_config_file('default:baseline') == _load('default', 'baseline')
+  assert command_line.load_config_file('default:baseline') == load_config('default', 'baseline')
   with pytest.raises(ConfigError, match='config defaults: not a config of configs .*wmt14'):
     command_line.load_config_file('defaults')
   monkeypatch.setattr(command_line, 'CONFIGS_PACKAGE', 'contextpool_jax.no_configs')
@@ -137,7 +131,7 @@ def test_char_lm_config_trains_on_a_small_corpus(name, tmp_path):
   with zipfile.ZipFile(buf, 'w') as z:
     z.writestr(name, data)
   (manual / f'{name}.zip').write_bytes(buf.getvalue())
-  config = _shrink(_load(name, 'stage1'))
+  config = _shrink(load_config(name, 'stage1'))
   config.dtype, config.remat = 'bfloat16', True  # the paper configs' compute settings
   config.batch_size = 4
   config.model.update(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2)
@@ -182,7 +176,7 @@ def _mock_wmt(n=200):
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', ['cp', 'area'])
 def test_wmt14_config_trains_and_reports_bleu(kind, tmp_path):
-  config = _shrink(_load('wmt14', f'en-de,tiny,{kind}'))
+  config = _shrink(load_config('wmt14', f'en-de,tiny,{kind}'))
   config.batch_size = 8
   config.model.update(vocab_size=48)
   config.dataset.update(vocab_size=48, max_source_len=16, max_target_len=16, eval_batch_size=8)
@@ -199,7 +193,7 @@ def _mock_images():
 
 @pytest.mark.slow
 def test_cifar10_resnet_config_trains(tmp_path):
-  config = _shrink(_load('cifar10_resnet', 'cp_resnet20'))
+  config = _shrink(load_config('cifar10_resnet', 'cp_resnet20'))
   config.batch_size = 4
   config.dataset.update(eval_batch_size=8)
   with _mock_images():
@@ -210,7 +204,7 @@ def test_cifar10_resnet_config_trains(tmp_path):
 @pytest.mark.slow
 def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
   # The real digits (offline, inside scikit-learn), prepared on first use in data_dir.
-  config = _shrink(_load('digits_resnet', 'cp_resnet20'))
+  config = _shrink(load_config('digits_resnet', 'cp_resnet20'))
   config.batch_size = 8
   config.dataset.data_dir = str(tmp_path / 'tfds')
   result = _run(config, tmp_path)
@@ -234,7 +228,7 @@ def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
 )
 def test_imagenet_configs_train(arg, overrides, tmp_path):
   family = 'imagenet_vit' if 'vit' in arg else 'imagenet_resnet'
-  config = _shrink(_load(family, arg))
+  config = _shrink(load_config(family, arg))
   config.batch_size = 4
   config.model.update(num_classes=1000)
   with config.unlocked():
@@ -257,7 +251,7 @@ def test_preset_context_pool_model_logs_pool_sizes(tmp_path):
   """A ContextPool model chosen by its preset name (``cp_resnet20``: the config's
   model section names no ``context_pool``) logs the Fig. 4 pooling sizes: the hook
   asks the built model whether it has ContextPool, not the config."""
-  config = _shrink(_load('cifar10_resnet', 'cp_resnet20'))
+  config = _shrink(load_config('cifar10_resnet', 'cp_resnet20'))
   config.batch_size = 4
   config.dataset.update(eval_batch_size=8)
   with config.unlocked():

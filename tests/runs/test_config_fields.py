@@ -5,26 +5,19 @@ import dataclasses
 
 import pytest
 
-from conftest import REPO, config_cases
+from helpers import load_config
+from conftest import config_cases
 from contextpool_jax import models
 from contextpool_jax.layers.context_pool import CONTEXT_POOL_MODEL_FIELDS
 from contextpool_jax.layers.context_pool import ContextPool
 from contextpool_jax.runs import config_fields
-from contextpool_jax.training import command_line
 
 CASES = config_cases()  # every argument of every config file
 
 
-def _load(name, arg):
-  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]`` (completed)."""
-  return command_line.load_config_file(
-      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
-  )
-
-
 @pytest.mark.parametrize('name,arg', CASES)
 def test_configs_hold_every_offered_field_and_none_the_model_sets(name, arg):
-  config = _load(name, arg)
+  config = load_config(name, arg)
   fields = config_fields.model_fields(config.model.name)
   assert set(config.model) == set(fields) | {'name'}
   assert not set(config.model) & set(config_fields.NOT_OFFERED)
@@ -52,7 +45,7 @@ def test_a_field_is_offered_unless_the_trainer_or_the_model_sets_it(name):
 
 
 def test_defaults_come_from_the_modules():
-  config = _load('default', '')
+  config = load_config('default', '')
   pool_defaults = ContextPool()
   for field in config_fields.context_pool_fields():
     assert config.model.context_pool[field] == getattr(pool_defaults, field), field
@@ -62,5 +55,5 @@ def test_defaults_come_from_the_modules():
   for field in set(config_fields.model_fields('cp_transformer_lm')) - listed:
     assert config.model[field] == getattr(lm, field), field
   # A preset's values, not the class defaults: the base NMT Transformer's sizes.
-  big = _load('wmt14', 'en-de,big,standard')
+  big = load_config('wmt14', 'en-de,big,standard')
   assert (big.model.num_layers, big.model.emb_dim, big.model.num_heads) == (6, 1024, 16)

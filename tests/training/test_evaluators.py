@@ -7,26 +7,19 @@ import ml_collections
 import optax
 import pytest
 
-from conftest import REPO
-from contextpool_jax.training import command_line, evaluators, spec, steps, tasks
+from helpers import load_config
+from contextpool_jax.training import evaluators, spec, steps, tasks
 
 NO_DEVICES = evaluators.Devices(
     state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
 )
 
 
-def _load(name, arg):
-  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]``."""
-  return command_line.load_config_file(
-      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
-  )
-
-
 @pytest.mark.parametrize('name,has_pool', [('cp_resnet20', True), ('resnet20', False)])
 def test_pool_size_hook_is_decided_by_the_model(name, has_pool):
   """The hook asks the built model (a preset name; the config names no
   ``context_pool``) whether it sows pooling sizes; without them it writes nothing."""
-  config = _load('cifar10_resnet', 'cp_resnet20')
+  config = load_config('cifar10_resnet', 'cp_resnet20')
   with config.unlocked():
     config.model = ml_collections.ConfigDict(dict(name=name, num_classes=10))  # no context_pool
   specs = spec.read(config)

@@ -5,19 +5,12 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from conftest import REPO
-from contextpool_jax.training import command_line, evaluators, spec, tasks
+from helpers import load_config
+from contextpool_jax.training import evaluators, spec, tasks
 
 NO_DEVICES = evaluators.Devices(
     state_shardings=None, data_sharding=None, eval_step_fn=None, eval_step=None
 )
-
-
-def _load(name, arg):
-  """The config ``train.py`` starts from for ``--config=configs/<name>.py[:arg]``."""
-  return command_line.load_config_file(
-      str(REPO / 'configs' / f'{name}.py') + (f':{arg}' if arg else '')
-  )
 
 
 def _task(config):
@@ -27,7 +20,7 @@ def _task(config):
 
 @pytest.mark.parametrize('bleu', [True, False])
 def test_a_translation_run_evaluates_bleu_after_each_splits_metrics_unless_off(bleu):
-  config = _load('wmt14', 'en-de,tiny,cp')
+  config = load_config('wmt14', 'en-de,tiny,cp')
   config.eval_bleu, config.beam_size, config.eval_bleu_batches = bleu, 3, 2
   evals = _task(config).evaluators(NO_DEVICES, ('validation', 'test'))
   kinds = [(type(e).__name__, e.split) for e in evals]
@@ -44,7 +37,7 @@ def test_a_translation_run_evaluates_bleu_after_each_splits_metrics_unless_off(b
 
 
 def test_a_classification_objective_takes_the_models_classes_and_the_runs_smoothing():
-  config = _load('cifar10_resnet', 'cp_resnet20')
+  config = load_config('cifar10_resnet', 'cp_resnet20')
   config.label_smoothing = 0.1
   objective = _task(config).objective
   assert isinstance(objective, tasks.objectives.Classification)
