@@ -134,6 +134,12 @@ def content_lambda(
   return jnp.einsum('bmku,bmvu->bkv', keys_normalized, values, precision=precision)
 
 
+def table_reach(kernel: Sequence[int], spatial: Sequence[int]) -> tuple[int, ...]:
+  """Per axis, the largest offset a centred table of odd sizes ``kernel`` holds that an
+  input of sizes ``spatial`` can reach: ``min((kernel - 1) // 2, spatial - 1)``."""
+  return tuple(min((t - 1) // 2, s - 1) for t, s in zip(kernel, spatial))
+
+
 def reachable_table(table: Array, spatial: Sequence[int]) -> tuple[Array, tuple[int, ...]]:
   """Crops a centred relative table to the offsets an input can reach.
 
@@ -146,7 +152,7 @@ def reachable_table(table: Array, spatial: Sequence[int]) -> tuple[Array, tuple[
     ``(cropped, reach)``: ``cropped`` is ``[*(2 * reach + 1), k, u]`` holding
     offsets ``-reach .. reach`` per axis, ``reach_i = min(c_i, spatial_i - 1)``.
   """
-  reach = tuple(min((t - 1) // 2, s - 1) for t, s in zip(table.shape[:-2], spatial))
+  reach = table_reach(table.shape[:-2], spatial)
   index = tuple(
       slice((t - 1) // 2 - r, (t - 1) // 2 + r + 1) for t, r in zip(table.shape[:-2], reach)
   )
@@ -231,7 +237,7 @@ def choose_position_algorithm(
   if position == 'conv':
     if len(spatial) != 2 or kernel is None:
       return 'banded'
-    reach = [min((t - 1) // 2, n - 1) for t, n in zip(kernel, spatial)]
+    reach = table_reach(kernel, spatial)
     return 'fft' if math.prod(2 * r + 1 for r in reach) > FFT_MIN_TAPS else 'banded'
   if position != 'global' or len(spatial) != 2:
     return 'correlation'
@@ -520,17 +526,22 @@ def _fft_size(n: int) -> int:
     m += 1
 
 
-def _fft_correlation(values: Array, table: Array, reach: Sequence[int], precision) -> Array:
-  """One example: ``[*spatial, v, u], [*(2 reach + 1), k, u] -> [v, *spatial, k]``."""
-  spatial, rank = values.shape[:-2], values.ndim - 2
-  sizes = tuple(_fft_size(s + r) for s, r in zip(spatial, reach))
-  axes = tuple(range(-rank, 0))
-  lhs = jnp.moveaxis(values, (-2, -1), (0, 1))  # [v, u, *spatial]: FFT axes minor
-  v_hat = jnp.fft.rfftn(lhs, s=sizes, axes=axes)
+def _table_spectrum(table: Array, reach: Sequence[int], sizes: Sequence[int]) -> Array:
+  """``[*(2 reach + 1), k, u] -> [k, u, *frequencies]``: the conjugate spectrum of the table
+  with offset ``o`` placed at index ``o mod N`` (so a product with a spectrum correlates)."""
+  axes = tuple(range(-len(sizes), 0))
   kernel = jnp.moveaxis(table, (-2, -1), (0, 1))  # [k, u, *kernel]
   pad = [(0, 0), (0, 0)] + [(0, n - (2 * r + 1)) for n, r in zip(sizes, reach)]
-  placed = jnp.roll(jnp.pad(kernel, pad), [-r for r in reach], axis=axes)  # offset o at o mod N
-  r_hat = jnp.conj(jnp.fft.rfftn(placed, s=sizes, axes=axes))
+  placed = jnp.roll(jnp.pad(kernel, pad), [-r for r in reach], axis=axes)
+  return jnp.conj(jnp.fft.rfftn(placed, s=sizes, axes=axes))
+
+
+def _fft_correlation(values: Array, r_hat: Array, sizes: Sequence[int], precision) -> Array:
+  """One example: ``[*spatial, v, u]`` and the table's spectrum -> ``[v, *spatial, k]``."""
+  spatial = values.shape[:-2]
+  axes = tuple(range(-len(sizes), 0))
+  lhs = jnp.moveaxis(values, (-2, -1), (0, 1))  # [v, u, *spatial]: FFT axes minor
+  v_hat = jnp.fft.rfftn(lhs, s=sizes, axes=axes)
   out_hat = jnp.einsum('vu...,ku...->vk...', v_hat, r_hat, precision=precision)
   out = jnp.fft.irfftn(out_hat, s=sizes, axes=axes)[(Ellipsis, *(slice(0, s) for s in spatial))]
   return jnp.moveaxis(out, 1, -1)  # [v, *spatial, k]
@@ -562,10 +573,11 @@ def position_lambdas_fft(values: Array, table: Array, *, precision: PrecisionLik
   """
   spatial = values.shape[1:-2]
   kernel, reach = reachable_table(table, spatial)
+  sizes = tuple(_fft_size(n + r) for n, r in zip(spatial, reach))
   work = jnp.promote_types(values.dtype, jnp.float32)
-  kernel = kernel.astype(work)
+  r_hat = _table_spectrum(kernel.astype(work), reach, sizes)  # once, shared by the examples
   out = lax.map(
-      lambda example: _fft_correlation(example, kernel, reach, precision), values.astype(work)
+      lambda example: _fft_correlation(example, r_hat, sizes, precision), values.astype(work)
   )
   return out.astype(values.dtype)
 
