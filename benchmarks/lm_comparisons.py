@@ -118,13 +118,19 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
 
 
 # Issue 68: every arm compared at a context is tuned at that context. Peak rate x
-# warm-up for the baseline and both ContextPool readings (pooled keys and values, the
-# config's; queries, keys and values, the paper's), seed 0, at the long setup, the
+# warm-up for the baseline, both ContextPool readings (pooled keys and values, the
+# config's; queries, keys and values, the paper's) and, at the contexts of the
+# comparisons, the baseline with rotary positions; seed 0, at the long setup, the
 # context at the same bytes per step (batch 16, 4 and 2). Run order: 1,024 bytes (the
 # result in question), then 2,048, then 256. A best setting at the edge of a range
 # extends that range before the comparisons use it (tuning_table says which).
 TUNING_ARMS = ('baseline', 'cp_kv', 'cp')
-TUNING_CONTEXTS = (1024, 2048, 256)
+ROTARY_BASELINE = 'baseline_rotary'
+COMPARED_CONTEXTS = (1024, 2048)
+TUNING = tuple(
+    (context, TUNING_ARMS + ((ROTARY_BASELINE,) if context in COMPARED_CONTEXTS else ()))
+    for context in (*COMPARED_CONTEXTS, 256)
+)
 TUNING_LRS = (2e-3, 4e-3, 8e-3)
 TUNING_WARMUPS = (50, 500)
 
@@ -140,8 +146,8 @@ def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
 def tuning_runs() -> list[Run]:
   return [
       tuning_run(arm, context, lr, warmup)
-      for context in TUNING_CONTEXTS
-      for arm in TUNING_ARMS
+      for context, arms in TUNING
+      for arm in arms
       for warmup in TUNING_WARMUPS
       for lr in TUNING_LRS
   ]
@@ -176,8 +182,8 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
       '| context | arm | warm-up | ' + ' | '.join(f'{lr:g}' for lr in TUNING_LRS) + ' | best |',
       '| ---: | --- | ---: | ' + ' | '.join('---:' for _ in TUNING_LRS) + ' | --- |',
   ]
-  for context in TUNING_CONTEXTS:
-    for arm in TUNING_ARMS:
+  for context, arms in TUNING:
+    for arm in arms:
       best = tuned_setting(results, arm, context)
       for warmup in TUNING_WARMUPS:
         cells = []
@@ -194,6 +200,43 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         )
         lines.append(f'| {context:,} | {arm} | {warmup} | ' + ' | '.join(cells) + f' | {verdict} |')
   return lines + ['']
+
+
+# Issue 68's comparisons: at each compared context, the baseline, both ContextPool
+# readings and the rotary baseline, each at its setting tuned at that context, 3 seeds
+# (seed 0 is its tuning run); at the longest context also the baseline at depth 4 (at
+# the depth-2 baseline's setting), the "more layers" reference.
+CONTEXT_ARMS = ('cp_kv', 'cp', ROTARY_BASELINE)
+MORE_LAYERS_DEPTH = 4
+
+
+def context_study(results: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
+  """The comparisons of :data:`COMPARED_CONTEXTS` whose baseline is tuned (its grid
+  done), with the arms tuned so far; empty until then. Each arm runs at its own best
+  rate and warm-up (:func:`tuned_setting`), at the edge of the grid or not (the table
+  says which)."""
+  comparisons = []
+  for context in COMPARED_CONTEXTS:
+    tuned_runs = {}
+    for arm in ('baseline', *CONTEXT_ARMS):
+      setting = tuned_setting(results, arm, context)
+      if setting is not None:
+        tuned_runs[arm] = tuning_run(arm, context, *setting[:2])
+    if 'baseline' not in tuned_runs:
+      continue
+    baseline = tuned_runs.pop('baseline')
+    arms = tuple(tuned_runs.values())
+    if context == COMPARED_CONTEXTS[-1]:
+      arms += (dataclasses.replace(baseline, depth=MORE_LAYERS_DEPTH),)
+    comparisons.append(
+        Comparison(
+            f'{context:,} bytes of context, each arm at its rate and warm-up tuned there',
+            baseline,
+            arms,
+            CONFIRM_SEEDS,
+        )
+    )
+  return comparisons
 
 
 def sweep_runs() -> list[Run]:
@@ -369,14 +412,10 @@ def report(
   by_key = {r['key']: r for r in results}
   lines = ['## ContextPool against the tuned baseline (representative splits)', '']
   lines += sweep_table(by_key)
-  if any(
-      tuning_run(a, c, lr, w).key in by_key
-      for a in TUNING_ARMS
-      for c in TUNING_CONTEXTS
-      for lr in TUNING_LRS
-      for w in TUNING_WARMUPS
-  ):
+  if any(r.key in by_key for r in tuning_runs()):
     lines += tuning_table(by_key)
+  for comparison in context_study(by_key):
+    lines += comparison_table(comparison, by_key, costs or {})
   for comparison in study(best_arm):
     lines += comparison_table(comparison, by_key, costs or {})
   if any(c.get('measured_under_load') for c in (costs or {}).values()):

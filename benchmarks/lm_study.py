@@ -44,7 +44,12 @@ are paired per seed.
   scikit-learn's 8x8 digits; reported as classification error (%);
 * ``tuning``: peak rate x warm-up (:data:`benchmarks.lm_comparisons.TUNING_LRS`,
   ``TUNING_WARMUPS``) of the baseline and both ContextPool readings at every
-  context compared (256, 1,024 and 2,048 bytes), seed 0 (issue 68);
+  context compared (256, 1,024 and 2,048 bytes), and of the baseline with rotary
+  positions (``baseline_rotary``) at 1,024 and 2,048, seed 0 (issue 68);
+* ``context``: at 1,024 and 2,048 bytes, each arm of the tuning at its tuned setting,
+  3 seeds, and at 2,048 the baseline at depth 4
+  (:func:`benchmarks.lm_comparisons.context_study`); a context's runs appear once its
+  baseline's tuning grid is done;
 * ``costs``: per (arm, depth, context) compiled GFLOPs of the trainer's step and its
   step time paired with the baseline's at the same depth and context
   (``benchmarks.harness``; run it on a quiet machine), for the runs of the
@@ -69,7 +74,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Iterable, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -163,6 +169,10 @@ LATE_ARMS = {
     'cp_kv_blockwise': Arm(
         'contextpool', dict(implementation='blockwise'), dict(context_pool_reads='kv')
     ),
+    # Issue 68: the baseline with rotary positions (RoPE), what current LMs use and a
+    # locality prior of its own, so that a ContextPool gain is not only the locality
+    # that sinusoidal positions lack.
+    'baseline_rotary': Arm('rotary', model=dict(positions='rotary')),
 }
 ARMS.update(LATE_ARMS)
 ABLATION_ARMS = tuple(a for a in ARMS if a not in ('baseline', 'cp') and a not in LATE_ARMS)
@@ -178,7 +188,17 @@ DIAGNOSED_SEEDS = (0,)
 DIAGNOSTIC_PERIOD = 500
 CORPORA = ('code', 'text')  # the LM corpora
 IMAGES = 'digits'  # the image data of the images group (configs/digits_resnet.py)
-GROUPS = ('depth', 'ablation', 'long', 'images', 'costs', 'sweep', 'comparisons', 'tuning')
+GROUPS = (
+    'depth',
+    'ablation',
+    'long',
+    'images',
+    'costs',
+    'sweep',
+    'comparisons',
+    'tuning',
+    'context',
+)
 # What each corpus reports (lower is better): bits per character, or the
 # classification error in percent.
 METRICS = {'code': 'bpc', 'text': 'bpc', IMAGES: 'error'}
@@ -217,12 +237,15 @@ def plan(
     long_arms: Sequence[str] = LONG_ARMS,
     image_depths: Sequence[int] = (20,),
     best_arm: str = 'cp_kv',
+    results: Mapping[str, Mapping[str, Any]] = MappingProxyType({}),
 ) -> list[Run]:
   """The training runs of ``groups``, in the order they run (seed-major, so a
   stopped study has complete comparisons for its first seeds), without duplicates.
-  ``sweep`` and ``comparisons`` are :mod:`benchmarks.lm_comparisons`'s runs
-  (their own seeds and sizes; ``best_arm`` joins the default ContextPool in
-  the longer-context and fewer-layers comparisons and is the prose arm)."""
+  ``sweep``, ``comparisons``, ``tuning`` and ``context`` are
+  :mod:`benchmarks.lm_comparisons`'s runs (their own seeds and sizes; ``best_arm``
+  joins the default ContextPool in the longer-context and fewer-layers comparisons
+  and is the prose arm; ``context`` reads the tuned settings from ``results``, the
+  study's results by key, and has runs only once a context's baseline is tuned)."""
   runs: list[Run] = []
   for seed in seeds:
     if 'depth' in groups:
@@ -245,11 +268,15 @@ def plan(
           for d in image_depths
           for a in ('baseline', 'cp')
       ]
-  if 'sweep' in groups or 'comparisons' in groups or 'tuning' in groups:
+  if {'sweep', 'comparisons', 'tuning', 'context'} & set(groups):
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
 
     if 'tuning' in groups:
       runs += lm_comparisons.tuning_runs()
+    if 'context' in groups:
+      by_seed = lambda r: (r.seed, r.seq_len or 0)
+      context = [r for c in lm_comparisons.context_study(results) for r in c.runs()]
+      runs += sorted(context, key=by_seed)
 
     if 'sweep' in groups:
       runs += lm_comparisons.sweep_runs()
@@ -1171,6 +1198,7 @@ def main(argv):
       long_arms=_LONG_ARMS.value,
       image_depths=[int(d) for d in _IMAGE_DEPTHS.value],
       best_arm=_BEST_ARM.value,
+      results={r['key']: r for r in load_results(study_dir)},
   )
   if _DRY_RUN.value:
     for run in runs:

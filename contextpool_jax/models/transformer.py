@@ -4,7 +4,7 @@
   sizes of the area attention paper (Li et al., 2019, Sec. 4.1): tiny (2
   layers, 128 hidden, 512 filter, 4 heads), small (2, 256, 1024, 4), base (6,
   512, 2048, 8), big (6, 1024, 4096, 16). Shared source/target/output
-  embeddings, sinusoidal positions, dropout.
+  embeddings, sinusoidal positions (or rotary: field ``positions``), dropout.
 * :class:`TransformerLM` -- the decoder-only character LM of the ContextPool
   paper (Sec. 4.1: 12 layers, 512 hidden, 8 heads, 2048 filter, 256 bytes; the
   paper's 39M-parameter model), strictly causal everywhere.
@@ -64,6 +64,7 @@ from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
 from contextpool_jax.models import tpu_attention
+from contextpool_jax.models.positions import POSITIONS, apply_rotary, sinusoidal_positions
 from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 from contextpool_jax.base.numerics import NEG_INF
 
@@ -74,20 +75,6 @@ ATTENTIONS = ('standard', 'local', 'area')
 # Dense kernels: Glorot/Xavier uniform, as tensor2tensor and flax's wmt example;
 # embeddings N(0, d^-1/2) scaled by sqrt(d) on input (Vaswani et al., Sec. 3.4).
 _KERNEL_INIT = nn.initializers.xavier_uniform()
-
-
-def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
-  """Sinusoidal position encodings ``[length, dim]`` (Vaswani et al., Sec. 3.5).
-
-  PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)),
-  interleaved. A static numpy constant: any length works (no maximum length).
-  """
-  position = np.arange(length, dtype=np.float64)[:, None]
-  div = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(10000.0) / dim))
-  pe = np.zeros((length, dim), np.float32)
-  pe[:, 0::2] = np.sin(position * div)
-  pe[:, 1::2] = np.cos(position * div)[:, : dim // 2]
-  return pe
 
 
 def causal_mask(length: int) -> Array:
@@ -142,6 +129,13 @@ class TransformerConfig(Fields):
       the CPU in Pallas interpret mode; standard attention: a local window is a
       ConfigError; :mod:`~contextpool_jax.models.tpu_attention`). It changes no
       parameter.
+    positions: how the model knows token order, one of
+      :data:`~contextpool_jax.models.positions.POSITIONS`: ``'sinusoidal'``
+      (the papers': added to the embeddings) or ``'rotary'`` (RoPE, Su et al.,
+      2021: every self-attention rotates its queries and keys by their
+      positions, the embeddings get none; cross-attention reads the encoder
+      output unrotated; not with area attention, whose keys are summaries of
+      spans; an even head size). :mod:`~contextpool_jax.models.positions`.
     local_window: tokens on each side (causal: before) for ``'local'``.
     num_area_layers: the first layers that use area attention (``'area'``).
     max_area_width: largest area (``'area'``).
@@ -187,6 +181,7 @@ class TransformerConfig(Fields):
   attention_dropout_rate: float = 0.0
   attention: str = 'standard'
   attention_implementation: Optional[str] = None
+  positions: str = 'sinusoidal'
   local_window: int = 64
   num_area_layers: int = 2
   max_area_width: int = 5
@@ -234,6 +229,25 @@ class TransformerConfig(Fields):
     if self.emb_dim % self.num_heads:
       raise ConfigError(
           f'{owner}.num_heads={self.num_heads!r} does not divide emb_dim={self.emb_dim!r}.'
+      )
+    self.check_positions(owner)
+
+  def check_positions(self, owner: str) -> None:
+    """``positions``: a known kind; rotary needs pairs of head features and no area attention."""
+    checks.check_choice(owner, 'positions', self.positions, POSITIONS)
+    if self.positions != 'rotary':
+      return
+    if self.attention == 'area':
+      raise ConfigError(
+          f"{owner}.positions='rotary' is not supported with attention='area' (an area's key "
+          "summarises a span of positions, which no one rotation fits); allowed with 'area': "
+          "positions='sinusoidal'."
+      )
+    if (self.emb_dim // self.num_heads) % 2:
+      raise ConfigError(
+          f"{owner}.positions='rotary' rotates pairs of head features, but the head size "
+          f'emb_dim / num_heads = {self.emb_dim} / {self.num_heads} = '
+          f'{self.emb_dim // self.num_heads} is odd; expected an even head size.'
       )
 
   def context_pool_layers(self) -> range:
@@ -370,12 +384,17 @@ class MultiHeadAttention(nn.Module):
     causal: mask keys after the query.
     decode: incremental decoding with a key/value cache (see above); for
       non-causal attention (standard or area), a cache of the fixed memory's keys and values.
+    rotary: rotate the queries and keys by their positions
+      (:func:`~contextpool_jax.models.positions.apply_rotary`; a self-attention of a
+      model with ``positions='rotary'``): positions ``0 .. length - 1``, or
+      ``cache_index`` for a decoding step, whose key enters the cache rotated.
   """
 
   config: TransformerConfig
   kind: str = 'standard'
   causal: bool = False
   decode: bool = False
+  rotary: bool = False
 
   @nn.compact
   def __call__(
@@ -429,6 +448,7 @@ class MultiHeadAttention(nn.Module):
     if self.kind == 'local':
       window = (cfg.local_window, 0 if self.causal else cfg.local_window)
     stepping = self.decode and self.has_variable('cache', 'cache_index')
+    q, k = self._rotate(q, k, stepping)
     padding = mask
     if self.causal and not stepping:
       if self.decode:  # the first call: create the cache for this length
@@ -457,6 +477,17 @@ class MultiHeadAttention(nn.Module):
           q, k, val, cfg.attention_implementation, mask=mask, local_window_size=window
       )
     return self._output(features, y)
+
+  def _rotate(self, q: Array, k: Array, stepping: bool) -> tuple[Array, Array]:
+    """Rotary positions (field ``rotary``; else ``q``, ``k`` as they are): ``0 .. length -
+    1``, or a decoding step's ``cache_index`` (the cache slot its key is written to)."""
+    if not self.rotary:
+      return q, k
+    if stepping:
+      positions = self.get_variable('cache', 'cache_index')[None]
+    else:
+      positions = jnp.arange(q.shape[1])
+    return apply_rotary(q, positions), apply_rotary(k, positions)
 
   def _output(self, features: int, y: Array) -> Array:
     """The output projection ``[batch, len, heads, head_dim] -> [batch, len, features]``."""
@@ -669,10 +700,16 @@ class TransformerLayer(nn.Module):
   decode: bool = False
   use_context_pool: bool = True
 
-  def make_attention(self, kind: str, causal: bool, name: str) -> MultiHeadAttention:
+  def make_attention(
+      self, kind: str, causal: bool, name: str, self_attention: bool
+  ) -> MultiHeadAttention:
     """The layer's attention modules (self and cross), all built here."""
     # decode: causal self-attention caches decoded tokens, cross-attention its memory.
-    return MultiHeadAttention(self.config, kind=kind, causal=causal, decode=self.decode, name=name)
+    # Rotary positions rotate a self-attention's queries and keys, never the memory's.
+    rotary = self_attention and self.config.positions == 'rotary'
+    return MultiHeadAttention(
+        self.config, kind=kind, causal=causal, decode=self.decode, rotary=rotary, name=name
+    )
 
   @nn.compact
   def __call__(
@@ -699,7 +736,7 @@ class TransformerLayer(nn.Module):
       pooled = pool(h, x_valid, self.deterministic)  # attention reads pooled features
     # Decoding: every cached token is real (a cache has no key mask).
     self_mask = None if self.decode else padding_mask(x_valid, x_valid)
-    h = self.make_attention(self.attention_kind, self.causal, 'self_attention')(
+    h = self.make_attention(self.attention_kind, self.causal, 'self_attention', True)(
         *self.attention_inputs(h, pooled), self_mask, self.deterministic
     )
     x = x + drop(h)
@@ -709,7 +746,7 @@ class TransformerLayer(nn.Module):
       kind = 'area' if self.attention_kind == 'area' else 'standard'
       h = norm(name='cross_attention_norm')(x)
       assert memory_valid is not None  # given with the memory
-      h = self.make_attention(kind, False, 'cross_attention')(
+      h = self.make_attention(kind, False, 'cross_attention', False)(
           h, memory, padding_mask(x_valid, memory_valid), self.deterministic
       )
       x = x + drop(h)
@@ -845,7 +882,8 @@ class _DecodePositions(nn.Module):
 
 
 class _Embedder(nn.Module):
-  """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions.
+  """Shared token embedding (scaled by sqrt(d), Vaswani Sec. 3.4) + sinusoidal positions
+  (none with ``positions='rotary'``: the self-attentions rotate their queries and keys).
 
   ``__call__(tokens, decode=False)``: with ``decode``, the first call (the
   full length) creates the position cache and later calls embed one token
@@ -869,6 +907,8 @@ class _Embedder(nn.Module):
   def __call__(self, tokens: Array, decode: bool = False) -> Array:
     d = self.config.emb_dim
     x = self.embedding(tokens) * math.sqrt(d)
+    if self.config.positions == 'rotary':  # the attention rotates; nothing is added
+      return x
     if decode:
       return x + self.decode_positions(tokens.shape[1], d).astype(x.dtype)
     pe = sinusoidal_positions(tokens.shape[1], d)

@@ -83,15 +83,23 @@ def test_runs_with_a_learning_rate_context_or_dropout_name_it_in_their_key(tmp_p
 def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_path):
   lc = lm_comparisons
   runs = _plan_code_depth_2(['tuning'])
-  assert len(runs) == len(set(runs)) == 3 * 3 * 3 * 2  # contexts x arms x rates x warm-ups
-  assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == {
+  # (contexts x arms + the rotary baseline at the two compared contexts) x rates x warm-ups
+  assert len(runs) == len(set(runs)) == (3 * 3 + 2) * 3 * 2
+  grid = lambda arms, contexts: {
       (a, c, lr, w, 0)
-      for a in ('baseline', 'cp_kv', 'cp')
-      for c in (256, 1024, 2048)
+      for a in arms
+      for c in contexts
       for lr in lc.TUNING_LRS
       for w in lc.TUNING_WARMUPS
   }
-  assert runs[0].seq_len == 1024 and runs[-1].seq_len is None  # the result in question first
+  assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == grid(
+      ('baseline', 'cp_kv', 'cp'), (256, 1024, 2048)
+  ) | grid(('baseline_rotary',), (1024, 2048))
+  # The result in question first: every 1,024-byte run, then 2,048, then 256.
+  order = [r.seq_len or 256 for r in runs]
+  assert order == sorted(order, key=(1024, 2048, 256).index)
+  c = lm_study.make_config(runs[-1 - 3 * 2 * 3], TINY, tmp_path)  # a 2,048-byte rotary run
+  assert c.model.positions == 'rotary' and c.model.context_pool is None
   assert all(lm_study.parse_key(r.key) == r for r in runs)
   run = runs[1]
   assert run.key == f'code-baseline-L2-n4000-s0-lr{run.lr:g}-ctx1024-wu{run.warmup}'
@@ -121,6 +129,63 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   assert lc.tuned_setting(partial, 'baseline', 1024) is None  # not until the grid is done
   table = '\n'.join(lc.tuning_table(results(edge)))
   assert '**1.000**' in table and 'rate at an edge: extend' in table
+
+
+def _fake_result(val_bpc, steps=4000):
+  return dict(
+      val_bpc=val_bpc,
+      test_bpc=val_bpc,
+      steps=steps,
+      val_curve=[(steps, val_bpc)],
+      train_curve=[(steps, val_bpc)],
+  )
+
+
+def _tuned_results(arms_contexts, best=(4e-3, 500)):
+  """Fake tuning results: every grid run of ``arms_contexts`` done, ``best`` lowest."""
+  lc = lm_comparisons
+  return {
+      lc.tuning_run(arm, context, lr, w).key: _fake_result(1.0 if (lr, w) == best else 2.0)
+      for arm, context in arms_contexts
+      for lr in lc.TUNING_LRS
+      for w in lc.TUNING_WARMUPS
+  }
+
+
+def test_context_comparisons_run_each_arm_at_its_tuned_setting_once_the_baseline_is_tuned():
+  lc = lm_comparisons
+  assert lc.context_study({}) == [] and _plan_code_depth_2(['context']) == []
+  # 1,024 bytes: the baseline and pooled keys and values tuned, the rest not yet.
+  results = _tuned_results([('baseline', 1024), ('cp_kv', 1024)]) | _tuned_results(
+      [('cp', 1024)], best=(2e-3, 50)
+  )
+  results.pop(lc.tuning_run('cp', 1024, 8e-3, 500).key)  # cp's grid unfinished
+  (at_1024,) = lc.context_study(results)
+  assert at_1024.baseline == lc.tuning_run('baseline', 1024, 4e-3, 500)
+  assert at_1024.arms == (lc.tuning_run('cp_kv', 1024, 4e-3, 500),)
+  # Both contexts tuned for every arm: 2,048 adds the depth-4 baseline at the baseline's setting.
+  everything = _tuned_results(
+      [(a, c) for a in ('baseline', *lc.CONTEXT_ARMS) for c in lc.COMPARED_CONTEXTS]
+  )
+  at_1024, at_2048 = lc.context_study(everything)
+  assert [r.arm for r in at_2048.arms] == ['cp_kv', 'cp', 'baseline_rotary', 'baseline']
+  assert at_2048.arms[-1].depth == 4 and at_2048.arms[-1].lr == at_2048.baseline.lr
+  assert all(r.seq_len == 2048 and (r.lr, r.warmup) == (4e-3, 500) for r in at_2048.arms)
+  runs = lm_study.plan(
+      ['context'],
+      corpora=['code'],
+      depths=[2],
+      seeds=[0],
+      sizes=TINY,
+      ablation_corpus='code',
+      ablation_depth=2,
+      results=everything,
+  )
+  assert len(runs) == 3 * (4 + 5)  # seeds x (arms of 1,024 + of 2,048), baselines included
+  assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed-major
+  assert {r.key for r in runs if r.seed == 0 and r.depth == 2} <= set(everything)  # reused
+  table = '\n'.join(lc.comparison_table(at_2048, everything, {}))
+  assert 'code-baseline_rotary-L2-n4000-lr0.004-ctx2048-wu500' in table
 
 
 def test_text_corpus_is_the_python_reference_topics(tmp_path):

@@ -142,6 +142,16 @@ MODEL_CASES = {
         num_layers=3, scan_layers=True, context_pool={}, context_pool_last_layer=1
     ),
     'scan_local_remat': dict(num_layers=3, scan_layers=True, remat=True, attention='local'),
+    'rotary': dict(positions='rotary'),
+    'rotary_scan_local_cp_kv': dict(
+        num_layers=3,
+        scan_layers=True,
+        positions='rotary',
+        attention='local',
+        local_window=2,
+        context_pool={},
+        context_pool_reads='kv',
+    ),
 }
 SOURCE = jnp.array([[3, 4, 5, 6, 1, 0, 0], [7, 1, 0, 0, 0, 0, 0]], jnp.int32)  # padded source
 
@@ -198,7 +208,18 @@ def test_transformer_cached_decoding_equals_full_forward(case):
 
 
 @pytest.mark.parametrize(
-    'case', ['standard', 'local', 'area_concat', 'cp', 'scan_cp', 'cp_split', 'cp_below_top']
+    'case',
+    [
+        'standard',
+        'local',
+        'area_concat',
+        'cp',
+        'scan_cp',
+        'cp_split',
+        'cp_below_top',
+        'rotary',
+        'rotary_scan_local_cp_kv',
+    ],
 )
 @pytest.mark.sweep
 def test_lm_cached_decoding_equals_full_forward(case):

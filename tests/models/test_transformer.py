@@ -105,6 +105,8 @@ CAUSAL_CASES = [dict(attention=k) for k in KINDS] + [
     dict(context_pool={'gate': True}, context_pool_reads='q'),
     dict(context_pool={}, context_pool_heads=1, attention='local'),
     dict(context_pool={}, context_pool_position='mlp_input'),
+    dict(positions='rotary'),
+    dict(positions='rotary', attention='local', context_pool={}, context_pool_reads='kv'),
 ]
 
 
@@ -149,6 +151,47 @@ def test_decoder_is_causal_and_encoder_padding_never_changes_real_outputs(case):
     changed = apply(params, padded, targets.at[:, j].set((targets[:, j] % 49) + 1))
     np.testing.assert_array_equal(np.asarray(changed[:, : j + 1]), np.asarray(base[:, : j + 1]))
     assert not np.allclose(changed[:, j + 1], base[:, j + 1])
+
+
+@pytest.mark.parametrize(
+    'case',
+    [dict(positions='rotary'), dict(positions='rotary', context_pool={}, attention='local')],
+    ids=_case_id,
+)
+def test_causal_stack_jacobian_is_exactly_zero_above_the_diagonal(case):
+  """d y_i / d x_j = 0 exactly for every j > i: a causal stack with rotary positions
+  (the rotation is per position, so it cannot mix the future in)."""
+  config = T.TransformerConfig(**TINY, local_window=3, **case)
+  stack = T.TransformerStack(config, causal=True)
+  x = jax.random.normal(jax.random.key(3), (1, 7, TINY['emb_dim']))
+  valid = jnp.ones((1, 7), bool)
+  params = _init(stack, x, valid)
+  jac = jax.jit(jax.jacrev(lambda z: stack.apply(params, z, valid)[0]))(x)[:, :, 0]  # [n,d,n,d]
+  energy = np.asarray(jnp.abs(jac).sum(axis=(1, 3)))  # [i, j]
+  assert np.all(energy[np.triu_indices(7, k=1)] == 0.0)
+  assert np.all(energy[np.tril_indices(7)] > 0.0)  # every earlier position is read
+
+
+def test_rotary_positions_rotate_self_attention_only():
+  """With rotary positions the embeddings carry no position (the same token at two
+  places embeds the same), the self-attentions rotate, the cross-attention does not:
+  permuting the encoder output's positions (with its mask) leaves the decoder unchanged."""
+  model = T.Transformer(**TINY, positions='rotary')
+  inputs, targets = _tokens((1, 6)), _tokens((1, 5), seed=1)
+  params = _init(model, inputs, targets)
+  same = jnp.full((1, 2), 7, jnp.int32)
+  embedded = model.apply(params, same, method=lambda m, t: m.embedder(t))
+  chex.assert_trees_all_equal(embedded[:, 0], embedded[:, 1])
+  encoded = model.apply(params, inputs, method=model.encode)
+  perm = jnp.array([3, 1, 5, 0, 2, 4])
+  decode = lambda e, i: model.apply(params, e, i, targets, method=model.decode)
+  chex.assert_trees_all_close(
+      decode(encoded[:, perm], inputs[:, perm]), decode(encoded, inputs), atol=1e-5
+  )
+  sinusoidal = T.Transformer(**TINY)
+  assert not np.allclose(
+      sinusoidal.apply(params, inputs, targets), model.apply(params, inputs, targets), atol=1e-3
+  )
 
 
 def _ref_attention(p, q_in, kv_in):
@@ -402,11 +445,26 @@ def test_overfits_one_batch(name):
         ('context_pool_heads', 0),
         ('context_pool_first_layer', -1),
         ('context_pool_last_layer', -1),
+        ('positions', 'learned'),
     ],
 )
 def test_bad_options_raise(field, value):
   with pytest.raises(ValueError, match=field):
     T.TransformerLM(**dict(TINY, **{field: value})).init(jax.random.key(0), _tokens((1, 4)))
+
+
+@pytest.mark.parametrize(
+    'fields,message',
+    [
+        (dict(attention='area'), r"positions='rotary' is not supported with attention='area'"),
+        (dict(emb_dim=30, num_heads=2), r'head size emb_dim / num_heads = 30 / 2 = 15 is odd'),
+    ],
+)
+def test_rotary_positions_refuse_what_they_cannot_rotate(fields, message):
+  with pytest.raises(ValueError, match=message):
+    T.TransformerLM(**{**TINY, **fields}, positions='rotary').init(
+        jax.random.key(0), _tokens((1, 4))
+    )
 
 
 def test_bad_context_pool_override_raises():
