@@ -63,7 +63,7 @@ from contextpool_jax.layers.area_attention import AreaAttention
 from contextpool_jax.layers.area_attention import KEY_MODES as AREA_KEY_MODES
 from contextpool_jax.layers.area_attention import VALUE_MODES as AREA_VALUE_MODES
 from contextpool_jax.layers.context_pool import make_context_pool
-from contextpool_jax.models import tpu_attention
+from contextpool_jax.layers import tpu_attention
 from contextpool_jax.models.positions import POSITIONS, apply_rotary, sinusoidal_positions
 from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 from contextpool_jax.base.numerics import NEG_INF
@@ -126,9 +126,10 @@ class TransformerConfig(Fields):
       can, else XLA), ``'xla'``, ``'cudnn'`` (GPU only: elsewhere a ConfigError
       when the model is traced, before XLA compiles), or ``'pallas_tpu'``: jax's
       Pallas TPU flash-attention kernel, memory linear in the length (TPU, or
-      the CPU in Pallas interpret mode; standard attention: a local window is a
-      ConfigError; :mod:`~contextpool_jax.models.tpu_attention`). It changes no
-      parameter.
+      the CPU in Pallas interpret mode; a local window is a ConfigError;
+      :mod:`~contextpool_jax.layers.tpu_attention`), which area attention also
+      takes (over its area keys and values: ``AreaAttention.implementation``).
+      It changes no parameter.
     positions: how the model knows token order, one of
       :data:`~contextpool_jax.models.positions.POSITIONS`: ``'sinusoidal'``
       (the papers': added to the embeddings) or ``'rotary'`` (RoPE, Su et al.,
@@ -412,20 +413,7 @@ class MultiHeadAttention(nn.Module):
           f'all real); got a mask of shape {jnp.shape(mask)}.'
       )
     if self.kind == 'area':
-      if isinstance(inputs_q, HeadMix) or isinstance(inputs_kv, HeadMix):
-        raise ConfigError('MultiHeadAttention: area attention takes arrays, not a HeadMix.')
-      return AreaAttention(
-          num_heads=cfg.num_heads,
-          max_area_width=cfg.max_area_width,
-          key_mode=cfg.area_key_mode,
-          value_mode=cfg.area_value_mode,
-          causal=self.causal,
-          dropout_rate=cfg.attention_dropout_rate,
-          decode=self.decode,
-          dtype=cfg.dtype,
-          param_dtype=cfg.param_dtype,
-          name='area',
-      )(inputs_q, inputs_kv, mask, deterministic)
+      return self._area(inputs_q, inputs_kv, mask, deterministic)
     if features % cfg.num_heads:
       raise ConfigError(
           f'MultiHeadAttention: features={features} is not divisible by '
@@ -477,6 +465,32 @@ class MultiHeadAttention(nn.Module):
           q, k, val, cfg.attention_implementation, mask=mask, local_window_size=window
       )
     return self._output(features, y)
+
+  def _area(
+      self,
+      inputs_q: Array | HeadMix,
+      inputs_kv: Array | HeadMix,
+      mask: Optional[Array],
+      deterministic: bool,
+  ) -> Array:
+    """Area attention (``kind='area'``): :class:`AreaAttention` with this config's area
+    fields; through the Pallas TPU kernel with ``attention_implementation='pallas_tpu'``."""
+    cfg = self.config
+    if isinstance(inputs_q, HeadMix) or isinstance(inputs_kv, HeadMix):
+      raise ConfigError('MultiHeadAttention: area attention takes arrays, not a HeadMix.')
+    return AreaAttention(
+        num_heads=cfg.num_heads,
+        max_area_width=cfg.max_area_width,
+        key_mode=cfg.area_key_mode,
+        value_mode=cfg.area_value_mode,
+        causal=self.causal,
+        dropout_rate=cfg.attention_dropout_rate,
+        decode=self.decode,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        implementation='pallas_tpu' if cfg.attention_implementation == 'pallas_tpu' else None,
+        name='area',
+    )(inputs_q, inputs_kv, mask, deterministic)
 
   def _rotate(self, q: Array, k: Array, stepping: bool) -> tuple[Array, Array]:
     """Rotary positions (field ``rotary``; else ``q``, ``k`` as they are): ``0 .. length -

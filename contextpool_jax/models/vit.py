@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.base import checks
 from contextpool_jax.layers.context_pool import make_context_pool
-from contextpool_jax.models import tpu_attention
+from contextpool_jax.layers import tpu_attention
 from contextpool_jax.models.common import Fields, bundle, remat, remat_policy
 
 Array = jax.Array
@@ -213,7 +213,7 @@ class ViTConfig(Fields):
     attention_dropout_rate: dropout on the attention weights.
     attention_implementation: None (flax's attention) or ``'pallas_tpu'``
       (jax's Pallas TPU flash-attention kernel, memory linear in the number of
-      tokens: :mod:`~contextpool_jax.models.tpu_attention`; no attention dropout).
+      tokens: :mod:`~contextpool_jax.layers.tpu_attention`; no attention dropout).
     context_pool: None: plain ViT; a mapping (possibly empty): CP-ViT with
       these ContextPool field overrides.
     context_pool_position: ``'block' | 'attention'`` (see :class:`ViT`).

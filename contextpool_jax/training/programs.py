@@ -57,7 +57,7 @@ def abstract_batches(task: tasks.Task, run: spec_lib.RunSpec, data_sharding) -> 
 def under_mesh(step: Callable, mesh) -> Callable:
   """``step`` traced under ``mesh`` (as an abstract mesh): what the model sees through
   ``jax.sharding.get_abstract_mesh()``, so that a kernel XLA cannot partition (the Pallas
-  TPU attention: ``models/tpu_attention.py``) runs per device on its rows. The shardings
+  TPU attention: ``layers/tpu_attention.py``) runs per device on its rows. The shardings
   stay the jitted step's own (``Auto`` axes)."""
 
   @functools.wraps(step)  # the step's own name in traces and profiles

@@ -159,6 +159,16 @@ SMALL_CONFIGS['translation, pallas_tpu'] = (
     {**SMALL_CONFIGS['translation'][1], **KERNEL},
 )
 SMALL_CONFIGS['vit, pallas_tpu'] = (SMALL_CONFIGS['vit'][0], {**SMALL_CONFIGS['vit'][1], **KERNEL})
+# Area attention through the kernel: the LM's causal self-attention (areas grouped by their
+# last item), the translation model's encoder, decoder and cross-attention.
+SMALL_CONFIGS['lm, area, pallas_tpu'] = (
+    'default:baseline',
+    {'batch_size': 8, 'model.attention': 'area', **KERNEL},
+)
+SMALL_CONFIGS['translation, area, pallas_tpu'] = (
+    'wmt14:en-de,tiny,area',
+    {**SMALL_CONFIGS['translation'][1], **KERNEL},
+)
 
 
 @pytest.mark.slow

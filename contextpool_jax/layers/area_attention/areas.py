@@ -93,6 +93,11 @@ class AreaLayout(NamedTuple):
   def num_areas(self) -> int:
     return int(self.row.shape[0])
 
+  @property
+  def size(self) -> int:
+    """Items in the memory (``grid_height * grid_width``)."""
+    return self.grid_height * self.grid_width
+
 
 def check_area_options(
     owner: str, max_area_width: Any, max_area_height: Any, memory_height: Any

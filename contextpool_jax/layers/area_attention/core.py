@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
+from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers.area_attention.areas import AreaFeatures
+from contextpool_jax.layers.area_attention.areas import AreaLayout
+from contextpool_jax.layers.area_attention.areas import area_sums
 from contextpool_jax.layers.area_attention.areas import compute_area_features
 from contextpool_jax.layers.area_attention.attend import attend
 from contextpool_jax.layers.area_attention.keys import base_area_key
@@ -18,6 +22,8 @@ from contextpool_jax.layers.area_attention.through_items import attend_through_i
 from contextpool_jax.layers.area_attention.validate import AreaSettings
 from contextpool_jax.layers.area_attention.validate import check_function_call
 from contextpool_jax.layers.area_attention.validate import needs_rng
+from contextpool_jax.layers.tpu_attention import flash_attention_over_groups
+from contextpool_jax.layers.tpu_attention import segment_ids
 
 Array = jax.Array
 
@@ -50,10 +56,16 @@ def area_attention(
   takes :func:`~.through_items.attend_through_items` instead, the same attention computed
   from item logits: ordinary attention's matrix products, ~5x fewer FLOPs at
   width 5, and the fast backward pass (the other modes need the features).
+  ``settings.implementation='pallas_tpu'`` takes :func:`flash_over_areas` (any key
+  mode: the area keys and values, then jax's flash kernel over them), except with
+  dropout, which the kernel does not have.
   """
-  key_mode, value_mode, std_epsilon = settings.key_mode, settings.value_mode, settings.std_epsilon
+  key_mode, value_mode = settings.key_mode, settings.value_mode
   dropout_rate = settings.dropout_rate
   layout = settings.layout(key.shape[1])
+  if settings.implementation == 'pallas_tpu' and dropout_rng is None:
+    area_keys, area_values = area_keys_values(key, value, layout, settings, sample_rng, learned_key)
+    return flash_over_areas(query, area_keys, area_values, mask, layout, settings.causal, scale)
   allowed = area_mask(mask, layout, query.shape[1], settings.causal)
   if learned_key is None and is_linear_in_items(key_mode, value_mode, sample_rng):
     return attend_through_items(
@@ -67,16 +79,7 @@ def area_attention(
         dropout_rate=dropout_rate,
         dropout_rng=dropout_rng,
     )
-  key_feats = compute_area_features(
-      key, layout, features=key_features(key_mode), std_epsilon=std_epsilon
-  )
-  value_feats = compute_area_features(
-      value, layout, features=(value_mode,), std_epsilon=std_epsilon
-  )
-  area_keys = base_area_key(key_feats, key_mode, sample_rng)
-  if learned_key is not None:
-    area_keys = learned_key(area_keys, key_feats)
-  area_values = getattr(value_feats, value_mode)  # 'sum', 'mean' or 'max'
+  area_keys, area_values = area_keys_values(key, value, layout, settings, sample_rng, learned_key)
   return attend(
       query,
       area_keys,
@@ -86,6 +89,101 @@ def area_attention(
       dropout_rate=dropout_rate,
       dropout_rng=dropout_rng,
   )
+
+
+def area_keys_values(
+    key: Array,
+    value: Array,
+    layout: AreaLayout,
+    settings: AreaSettings,
+    sample_rng: Array | None,
+    learned_key: Callable[[Array, AreaFeatures], Array] | None,
+) -> tuple[Array, Array]:
+  """Every area's key (the base feature of ``settings.key_mode``, mapped by
+  ``learned_key`` for the learned modes, Eq. 9) and value (``value_mode`` of the
+  items, Eq. 4), ``[batch, num_areas, heads, depth(_v)]`` in ``layout``'s order."""
+  key_feats = compute_area_features(
+      key, layout, features=key_features(settings.key_mode), std_epsilon=settings.std_epsilon
+  )
+  value_feats = compute_area_features(
+      value, layout, features=(settings.value_mode,), std_epsilon=settings.std_epsilon
+  )
+  area_keys = base_area_key(key_feats, settings.key_mode, sample_rng)
+  if learned_key is not None:
+    area_keys = learned_key(area_keys, key_feats)
+  return area_keys, getattr(value_feats, settings.value_mode)  # 'sum', 'mean' or 'max'
+
+
+def flash_over_areas(
+    query: Array,
+    area_keys: Array,
+    area_values: Array,
+    mask: Array | None,
+    layout: AreaLayout,
+    causal: bool,
+    scale: float | None,
+) -> Array:
+  """Attention over the areas by jax's Pallas TPU flash kernel
+  (``implementation='pallas_tpu'``): no ``[q_len, num_areas]`` logits are stored.
+
+  The kernel masks by segment ids (and causality), so ``mask`` must be padding: an
+  outer product of the queries' and the items' validity (what the Transformers pass);
+  an area is valid when every item in it is. Causal (1D self-attention): the areas
+  are laid out by their last item, ``max_area_width`` slots per position (areas that
+  would start before the memory are invalid slots), so "every item ``<= i``" is the
+  kernel's causal mask over groups (:func:`~contextpool_jax.layers.tpu_attention.
+  flash_attention_over_groups`). As with the Transformers' kernel path, padding
+  queries' outputs (and a query with no valid area, which the dense path zeroes)
+  are not the dense path's; real queries' are."""
+  batch, q_len = query.shape[:2]
+  q_valid, kv_valid = (ids.astype(bool) for ids in segment_ids(mask, batch, q_len, layout.size))
+  invalid = jnp.logical_not(kv_valid).astype(jnp.int32)
+  grid = invalid.reshape(batch, layout.grid_height, layout.grid_width)
+  area_valid = area_sums(grid, layout, axis=1) == 0  # [batch, num_areas]
+  if not causal:
+    return flash_attention_over_groups(
+        query,
+        area_keys,
+        area_values,
+        q_valid=q_valid,
+        kv_valid=area_valid,
+        causal=False,
+        scale=scale,
+    )
+  if layout.grid_height != 1 or q_len != layout.size:
+    raise ConfigError(
+        "area attention with implementation='pallas_tpu' and causal=True needs a 1D "
+        f'self-attention (memory_height 1, q_len == kv_len); got a memory of '
+        f'{layout.grid_height} x {layout.grid_width} items and q_len {q_len}. Use '
+        'implementation=None there.'
+    )
+  by_end = lambda a: _areas_by_last_item(a, layout)
+  return flash_attention_over_groups(
+      query,
+      by_end(area_keys),
+      by_end(area_values),
+      q_valid=q_valid,
+      kv_valid=by_end(area_valid),
+      causal=True,
+      keys_per_position=len(layout.shapes),
+      scale=scale,
+  )
+
+
+def _areas_by_last_item(a: Array, layout: AreaLayout) -> Array:
+  """A per-area array of a 1D layout (``[batch, num_areas, ...]``, width-major, by
+  first item) as ``[batch, length * widths, ...]``: position ``e``'s slots hold the
+  areas ending at ``e``, width 1 first; an area of width ``w`` ending before
+  ``w - 1`` does not exist and its slot is zero (False)."""
+  n, blocks, start = layout.size, [], 0
+  for _, w in layout.shapes:
+    block = jax.lax.slice_in_dim(a, start, start + n - w + 1, axis=1)
+    pad = [(0, 0)] * a.ndim
+    pad[1] = (w - 1, 0)
+    blocks.append(jnp.pad(block, pad))
+    start += n - w + 1
+  stacked = jnp.stack(blocks, axis=2)  # [batch, n, widths, ...]
+  return stacked.reshape((a.shape[0], n * len(layout.shapes)) + a.shape[2:])
 
 
 def dot_product_area_attention(
@@ -105,11 +203,11 @@ def dot_product_area_attention(
     rng: Array | None = None,
     deterministic: bool = True,
     std_epsilon: float = 1e-6,
+    implementation: str | None = None,
 ) -> Array:
   """Parameter-free area attention (basic form: Eq. 3-4; Eq. 1-2 over areas).
 
-  Every area of the key/value memory (see :func:`area_layout`) gets a key and
-  a value computed from its items with summed area tables / sliding maxima
+  Every area of the memory (:func:`area_layout`) gets a key and a value from its items
   (:func:`area_features`), then each query attends over all areas it may see.
 
   Key modes available here (the learned ones need :class:`AreaAttention`):
@@ -141,6 +239,7 @@ def dot_product_area_attention(
     rng: PRNG key for dropout and for ``'sample'`` noise.
     deterministic: no dropout, no sampling noise.
     std_epsilon: variance floor inside the std (``'sample'`` only).
+    implementation: None (dense) or ``'pallas_tpu'`` (:func:`flash_over_areas`).
 
   Returns:
     ``[batch, q_len, heads, depth_v]``. Queries with no attendable area get 0.
@@ -158,6 +257,7 @@ def dot_product_area_attention(
       causal=causal,
       dropout_rate=dropout_rate,
       std_epsilon=std_epsilon,
+      implementation=implementation,
   )
   check_function_call(owner, settings, query, key, value, mask, scale, rng, deterministic)
   sample_rng, dropout_rng = _split_rng(

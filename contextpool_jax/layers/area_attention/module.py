@@ -114,6 +114,10 @@ class AreaAttention(StreamingMixin, nn.Module):
       kv_len, heads, depth]``) and later calls read them instead of
       projecting the memory again; the areas and the mask are those of the
       ordinary call.
+    implementation: None (the dense softmax over the areas) or ``'pallas_tpu'``
+      (jax's Pallas TPU flash kernel over the area keys and values: memory linear in
+      the length; padding masks only; not for dropout in training or the decoding
+      steps, which take the dense path; :func:`~.core.flash_over_areas`).
   """
 
   num_heads: int
@@ -136,6 +140,7 @@ class AreaAttention(StreamingMixin, nn.Module):
   bias_init: Initializer = nn.initializers.zeros_init()
   use_bias: bool = True
   decode: bool = False
+  implementation: str | None = None
 
   @nn.compact
   def __call__(
@@ -204,6 +209,7 @@ class AreaAttention(StreamingMixin, nn.Module):
         causal=self.causal,
         dropout_rate=self.dropout_rate,
         std_epsilon=self.std_epsilon,
+        implementation=self.implementation,
     )
 
   def _project_heads(self, x_q: Array, x_kv: Array, head_dim: int) -> tuple[Array, Array, Array]:

@@ -30,6 +30,8 @@ from contextpool_jax.layers.area_attention.keys import PARAMETER_FREE_KEY_MODES
 from contextpool_jax.layers.area_attention.keys import VALUE_MODES
 
 Array = jax.Array
+# AreaSettings.implementation: the dense softmax (None) or the Pallas TPU kernel.
+IMPLEMENTATIONS = (None, 'pallas_tpu')
 
 
 class AreaSettings(NamedTuple):
@@ -44,6 +46,10 @@ class AreaSettings(NamedTuple):
     causal: also mask items ``j > i`` (raster order in 2D, top-left aligned).
     dropout_rate: dropout on the attention probabilities.
     std_epsilon: variance floor inside the area std.
+    implementation: one of :data:`IMPLEMENTATIONS`: None, the dense softmax over
+      every query's areas (``[batch, heads, q_len, num_areas]`` probabilities), or
+      ``'pallas_tpu'``, jax's Pallas TPU flash-attention kernel over the area keys
+      and values, memory linear in the length (:func:`~.core.area_attention`).
   """
 
   max_area_width: Any
@@ -54,6 +60,7 @@ class AreaSettings(NamedTuple):
   causal: Any
   dropout_rate: Any
   std_epsilon: Any
+  implementation: Any = None
 
   def layout(self, kv_len: int) -> AreaLayout:
     """The areas of a memory of ``kv_len`` items (:func:`area_layout`)."""
@@ -75,6 +82,7 @@ def check_config(owner: str, settings: AreaSettings) -> None:
   checks.check_probability(owner, 'dropout_rate', settings.dropout_rate)
   checks.check_choice(owner, 'causal', settings.causal, (False, True))
   checks.check_positive(owner, 'std_epsilon', settings.std_epsilon, allow_zero=True)
+  checks.check_choice(owner, 'implementation', settings.implementation, IMPLEMENTATIONS)
 
 
 def check_memory(

@@ -69,11 +69,65 @@ def flash_attention(
   """Softmax attention of ``q`` ``[batch, q_len, heads, head_dim]`` over ``k`` / ``v``
   ``[batch, kv_len, heads, head_dim]`` by the Pallas TPU kernel; ``mask``: the padding
   mask (without the causal part: ``causal`` says that); output like ``q``."""
-  batch, q_len, _, head_dim = q.shape
+  batch, q_len, _, _ = q.shape
   kv_len = k.shape[1]
   if causal and q_len != kv_len:
     raise ValueError(f'causal flash attention needs q_len == kv_len, got {q_len} and {kv_len}.')
   q_ids, kv_ids = segment_ids(mask, batch, q_len, kv_len)
+  return _flash(q, k, v, q_ids, kv_ids, causal=causal, scale=None)
+
+
+def flash_attention_over_groups(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    q_valid: Array,
+    kv_valid: Array,
+    causal: bool,
+    keys_per_position: int = 1,
+    scale: Optional[float] = None,
+) -> Array:
+  """Flash attention with each side's validity given (``q_valid`` ``[batch, q_len]``,
+  ``kv_valid`` ``[batch, kv_len]``, bool) instead of a mask, and, for ``causal``, keys
+  in groups: key ``a`` belongs to position ``a // keys_per_position`` and query ``i``
+  reads the keys of positions ``<= i`` (``kv_len = q_len * keys_per_position``). Area
+  attention's path (:mod:`~contextpool_jax.layers.area_attention.core`): its areas
+  ordered by their last item, ``keys_per_position`` areas ending at each position.
+
+  The kernel's causal mask compares a query's and a key's index, so each query is
+  placed at the last slot of its group in a sequence of ``kv_len`` queries (the other
+  slots zero, their outputs dropped): the memory stays linear in the length, the
+  attention's FLOPs grow ``keys_per_position`` times. ``scale``: the logits' (None:
+  ``1 / sqrt(head_dim)``)."""
+  g = keys_per_position
+  batch, q_len, heads, depth = q.shape
+  q_ids, kv_ids = q_valid.astype(jnp.int32), kv_valid.astype(jnp.int32)
+  if not causal or g == 1:
+    return _flash(q, k, v, q_ids, kv_ids, causal=causal, scale=scale)
+  if k.shape[1] != q_len * g:
+    raise ValueError(
+        f'grouped causal flash attention needs kv_len = q_len * keys_per_position = '
+        f'{q_len} * {g}; got kv_len {k.shape[1]}.'
+    )
+  slots = jnp.zeros((batch, q_len, g, heads, depth), q.dtype).at[:, :, -1].set(q)
+  ids = jnp.repeat(q_ids, g, axis=1)
+  out = _flash(slots.reshape(batch, q_len * g, heads, depth), k, v, ids, kv_ids, True, scale)
+  return out.reshape(batch, q_len, g, heads, -1)[:, :, -1]
+
+
+def _flash(
+    q: Array,
+    k: Array,
+    v: Array,
+    q_ids: Array,
+    kv_ids: Array,
+    causal: bool,
+    scale: Optional[float],
+) -> Array:
+  """The kernel on ``[batch, len, heads, head_dim]`` inputs and int32 segment ids
+  ``[batch, len]``, padded to :data:`BLOCK`, per device under a mesh."""
+  q_len, head_dim = q.shape[1], q.shape[-1]
   heads_major = lambda x: _pad_to_block(jnp.swapaxes(x, 1, 2), 2)  # [b, h, len, d]
 
   def kernel(q, k, v, q_ids, kv_ids):
@@ -83,7 +137,7 @@ def flash_attention(
         v,
         segment_ids=tpu_flash.SegmentIds(q_ids, kv_ids),
         causal=causal,
-        sm_scale=1.0 / math.sqrt(head_dim),
+        sm_scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
     )
 
   args = (

@@ -1,8 +1,9 @@
-"""The Pallas TPU flash-attention path (``models/tpu_attention.py``,
+"""The Pallas TPU flash-attention path (``layers/tpu_attention.py``,
 ``attention_implementation='pallas_tpu'``) against the dense path, on the CPU in Pallas
 interpret mode: forward and gradients, causal, padded, and the translation decoder's
-cross-attention (other lengths); the models' outputs and parameter gradients; the causal
-Jacobian; a local window refused; and the kernel compiled for a TPU chip at 32k.
+cross-attention (other lengths); area attention through the kernel (its areas as the keys;
+causal areas grouped by their last item); the models' outputs and parameter gradients; the
+causal Jacobian; a local window refused. The kernel compiled for TPU: tests/training/test_aot.py.
 """
 
 import subprocess
@@ -17,7 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from contextpool_jax import models
 from contextpool_jax.base.errors import ConfigError
-from contextpool_jax.models import tpu_attention
+from contextpool_jax.layers import area_attention as area
+from contextpool_jax.layers import tpu_attention
 from contextpool_jax.models import transformer as tr
 
 # The slow tier (the newest stack's whole suite runs it): jax 0.10.2's Pallas TPU interpreter,
@@ -92,6 +94,99 @@ def test_segment_ids_read_the_validity_of_each_side():
   q_ids, kv_ids = tpu_attention.segment_ids(tr.padding_mask(q_valid, kv_valid), 2, 4, 5)
   np.testing.assert_array_equal(q_ids, q_valid.astype(np.int32))
   np.testing.assert_array_equal(kv_ids, kv_valid.astype(np.int32))
+
+
+# ---------------------------------------------------------------------------
+# Area attention through the kernel.
+# ---------------------------------------------------------------------------
+
+AREA_CASES = {  # (q_len, kv_len, causal, q lengths, kv lengths, key mode, value mode)
+    'causal, padded, mean keys': (20, 20, True, [20, 13], [20, 13], 'mean', 'sum'),
+    'causal, max keys, mean values': (17, 17, True, [17, 17], [17, 17], 'max', 'mean'),
+    'padded, mean keys': (19, 19, False, [19, 8], [19, 8], 'mean', 'sum'),
+    'cross-attention, max values': (11, 23, False, [11, 5], [23, 16], 'mean', 'max'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(AREA_CASES))
+def test_area_attention_through_the_kernel_equals_the_dense_path(case):
+  """Forward and gradients (of real queries' outputs) of the kernel path against the
+  dense softmax over areas (the function's default path, itself tested against a loop
+  over areas in test_area_attention.py), areas up to width 3."""
+  q_len, kv_len, causal, q_lengths, kv_lengths, key_mode, value_mode = AREA_CASES[case]
+  q, k, v = _qkv(7, 2, q_len, kv_len)
+  q_valid = _valid(q_lengths, q_len)
+  mask = tr.padding_mask(q_valid, _valid(kv_lengths, kv_len))
+  real = q_valid[:, :, None, None]
+  cotangent = jnp.asarray(np.random.default_rng(8).normal(size=q.shape), jnp.float32)
+  attend = lambda implementation: lambda q, k, v: area.dot_product_area_attention(
+      q,
+      k,
+      v,
+      max_area_width=3,
+      mask=mask,
+      causal=causal,
+      key_mode=key_mode,
+      value_mode=value_mode,
+      implementation=implementation,
+  )
+  flash, dense = attend('pallas_tpu'), attend(None)
+  chex.assert_trees_all_close(
+      jnp.where(real, flash(q, k, v), 0), jnp.where(real, dense(q, k, v), 0), atol=2e-6
+  )
+  loss = lambda f, q, k, v: jnp.sum(jnp.where(real, f(q, k, v) * cotangent, 0.0))
+  grads = [jax.grad(loss, argnums=(1, 2, 3))(f, q, k, v) for f in (flash, dense)]
+  chex.assert_trees_all_close(*grads, atol=1e-5)
+
+
+def test_area_attention_through_the_kernel_cannot_read_the_future():
+  """d y_i / d x_j is exactly zero for j > i (causal self-attention, areas up to width 4,
+  the areas that would start before the sequence in their slots)."""
+  x = jax.random.normal(jax.random.key(9), (1, 12, 2, 8))
+  attend = lambda z: area.dot_product_area_attention(
+      z, z, z, max_area_width=4, causal=True, implementation='pallas_tpu'
+  )
+  # Row by row (a vjp per output position): the interpreter cannot batch the kernel (vmap).
+  _, vjp = jax.vjp(attend, x)
+  pullback = jax.jit(lambda ct: vjp(ct)[0])
+  rows = [pullback(jnp.zeros_like(x).at[0, i].set(1.0)) for i in range(12)]
+  energy = np.stack([np.asarray(jnp.abs(g[0]).sum(axis=(1, 2))) for g in rows])  # [i, j]
+  assert np.all(energy[np.triu_indices(12, k=1)] == 0.0)
+  assert np.all(np.diag(energy) > 0.0)
+
+
+def test_area_attention_through_the_kernel_refuses_a_causal_2d_memory():
+  q = jnp.ones((1, 8, 2, 8))
+  with pytest.raises(ConfigError, match='needs a 1D self-attention'):
+    area.dot_product_area_attention(
+        q,
+        q,
+        q,
+        max_area_width=2,
+        max_area_height=2,
+        memory_height=2,
+        causal=True,
+        implementation='pallas_tpu',
+    )
+  with pytest.raises(ConfigError, match="implementation='flash'"):
+    area.dot_product_area_attention(q, q, q, implementation='flash')
+
+
+def test_area_models_through_the_kernel_give_the_dense_outputs():
+  """The LM with area attention (causal, learned Eq. 9 keys) and the translation model
+  (encoder, decoder and cross-attention over areas, padded source): the kernel path's
+  outputs (and the LM's parameter gradients) are the dense path's on real tokens."""
+  dense, flash = _pair('transformer_lm', attention='area', area_key_mode='concat')
+  tokens = jnp.asarray(np.random.default_rng(10).integers(1, 61, (2, 24)), jnp.int32)
+  _assert_same_outputs_and_gradients(dense, flash, tokens)
+  dense, flash = _pair('area_transformer_tiny', max_area_width=3)
+  r = np.random.default_rng(11)
+  inputs = jnp.asarray(r.integers(1, 61, (2, 15)), jnp.int32).at[1, 9:].set(0)
+  targets = jnp.asarray(r.integers(1, 61, (2, 11)), jnp.int32)
+  variables = dense.init(jax.random.key(0), inputs, targets)
+  chex.assert_trees_all_close(
+      flash.apply(variables, inputs, targets), dense.apply(variables, inputs, targets), atol=2e-5
+  )
 
 
 # ---------------------------------------------------------------------------
