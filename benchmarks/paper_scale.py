@@ -42,22 +42,80 @@ class Row:
 
 
 LM = (('model.attention_implementation', 'pallas_tpu'),)
+# What the papers report beside each config (../shared/papers: the ContextPool paper's
+# Tables 1, 2, 5, S1, S2; the area attention paper's Sec. 4.1; the lambda slides' tables).
+# Their figures are per GPU or per machine, for training or inference, as stated; "not
+# reported" where our texts of the papers give no hardware, memory or speed.
+CP_T1 = 'ContextPool Table 1, one V100'
 ROWS = (
-    Row('CP-Transformer(12), enwik8/text8, 2,048 bytes', 'enwik8:stage1', LM, 'paper: 8 V100'),
-    Row('Transformer(12), enwik8/text8, 2,048 bytes', 'enwik8:stage1,baseline', LM),
-    Row('CP-Transformer-Base, WMT14 en-de', 'wmt14:en-de,base,cp'),
-    Row('Area Transformer-Base, WMT14 en-de', 'wmt14:en-de,base,area'),
-    Row('Transformer-Base, WMT14 en-de', 'wmt14:en-de,base,standard'),
-    Row('CP-Transformer-Big, WMT14 en-de', 'wmt14:en-de,big,cp'),
-    Row('Transformer-Big, WMT14 en-de', 'wmt14:en-de,big,standard'),
-    Row('CP-ViT-B/16, ImageNet', 'imagenet_vit:cp_vit_b16'),
-    Row('ViT-B/16, ImageNet', 'imagenet_vit:vit_b16'),
-    Row('CP-ResNet-50, ImageNet', 'imagenet_resnet:cp_resnet50'),
-    Row('ResNet-50, ImageNet', 'imagenet_resnet:resnet50'),
-    Row('LambdaResNet-50, ImageNet', 'imagenet_resnet:lambda_resnet50'),
-    Row('AA-ResNet-50, ImageNet', 'imagenet_resnet:aa_resnet50'),
-    Row('CP-ResNet-44, CIFAR-10', 'cifar10_resnet:cp_resnet44'),
-    Row('ResNet-44, CIFAR-10', 'cifar10_resnet:resnet44'),
+    Row(
+        'CP-Transformer(12), enwik8/text8, 2,048 bytes',
+        'enwik8:stage1',
+        LM,
+        'no hardware, memory or speed reported; 39M parameters (Table 5)',
+    ),
+    Row(
+        'Transformer(12), enwik8/text8, 2,048 bytes',
+        'enwik8:stage1,baseline',
+        LM,
+        'the T12 baseline (Al-Rfou et al.): not reported in the ContextPool paper',
+    ),
+    Row(
+        'CP-Transformer-Base, WMT14 en-de',
+        'wmt14:en-de,base,cp',
+        paper=f'17.6 GB, 1.12 steps/s ({CP_T1})',
+    ),
+    Row(
+        'Area Transformer-Base, WMT14 en-de',
+        'wmt14:en-de,base,area',
+        paper='0.5 s/step, basic form (0.8 s with Eq. 9), ~32k tokens a step on 8 P100 (area'
+        ' attention paper, Sec. 4.1.1)',
+    ),
+    Row(
+        'Transformer-Base, WMT14 en-de',
+        'wmt14:en-de,base,standard',
+        paper=f'17.2 GB, 1.20 steps/s ({CP_T1}); 0.4 s/step on 8 P100 (area attention paper)',
+    ),
+    Row('CP-Transformer-Big, WMT14 en-de', 'wmt14:en-de,big,cp', paper='not reported'),
+    Row(
+        'Transformer-Big, WMT14 en-de',
+        'wmt14:en-de,big,standard',
+        paper='0.5 s/step, ~16k tokens a step on 8 P100 ("due to the memory constraint"; area'
+        ' attention paper)',
+    ),
+    Row(
+        'CP-ViT-B/16, ImageNet',
+        'imagenet_vit:cp_vit_b16',
+        paper='56.7 GFLOPs an image, 84.1 images/s (ContextPool Table 2, one V100)',
+    ),
+    Row(
+        'ViT-B/16, ImageNet',
+        'imagenet_vit:vit_b16',
+        paper='55.4 GFLOPs an image, 85.9 images/s (ContextPool Table 2, one V100)',
+    ),
+    Row(
+        'CP-ResNet-50, ImageNet',
+        'imagenet_resnet:cp_resnet50',
+        paper='26.8M parameters (ContextPool Table S2); no hardware or speed reported',
+    ),
+    Row(
+        'ResNet-50, ImageNet',
+        'imagenet_resnet:resnet50',
+        paper='26.6M (ContextPool Table S2); 7,240 ex/s (lambda paper, hardware not in our text)',
+    ),
+    Row(
+        'LambdaResNet-50, ImageNet',
+        'imagenet_resnet:lambda_resnet50',
+        paper='15.0M, 1,160 ex/s; its lambda layers 1.9 GB (lambda paper; hardware not in our'
+        ' text)',
+    ),
+    Row('AA-ResNet-50, ImageNet', 'imagenet_resnet:aa_resnet50', paper='not reported'),
+    Row(
+        'CP-ResNet-44, CIFAR-10',
+        'cifar10_resnet:cp_resnet44',
+        paper='0.68M parameters (ContextPool Table S1); no hardware or speed reported',
+    ),
+    Row('ResNet-44, CIFAR-10', 'cifar10_resnet:resnet44', paper='not reported'),
 )
 SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e chips
 FIELDS = (
@@ -221,6 +279,14 @@ def report(out: pathlib.Path) -> str:
         f' | {r["bound_ms"] or "-"} | {r["compile_s"]} | {r.get("load_average") or "-"},'
         f' {r.get("others_cpu") or "-"} |'
     )
+  lines += [
+      '',
+      "What the papers report beside each config (their hardware's figures, as stated):",
+      '',
+      '| config | the paper |',
+      '| --- | --- |',
+  ]
+  lines += [f'| {row.name} | {row.paper} |' for row in ROWS]
   text = '\n'.join(lines) + '\n'
   (out / 'paper_scale.md').write_text(text)
   return text

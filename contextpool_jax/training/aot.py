@@ -248,12 +248,33 @@ def does_not_fit_message(step: str, topology: Topology, error: str) -> str:
 def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -> list[StepCost]:
   """The train and evaluation steps of ``config`` (those of ``which``) compiled for
   ``topology``; their :class:`StepCost` s. Raises :class:`DoesNotFit` for a step the compiler refuses
-  for memory, and the config's own errors (as ``train.py`` would) before compiling."""
-  import jax  # pylint: disable=g-import-not-at-top
+  for memory, and the config's own errors (as ``train.py`` would) before compiling.
 
-  from contextpool_jax.training import optim, programs, sharding, spec, steps, tasks  # pylint: disable=g-import-not-at-top
+  XLA's cost analysis counts a loop's body once, so a model whose layers are one
+  ``nn.scan`` (``scan_layers=True``) would report one layer's FLOPs: its FLOPs and
+  bytes accessed are those of its unrolled twin (``scan_layers=False``, the same
+  computation; compiled a second time, for the counts only), its memory the scanned
+  program's (the one that runs)."""
+  from contextpool_jax.training import spec  # pylint: disable=g-import-not-at-top
 
   specs = spec.read(config)
+  costs = _compile_steps(specs, topology, which)
+  if not getattr(specs.model, 'scan_layers', False):
+    return costs
+  unrolled = dataclasses.replace(specs, model=specs.model.clone(scan_layers=False))
+  counted = _compile_steps(unrolled, topology, which)
+  return [
+      dataclasses.replace(c, flops=u.flops, bytes_accessed=u.bytes_accessed)
+      for c, u in zip(costs, counted)
+  ]
+
+
+def _compile_steps(specs, topology: Topology, which: tuple[str, ...]) -> list[StepCost]:
+  """:func:`compile_config`'s steps for read ``specs`` (``training.spec.Specs``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from contextpool_jax.training import optim, programs, sharding, steps, tasks  # pylint: disable=g-import-not-at-top
+
   run = specs.run
   devices = tpu_devices(topology)
   task = tasks.make_task(specs.task, specs.model, specs.data, '')

@@ -192,6 +192,28 @@ def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
 
 
 @pytest.mark.slow
+def test_a_scanned_model_counts_every_layer(v5e_2x2):
+  """XLA counts a loop's body once: the scanned program alone reports fewer FLOPs than
+  its layers do; compile_config reports the unrolled twin's count (and the scanned
+  program's memory)."""
+  from contextpool_jax.training import spec
+
+  def config(scan):
+    c = command_line.load_config_file('default')
+    with c.unlocked():
+      c.batch_size = 8
+      c.model.update(num_layers=4, scan_layers=scan)
+    return c
+
+  (scanned,) = aot.compile_config(config(True), v5e_2x2, ('train',))
+  (unrolled,) = aot.compile_config(config(False), v5e_2x2, ('train',))
+  (loop_once,) = aot._compile_steps(spec.read(config(True)), v5e_2x2, ('train',))
+  assert scanned.flops == unrolled.flops
+  assert loop_once.flops < 0.6 * unrolled.flops  # 1 of the 4 layers counted
+  assert scanned.peak_bytes == loop_once.peak_bytes  # the memory is the scanned program's
+
+
+@pytest.mark.slow
 def test_a_model_too_large_for_a_chip_gets_the_message(v5e_2x2):
   config = command_line.load_config_file('default')
   with config.unlocked():
