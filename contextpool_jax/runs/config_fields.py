@@ -205,8 +205,14 @@ def build_model(config: ml_collections.ConfigDict) -> nn.Module:
   name = fields.pop('name', None)
   model = registry.factory(config_readers.read_str(config, 'model.name'))
   try:
-    return model(**fields, dtype=dtype, remat=remat)
+    built = model(**fields, dtype=dtype, remat=remat)
   except TypeError as e:  # a key that is not a field of the model
     raise ConfigError(
         f'config.model (model {name!r}): invalid field(s) {sorted(fields)}: {e}'
     ) from e
+  # A family whose fields have a check of their own (TransformerConfig.check) runs it now,
+  # before the run takes its workdir, rather than when the model is first traced.
+  check = getattr(getattr(built, 'config', None), 'check', None)
+  if callable(check):
+    check(type(built).__name__)
+  return built

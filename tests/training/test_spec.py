@@ -64,6 +64,8 @@ BAD_FIELDS = [
     ({'dtype': 'float8'}, "config.dtype='float8'"),
     ({'model.not_a_field': 1}, 'not_a_field'),
     ({'model.name': 'transformer_lmm'}, "model='transformer_lmm' is not registered"),
+    ({'model.attention': 'sparse'}, "TransformerLM.attention='sparse'"),
+    ({'model.positions': 'rope'}, "TransformerLM.positions='rope'"),
     ({'task': 'language'}, "config.task='language'"),
     ({'dataset.eval_step': 512}, 'config.dataset.eval_step=512'),
     ({'optimizer.name': 'adafactorz'}, "config.optimizer.name='adafactorz'"),
