@@ -586,12 +586,19 @@ class ResNet(ResNetConfig, nn.Module):
     """This module's fields as one :class:`ResNetConfig`."""
     return bundle(self, ResNetConfig)
 
+  @nn.nowrap
+  def check_fields(self) -> tuple[str, ...]:
+    """Raises ConfigError for an invalid field (``ResNetConfig.check``; returns the stage
+    pattern): the model calls it, and so does a run's config reader, before anything is
+    traced."""
+    return self.config.check()
+
   # -- forward ---------------------------------------------------------------
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> Array:
     o = self.config
-    pattern = o.check()
+    pattern = self.check_fields()
     checks.check_rank(_OWNER, 'images', images, (4,), '[batch, height, width, channels]')
     x = images if o.dtype is None else images.astype(o.dtype)
 

@@ -941,6 +941,13 @@ class _TransformerModel(TransformerConfig, nn.Module):
     """This module's fields as one :class:`TransformerConfig`."""
     return bundle(self, TransformerConfig)
 
+  @nn.nowrap
+  def check_fields(self) -> None:
+    """Raises ConfigError naming ``<class>.<field>`` for an invalid field
+    (:meth:`TransformerConfig.check`): the model calls it, and so does a run's config
+    reader, before anything is traced."""
+    self.config.check(type(self).__name__)
+
 
 class Transformer(_TransformerModel):
   """Encoder-decoder Transformer for translation (see the module docstring).
@@ -963,8 +970,8 @@ class Transformer(_TransformerModel):
   """
 
   def setup(self):
+    self.check_fields()
     config = self.config
-    config.check('Transformer')
     self.embedder = _Embedder(config)
     self.encoder = TransformerStack(config, causal=False)
     self.decoder = TransformerStack(config, causal=True)
@@ -1025,8 +1032,8 @@ class TransformerLM(_TransformerModel):
 
   @nn.compact
   def __call__(self, tokens: Array, train: bool = False, decode: bool = False) -> Array:
+    self.check_fields()
     config = self.config
-    config.check('TransformerLM')
     _check_tokens('TransformerLM', 'tokens', tokens)
     embedder = _Embedder(config, name='embedder')
     x = nn.Dropout(config.dropout_rate)(embedder(tokens, decode), deterministic=not train)

@@ -485,11 +485,17 @@ class ViT(ViTConfig, nn.Module):
     """This module's fields as one :class:`ViTConfig`."""
     return bundle(self, ViTConfig)
 
+  @nn.nowrap
+  def check_fields(self) -> None:
+    """Raises ConfigError for an invalid field (``ViTConfig.check``): the model calls it,
+    and so does a run's config reader, before anything is traced."""
+    self.config.check()
+
   # -- forward ---------------------------------------------------------------
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> Array:
-    self.config.check()
+    self.check_fields()
     grid = self._grid(images)
     d, p = self.hidden_size, self.patch_size
     x = nn.Conv(

@@ -210,9 +210,9 @@ def build_model(config: ml_collections.ConfigDict) -> nn.Module:
     raise ConfigError(
         f'config.model (model {name!r}): invalid field(s) {sorted(fields)}: {e}'
     ) from e
-  # A family whose fields have a check of their own (TransformerConfig.check) runs it now,
-  # before the run takes its workdir, rather than when the model is first traced.
-  check = getattr(getattr(built, 'config', None), 'check', None)
-  if callable(check):
-    check(type(built).__name__)
+  # The model's own field checks (each family's check_fields, which the model also runs
+  # when traced) run now, before the run takes its workdir.
+  check_fields = getattr(built, 'check_fields', None)
+  if check_fields is not None:
+    check_fields()
   return built
