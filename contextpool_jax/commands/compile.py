@@ -29,6 +29,12 @@ def define_flags() -> None:
   )
   flags.DEFINE_string('topology', None, f'The TPU slice: {aot.ACCEPTED}.')
   flags.DEFINE_list('steps', list(aot.STEPS), f'The steps to compile, of {aot.STEPS}.')
+  flags.DEFINE_bool(
+      'unrolled_flops',
+      True,
+      "A scanned model's (scan_layers=True) FLOPs from its unrolled twin, compiled a second"
+      ' time; --nounrolled_flops: one compile, the memory exact, FLOPs one layer of the loop.',
+  )
   flags.mark_flags_as_required(['config', 'topology'])
 
 
@@ -49,7 +55,7 @@ def main(argv) -> None:
     command_line.fail(missing)
   command_line.quiet_console()
   try:
-    costs = aot.compile_config(FLAGS.config, topology, tuple(FLAGS.steps))
+    costs = aot.compile_config(FLAGS.config, topology, tuple(FLAGS.steps), FLAGS.unrolled_flops)
   except (ContextPoolJaxError, aot.DoesNotFit) as e:
     command_line.fail(str(e))
   except ModuleNotFoundError as e:  # the core install: the steps are the trainer's

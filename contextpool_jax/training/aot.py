@@ -245,7 +245,9 @@ def does_not_fit_message(step: str, topology: Topology, error: str) -> str:
   )
 
 
-def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -> list[StepCost]:
+def compile_config(
+    config, topology: Topology, which: tuple[str, ...] = STEPS, unrolled_flops: bool = True
+) -> list[StepCost]:
   """The train and evaluation steps of ``config`` (those of ``which``) compiled for
   ``topology``; their :class:`StepCost` s. Raises :class:`DoesNotFit` for a step the compiler refuses
   for memory, and the config's own errors (as ``train.py`` would) before compiling.
@@ -254,12 +256,13 @@ def compile_config(config, topology: Topology, which: tuple[str, ...] = STEPS) -
   ``nn.scan`` (``scan_layers=True``) would report one layer's FLOPs: its FLOPs and
   bytes accessed are those of its unrolled twin (``scan_layers=False``, the same
   computation; compiled a second time, for the counts only), its memory the scanned
-  program's (the one that runs)."""
+  program's (the one that runs). ``unrolled_flops=False`` skips the twin: one compile,
+  the memory exact, a scanned model's FLOPs one layer's."""
   from contextpool_jax.training import spec  # pylint: disable=g-import-not-at-top
 
   specs = spec.read(config)
   costs = _compile_steps(specs, topology, which)
-  if not getattr(specs.model, 'scan_layers', False):
+  if not (unrolled_flops and getattr(specs.model, 'scan_layers', False)):
     return costs
   unrolled = dataclasses.replace(specs, model=specs.model.clone(scan_layers=False))
   counted = _compile_steps(unrolled, topology, which)

@@ -192,25 +192,34 @@ def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
 
 
 @pytest.mark.slow
-def test_a_scanned_model_counts_every_layer(v5e_2x2):
+def test_a_scanned_model_counts_every_layer(v5e_2x2, monkeypatch):
   """XLA counts a loop's body once: the scanned program alone reports fewer FLOPs than
   its layers do; compile_config reports the unrolled twin's count (and the scanned
-  program's memory)."""
-  from contextpool_jax.training import spec
+  program's memory); ``unrolled_flops=False`` (``--nounrolled_flops``) compiles once."""
 
-  def config(scan):
+  def config():
     c = command_line.load_config_file('default')
     with c.unlocked():
       c.batch_size = 8
-      c.model.update(num_layers=4, scan_layers=scan)
+      c.model.update(num_layers=4, scan_layers=True)
     return c
 
-  (scanned,) = aot.compile_config(config(True), v5e_2x2, ('train',))
-  (unrolled,) = aot.compile_config(config(False), v5e_2x2, ('train',))
-  (loop_once,) = aot._compile_steps(spec.read(config(True)), v5e_2x2, ('train',))
-  assert scanned.flops == unrolled.flops
-  assert loop_once.flops < 0.6 * unrolled.flops  # 1 of the 4 layers counted
-  assert scanned.peak_bytes == loop_once.peak_bytes  # the memory is the scanned program's
+  compiled = []  # (model's scan_layers, its cost): the two compiles compile_config makes
+  compile_steps = aot._compile_steps
+
+  def recording(specs, *args):
+    costs = compile_steps(specs, *args)
+    compiled.append((specs.model.scan_layers, costs[0]))
+    return costs
+
+  monkeypatch.setattr(aot, '_compile_steps', recording)
+  (reported,) = aot.compile_config(config(), v5e_2x2, ('train',))
+  (_, loop_once), (twin_scanned, twin) = compiled
+  assert twin_scanned is False and reported.flops == twin.flops > 0
+  assert loop_once.flops < 0.6 * twin.flops  # 1 of the 4 layers counted
+  assert reported.peak_bytes == loop_once.peak_bytes  # the memory is the scanned program's
+  assert aot.compile_config(config(), v5e_2x2, ('train',), unrolled_flops=False) == [loop_once]
+  assert len(compiled) == 3  # --nounrolled_flops: one compile
 
 
 @pytest.mark.slow
@@ -237,5 +246,5 @@ def test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel(v5e_2x
   with pytest.raises(aot.DoesNotFit, match='evaluation step does not fit'):
     aot.compile_config(config, one_chip, ('eval',))
   config.model.attention_implementation = 'pallas_tpu'
-  (cost,) = aot.compile_config(config, one_chip, ('eval',))
+  (cost,) = aot.compile_config(config, one_chip, ('eval',), unrolled_flops=False)  # memory only
   assert cost.peak_bytes < 2**30  # under 1 GiB of the 16
