@@ -274,9 +274,8 @@ def plan(
     if 'tuning' in groups:
       runs += lm_comparisons.tuning_runs()
     if 'context' in groups:
-      by_seed = lambda r: (r.seed, r.seq_len or 0)
       context = [r for c in lm_comparisons.context_study(results) for r in c.runs()]
-      runs += sorted(context, key=by_seed)
+      runs += sorted(context, key=lambda r: r.seed)  # seed-major across the contexts
 
     if 'sweep' in groups:
       runs += lm_comparisons.sweep_runs()

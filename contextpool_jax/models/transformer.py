@@ -55,7 +55,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
-import numpy as np
 
 from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.base import checks
@@ -413,7 +412,9 @@ class MultiHeadAttention(nn.Module):
           f'all real); got a mask of shape {jnp.shape(mask)}.'
       )
     if self.kind == 'area':
-      return self._area(inputs_q, inputs_kv, mask, deterministic)
+      if isinstance(inputs_q, HeadMix) or isinstance(inputs_kv, HeadMix):
+        raise ConfigError('MultiHeadAttention: area attention takes arrays, not a HeadMix.')
+      return self._area_attention()(inputs_q, inputs_kv, mask, deterministic)
     if features % cfg.num_heads:
       raise ConfigError(
           f'MultiHeadAttention: features={features} is not divisible by '
@@ -466,18 +467,10 @@ class MultiHeadAttention(nn.Module):
       )
     return self._output(features, y)
 
-  def _area(
-      self,
-      inputs_q: Array | HeadMix,
-      inputs_kv: Array | HeadMix,
-      mask: Optional[Array],
-      deterministic: bool,
-  ) -> Array:
+  def _area_attention(self) -> AreaAttention:
     """Area attention (``kind='area'``): :class:`AreaAttention` with this config's area
     fields; through the Pallas TPU kernel with ``attention_implementation='pallas_tpu'``."""
     cfg = self.config
-    if isinstance(inputs_q, HeadMix) or isinstance(inputs_kv, HeadMix):
-      raise ConfigError('MultiHeadAttention: area attention takes arrays, not a HeadMix.')
     return AreaAttention(
         num_heads=cfg.num_heads,
         max_area_width=cfg.max_area_width,
@@ -490,7 +483,7 @@ class MultiHeadAttention(nn.Module):
         param_dtype=cfg.param_dtype,
         implementation='pallas_tpu' if cfg.attention_implementation == 'pallas_tpu' else None,
         name='area',
-    )(inputs_q, inputs_kv, mask, deterministic)
+    )
 
   def _rotate(self, q: Array, k: Array, stepping: bool) -> tuple[Array, Array]:
     """Rotary positions (field ``rotary``; else ``q``, ``k`` as they are): ``0 .. length -
