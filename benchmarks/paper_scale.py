@@ -1,18 +1,23 @@
-r"""Every paper config at the paper's shapes, compiled for TPU: ``python -m benchmarks.paper_scale``.
+r"""Every paper config at the paper's shapes, compiled for TPU and for NVIDIA GPUs:
+``python -m benchmarks.paper_scale [--platform=gpu]``.
 
 For each row of :data:`ROWS` (a config of the papers and its baseline), with the
-compile command's code (``contextpool_jax.training.aot``, libtpu, no TPU needed):
+compile command's code (``contextpool_jax.training.aot``: libtpu or the CUDA plugin,
+no TPU or GPU needed):
 
-* **the smallest v5e slice that fits the config's batch**: the train step compiled
-  for 1, 4, 8, 16, ... chips (the batch split over them) until the TPU compiler
-  accepts it;
-* **one chip at the largest batch that fits**: the batch halved from the config's
-  until it compiles for one v5e chip.
+* TPU (``--platform=tpu``, ``<out>/paper_scale.csv``): **the smallest v5e slice that
+  fits the config's batch**, the train step compiled for 1, 4, 8, 16, ... chips (the
+  batch split over them) until the TPU compiler accepts it; and **one chip at the
+  largest batch that fits**, the batch halved from the config's until it compiles for
+  one v5e chip.
+* GPU (``--platform=gpu``, ``<out>/paper_scale_gpu.csv``): **one H100** and **eight
+  H100** (one host), each at the largest batch, halving from the config's, whose step
+  fits the memory JAX allocates (``aot.GPU_MEMORY_FRACTION``).
 
-Each compiled step's per-chip peak memory, GFLOPs and step-time floor
-(``aot.StepCost``) go to ``<out>/paper_scale.csv`` as they finish (a rerun skips
-what is there) and ``<out>/paper_scale.md`` is written from it. A slow job: a large
-config takes minutes per compile on a CPU.
+Each compiled step's per-device peak memory, GFLOPs and step-time floor
+(``aot.StepCost``) go to the CSV as they finish (a rerun skips what is there) and
+``<out>/paper_scale.md`` is written from both CSVs. A slow job: a large config takes
+minutes per compile on a CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class Row:
   paper: str = ''
 
 
+# The LM rows' attention on TPU: the Pallas kernel (the 32k evaluation needs it). On GPUs
+# every row runs XLA's attention (the config's default, chosen by JAX on this CPU machine):
+# cuDNN's needs cuDNN to compile.
 LM = (('model.attention_implementation', 'pallas_tpu'),)
 # What the papers report beside each config (../shared/papers: the ContextPool paper's
 # Tables 1, 2, 5, S1, S2; the area attention paper's Sec. 4.1; the lambda slides' tables).
@@ -118,6 +126,7 @@ ROWS = (
     Row('ResNet-44, CIFAR-10', 'cifar10_resnet:resnet44', paper='not reported'),
 )
 SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e chips
+CSV = {'tpu': 'paper_scale.csv', 'gpu': 'paper_scale_gpu.csv'}  # by --platform
 FIELDS = (
     'row',
     'search',
@@ -136,12 +145,14 @@ FIELDS = (
 )
 
 
-def _config(row: Row, batch: int):
+def _config(row: Row, batch: int, gpu: bool = False):
+  """``row``'s config at ``batch``; for a GPU without the TPU kernel (:data:`LM`)."""
   from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
 
   config = command_line.load_config_file(row.config)
+  overrides = {k: v for k, v in row.overrides if not (gpu and v == 'pallas_tpu')}
   with config.unlocked():
-    for key, value in row.overrides:
+    for key, value in overrides.items():
       node = config
       *parents, leaf = key.split('.')
       for parent in parents:
@@ -151,17 +162,19 @@ def _config(row: Row, batch: int):
   return config
 
 
-def measure(row: Row, chips: int, batch: int) -> dict:
-  """The train step of ``row`` at ``batch`` on ``chips`` v5e chips: one CSV row."""
+def measure(row: Row, topology_name: str, batch: int) -> dict:
+  """The train step of ``row`` at ``batch`` on ``topology_name`` (``aot.parse_topology``'s
+  names): one CSV row."""
   from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
 
-  topology = aot.parse_topology(f'v5e-{chips}')
+  topology = aot.parse_topology(topology_name)
   out = dict(row=row.name, topology=topology.name, batch=batch)
   started = time.time()
   # The compile time is a by-product: recorded with the load it ran under (quiet.py).
   with quiet.watch() as load:
     try:
-      (cost,) = aot.compile_config(_config(row, batch), topology, ('train',))
+      config = _config(row, batch, gpu=topology.chip.gpu is not None)
+      (cost,) = aot.compile_config(config, topology, ('train',))
     except aot.DoesNotFit as e:
       cost, message = None, str(e)[:300]
   fields = load().fields()
@@ -200,41 +213,60 @@ def _append(path: pathlib.Path, record: dict) -> None:
   print(record, flush=True)
 
 
+def _search(path: pathlib.Path, row: Row, search: str, tries: list[tuple[str, int]]) -> bool:
+  """Measures ``row`` at each ``(topology name, batch)`` of ``tries`` in turn (a try in
+  ``path`` already is read, not compiled again) until one fits; whether one did."""
+  from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
+
+  done = {
+      (r['search'], r['topology'], int(r['batch'])): r['fits']
+      for r in _done(path)
+      if r['row'] == row.name
+  }
+  for name, batch in tries:
+    key = (search, aot.parse_topology(name).name, batch)
+    if key not in done:
+      record = measure(row, name, batch) | {'search': search}
+      _append(path, record)
+      done[key] = record['fits']
+    if int(done[key]):
+      return True
+  return False
+
+
+def _halving(batch: int, smallest: int) -> list[int]:
+  """``batch``, ``batch // 2``, ... down to ``smallest``."""
+  out = []
+  while batch >= smallest:
+    out.append(batch)
+    batch //= 2
+  return out
+
+
 def run(out: pathlib.Path, rows=ROWS) -> None:
-  csv_path = out / 'paper_scale.csv'
+  """The TPU table's searches for ``rows``, into ``<out>/paper_scale.csv``."""
+  csv_path = out / CSV['tpu']
   for row in rows:
-    config_batch = int(_config_batch(row))
-    done = {
-        (r['search'], r['topology'], int(r['batch']))
-        for r in _done(csv_path)
-        if r['row'] == row.name
-    }
+    batch = int(_config_batch(row))
     # The smallest slice at the config's batch.
-    for chips in SLICES:
-      if config_batch % chips:
-        continue
-      key = ('slice', f'v5e:{_shape(chips)}', config_batch)
-      record = None
-      if key not in done:
-        record = measure(row, chips, config_batch) | {'search': 'slice'}
-        _append(csv_path, record)
-      fits = record['fits'] if record else _fits(csv_path, row.name, 'slice', key[1], config_batch)
-      if int(fits):
-        break
+    slices = [(f'v5e-{chips}', batch) for chips in SLICES if batch % chips == 0]
+    _search(csv_path, row, 'slice', slices)
     # One chip at the largest batch that fits (the slice search's first try, when it fit).
-    if int(_fits(csv_path, row.name, 'slice', 'v5e:1x1', config_batch)):
-      continue
-    batch = config_batch // 2  # the slice search tried one chip at the config's batch first
-    while batch >= 1:
-      key = ('one chip', 'v5e:1x1', batch)
-      record = None
-      if key not in done:
-        record = measure(row, 1, batch) | {'search': 'one chip'}
-        _append(csv_path, record)
-      fits = record['fits'] if record else _fits(csv_path, row.name, 'one chip', 'v5e:1x1', batch)
-      if int(fits):
-        break
-      batch //= 2
+    if not int(_fits(csv_path, row.name, 'slice', 'v5e:1x1', batch)):
+      _search(csv_path, row, 'one chip', [('v5e-1', b) for b in _halving(batch // 2, 1)])
+  report(out)
+
+
+GPU_SEARCHES = (('one H100', 'h100:1', 1), ('eight H100', 'h100:8', 8))
+
+
+def run_gpus(out: pathlib.Path, rows=ROWS) -> None:
+  """The GPU table's searches for ``rows``, into ``<out>/paper_scale_gpu.csv``."""
+  csv_path = out / CSV['gpu']
+  for row in rows:
+    batch = int(_config_batch(row))
+    for search, name, gpus in GPU_SEARCHES:
+      _search(csv_path, row, search, [(name, b) for b in _halving(batch, gpus) if b % gpus == 0])
   report(out)
 
 
@@ -244,12 +276,6 @@ def _config_batch(row: Row) -> int:
   return command_line.load_config_file(row.config).batch_size
 
 
-def _shape(chips: int) -> str:
-  from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
-
-  return 'x'.join(map(str, aot.slice_shape(chips, 2)))
-
-
 def _fits(path, row, search, topology, batch) -> str:
   for r in _done(path):
     if (r['row'], r['search'], r['topology'], int(r['batch'])) == (row, search, topology, batch):
@@ -257,19 +283,10 @@ def _fits(path, row, search, topology, batch) -> str:
   return '0'
 
 
-def report(out: pathlib.Path) -> str:
-  """``paper_scale.md`` from the CSV: per row, the smallest fitting slice and one chip."""
-  records = _done(out / 'paper_scale.csv')
+def _table(records: list[dict], unit: str) -> list[str]:
   lines = [
-      "# The papers' configs compiled for TPU v5e",
-      '',
-      "`python -m benchmarks.paper_scale` (libtpu, no TPU): each config's train step compiled"
-      ' with `contextpool_jax.training.aot` (what `contextpool-compile` prints), per chip.'
-      " **Slice**: the smallest v5e slice that accepts the config's global batch (tried 1, 4,"
-      " 8, 16, ... chips); **one chip**: the largest batch (halving from the config's) that"
-      " one v5e chip accepts (the slice row when one chip fits the config's batch). Bound: max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s), a floor.",
-      '',
-      "| config | search | topology | global batch | fits | peak per chip (GiB) | GFLOPs per chip | bound (ms) | compile (s) | load average, others' CPU |",
+      f'| config | search | topology | global batch | fits | peak per {unit} (GiB) | GFLOPs per'
+      f" {unit} | bound (ms) | compile (s) | load average, others' CPU |",
       '| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |',
   ]
   for r in records:
@@ -279,7 +296,40 @@ def report(out: pathlib.Path) -> str:
         f' | {r["bound_ms"] or "-"} | {r["compile_s"]} | {r.get("load_average") or "-"},'
         f' {r.get("others_cpu") or "-"} |'
     )
-  lines += [
+  return lines
+
+
+def report(out: pathlib.Path) -> str:
+  """``paper_scale.md`` from the two CSVs: per row, the TPU and the GPU searches."""
+  from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
+
+  h100 = aot.CHIPS['h100']
+  lines = [
+      "# The papers' configs compiled for TPU v5e and NVIDIA H100",
+      '',
+      '`python -m benchmarks.paper_scale [--platform=gpu]` (libtpu or the CUDA plugin; no TPU or'
+      " GPU): each config's train step compiled with `contextpool_jax.training.aot` (what"
+      ' `contextpool-compile` prints), per chip or GPU.',
+      '',
+      '## TPU v5e',
+      '',
+      "**Slice**: the smallest v5e slice that accepts the config's global batch (tried 1, 4,"
+      " 8, 16, ... chips); **one chip**: the largest batch (halving from the config's) that"
+      " one v5e chip accepts (the slice row when one chip fits the config's batch). Bound:"
+      ' max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s), a floor.',
+      '',
+      *_table(_done(out / CSV['tpu']), 'chip'),
+      '',
+      '## NVIDIA H100 (80 GB, SXM)',
+      '',
+      "**One H100**, **eight H100** (one host): the largest batch, halving from the config's,"
+      f' whose step fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that JAX allocates by'
+      f' default ({h100.usable_bytes / 2**30:.0f} GiB; XLA_PYTHON_CLIENT_MEM_FRACTION). XLA'
+      " attention (cuDNN's needs cuDNN to compile). XLA's GPU compiler counts no FLOPs: they"
+      ' are the step lowered for one CPU device, split over the GPUs. Bound: FLOPs /'
+      f' {h100.peak_flops / 1e12:g} TFLOP/s (bf16 dense), a floor.',
+      '',
+      *_table(_done(out / CSV['gpu']), 'GPU'),
       '',
       "What the papers report beside each config (their hardware's figures, as stated):",
       '',
@@ -299,17 +349,18 @@ def main(argv) -> None:
   del argv
   from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
 
-  aot.libtpu_as_compiler()
+  aot.compile_only()
   out = pathlib.Path(FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   rows = [r for r in ROWS if not FLAGS.rows or any(s in r.name for s in FLAGS.rows)]
-  run(out, rows)
+  (run_gpus if FLAGS.platform == 'gpu' else run)(out, rows)
   print(report(out))
 
 
 def define_flags() -> None:
   flags.DEFINE_string('out', str(ROOT / 'benchmarks' / 'results'), 'Output directory.')
   flags.DEFINE_list('rows', [], 'Only the rows whose name contains one of these.')
+  flags.DEFINE_enum('platform', 'tpu', sorted(CSV), 'TPU v5e slices, or one and eight H100.')
 
 
 if __name__ == '__main__':

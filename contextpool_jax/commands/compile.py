@@ -1,4 +1,5 @@
-"""The compile command: a config's training and evaluation steps compiled for a TPU slice.
+"""The compile command: a config's training and evaluation steps compiled for a TPU slice or
+NVIDIA GPUs.
 
   contextpool-compile --config default --topology v5e:2x2
   python -m contextpool_jax.commands.compile --config default:baseline --topology v5litepod-16
@@ -27,7 +28,7 @@ def define_flags() -> None:
       'A config of the package by name (default, enwik8:stage1) or a config file.',
       lock_config=True,
   )
-  flags.DEFINE_string('topology', None, f'The TPU slice: {aot.ACCEPTED}.')
+  flags.DEFINE_string('topology', None, f'Where to compile for: {aot.ACCEPTED}.')
   flags.DEFINE_list('steps', list(aot.STEPS), f'The steps to compile, of {aot.STEPS}.')
   flags.DEFINE_bool(
       'unrolled_flops',
@@ -50,7 +51,7 @@ def main(argv) -> None:
   unknown = sorted(set(FLAGS.steps) - set(aot.STEPS))
   if unknown or not FLAGS.steps:
     command_line.fail(f'--steps={",".join(FLAGS.steps)}: expected some of {",".join(aot.STEPS)}.')
-  missing = aot.libtpu_missing()
+  missing = aot.compiler_missing(topology)
   if missing:
     command_line.fail(missing)
   command_line.quiet_console()
@@ -65,7 +66,7 @@ def main(argv) -> None:
 
 def command() -> None:
   """The console script ``contextpool-compile`` (and ``python -m contextpool_jax.commands.compile``)."""
-  aot.libtpu_as_compiler()
+  aot.compile_only()
   define_flags()
   app.run(main, flags_parser=command_line.parse_flags)
 

@@ -125,33 +125,65 @@ def test_split_metrics_scores_a_workdir_as_the_trainer_did(tmp_path):
   np.testing.assert_allclose(scored['accuracy'], trainer_eval['accuracy'], rtol=1e-5)
 
 
-def test_paper_scale_finds_the_smallest_slice_and_the_largest_one_chip_batch(tmp_path, monkeypatch):
-  """With a fake compile that fits when a chip holds at most 8 rows: the config's batch 64
-  fits from 8 chips on, and one chip takes 8; a rerun compiles nothing again."""
+def test_paper_scale_finds_the_smallest_slice_and_the_largest_batch_that_fits(
+    tmp_path, monkeypatch
+):
+  """With a fake compile that fits when a chip or GPU holds at most 8 rows: the config's
+  batch 64 fits from 8 chips on, one chip takes 8, one H100 8 and eight H100 all 64; a
+  rerun compiles nothing again."""
   from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+  from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
 
   calls = []
 
-  def measure(row, chips, batch):
-    calls.append((chips, batch))
-    fits = batch // chips <= 8
-    return dict(
-        row=row.name, topology=f'v5e:{paper_scale._shape(chips)}', batch=batch, fits=int(fits)
-    )
+  def measure(row, name, batch):
+    calls.append((name, batch))
+    topology = aot.parse_topology(name)
+    fits = batch // topology.chips <= 8
+    return dict(row=row.name, topology=topology.name, batch=batch, fits=int(fits))
 
   monkeypatch.setattr(paper_scale, 'measure', measure)
   monkeypatch.setattr(paper_scale, '_config_batch', lambda row: 64)
   row = paper_scale.Row('toy', 'default')
   paper_scale.run(tmp_path, [row])
-  assert calls == [(1, 64), (4, 64), (8, 64), (1, 32), (1, 16), (1, 8)]
+  assert calls == [
+      ('v5e-1', 64),
+      ('v5e-4', 64),
+      ('v5e-8', 64),
+      ('v5e-1', 32),
+      ('v5e-1', 16),
+      ('v5e-1', 8),
+  ]
+  calls.clear()
+  paper_scale.run_gpus(tmp_path, [row])
+  assert calls == [
+      ('h100:1', 64),
+      ('h100:1', 32),
+      ('h100:1', 16),
+      ('h100:1', 8),
+      ('h100:8', 64),
+  ]
   text = (tmp_path / 'paper_scale.md').read_text()
-  assert (
-      '| toy | slice | v5e:2x4 | 64 | yes |' in text
-      and '| toy | one chip | v5e:1x1 | 8 | yes |' in text
-  )
+  for line in (
+      '| toy | slice | v5e:2x4 | 64 | yes |',
+      '| toy | one chip | v5e:1x1 | 8 | yes |',
+      '| toy | one H100 | h100:1 | 8 | yes |',
+      '| toy | eight H100 | h100:8 | 64 | yes |',
+  ):
+    assert line in text
+  assert text.index('## TPU v5e') < text.index('| toy | slice |') < text.index('## NVIDIA H100')
   calls.clear()
   paper_scale.run(tmp_path, [row])
+  paper_scale.run_gpus(tmp_path, [row])
   assert calls == []
+
+
+def test_paper_scale_gives_gpus_xla_attention_instead_of_the_tpu_kernel():
+  from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+
+  (lm,) = [r for r in paper_scale.ROWS if r.name.startswith('CP-Transformer(12)')]
+  assert paper_scale._config(lm, 8).model.attention_implementation == 'pallas_tpu'
+  assert paper_scale._config(lm, 8, gpu=True).model.attention_implementation is None
 
 
 def test_cp_step_cost_tables_each_arm_against_its_baseline_at_each_context():

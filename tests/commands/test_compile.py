@@ -5,24 +5,41 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from configs import default as default_config
 
 
-def test_without_libtpu_the_command_says_so_in_one_line():
+@pytest.mark.parametrize(
+    'topology,module,line',
+    [
+        (
+            'v5e:2x2',
+            'libtpu',
+            "error: compiling for a TPU needs libtpu: pip install 'contextpool-jax[tpu]'"
+            ' (jax[tpu]; it runs on any machine, no TPU needed).',
+        ),
+        (
+            'h100:8',
+            'jax_plugins.xla_cuda12',
+            "error: compiling for an NVIDIA GPU needs JAX's CUDA plugin: pip install"
+            " 'contextpool-jax[gpu-compile]' (jax[cuda12-local]; it runs on any machine, no GPU"
+            ' or CUDA needed).',
+        ),
+    ],
+)
+def test_without_the_compiler_the_command_says_so_in_one_line(topology, module, line):
   # The config by its path: CI's oldest stack installs the package as `pip install .` does, and
   # the checkout's contextpool_jax (first on the path here) has no `configs` subpackage.
   config = pathlib.Path(default_config.__file__).resolve()
   code = (
       'import importlib.util, sys\n'
       'find = importlib.util.find_spec\n'
-      "importlib.util.find_spec = lambda n, *a: None if n == 'libtpu' else find(n, *a)\n"
+      f'importlib.util.find_spec = lambda n, *a: None if n == {module!r} else find(n, *a)\n'
       'from contextpool_jax.commands import compile as compile_command\n'
-      f"sys.argv = ['contextpool-compile', '--config', {str(config)!r}, '--topology', 'v5e:2x2']\n"
+      f"sys.argv = ['contextpool-compile', '--config', {str(config)!r}, '--topology', {topology!r}]\n"
       'compile_command.command()\n'
   )
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
   assert out.returncode == 1
-  assert out.stderr.strip().splitlines() == [
-      "error: compiling for a TPU needs libtpu: pip install 'contextpool-jax[tpu]'"
-      ' (jax[tpu]; it runs on any machine, no TPU needed).'
-  ]
+  assert out.stderr.strip().splitlines() == [line]

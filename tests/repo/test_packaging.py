@@ -128,7 +128,8 @@ def _requirements(extras: dict) -> list[str]:
 def test_extras_and_the_pinned_requirements_agree():
   """CI installs a pinned file per stack only: each pins everything the tests need (the
   ``[test]`` extra, which takes in the others but ``[profile]``, a viewer no test runs),
-  libtpu included (``[tpu]``: the suite compiles for TPU)."""
+  libtpu and the CUDA plugin included (``[tpu]``, ``[gpu-compile]``: the suite compiles for
+  TPU and GPUs)."""
   extras = PROJECT['optional-dependencies']
   assert set(extras) == {
       'train',
@@ -141,6 +142,7 @@ def test_extras_and_the_pinned_requirements_agree():
       'test',
       'all',
       'tpu',
+      'gpu-compile',
   }
   assert _extra_closure(extras, 'all') == _extra_closure(extras, 'test') | {'xprof'}
   assert _extra_closure(extras, 'test') >= {'mlflow-skinny', 'wandb', 'matplotlib', 'optax'}
@@ -149,7 +151,7 @@ def test_extras_and_the_pinned_requirements_agree():
   assert _extra_closure(extras, 'test') >= {'sphinx', 'myst-parser'}  # the docs build is a test
   core = {_name(r) for r in PROJECT['dependencies']}
   wanted = _extra_closure(extras, 'test') | core
-  wanted |= {'libtpu'}  # what jax[tpu] brings
+  wanted |= {'libtpu', 'jax-cuda12-plugin', 'jax-cuda12-pjrt'}  # jax[tpu], jax[cuda12-local]
   users = core | _extra_closure(extras, 'train') | _extra_closure(extras, 'notebook')
   users -= {'contextpool-jax'}
   for name, dev in DEV.items():
@@ -235,6 +237,22 @@ def test_the_tpu_extra_takes_the_libtpu_of_the_installed_jax():
       if line.startswith('| ') and f'| {metadata.version("jax")} |' in line
   )
   assert f'| {pinned} |' in row, (row, pinned)
+
+
+def test_the_gpu_compile_extra_is_jaxs_cuda_plugin_without_cuda():
+  """``[gpu-compile]`` is jax's own ``cuda12-local`` extra within the tested range (the CUDA
+  plugin at the installed jaxlib's version, no ``nvidia-*`` libraries), and each developers'
+  file pins that plugin at its stack's jax."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  (gpu,) = PROJECT['optional-dependencies']['gpu-compile']
+  jax_range = next(r for r in PROJECT['dependencies'] if _name(r) == 'jax')
+  assert gpu == jax_range.replace('jax', 'jax[cuda12-local]', 1)
+  local = [r for r in metadata.requires('jax') if "'cuda12-local'" in r.replace('"', "'")]
+  assert local and all('with-cuda' not in r and 'nvidia' not in r for r in local), local
+  for dev in DEV.values():
+    pins = _pins(dev)
+    assert pins['jax-cuda12-plugin'] == pins['jax-cuda12-pjrt'] == pins['jax'], dev
 
 
 def test_licence_and_typing_marker_ship():

@@ -1,9 +1,13 @@
-"""The compile command (``training/aot.py``): topologies by both names, costs, the
-message of a step that does not fit, and every task's steps compiled for a TPU slice.
+"""The compile command (``training/aot.py``): topologies by their names, costs, the
+message of a step that does not fit, and every task's steps compiled for a TPU slice
+and for NVIDIA GPUs.
 
-Compiling for TPU needs libtpu (the ``[tpu]`` extra; both pinned stacks install it);
-those tests are ``slow`` (seconds each). The rest reads no libtpu.
+Compiling for TPU needs libtpu (the ``[tpu]`` extra), for GPUs the CUDA plugin (the
+``[gpu-compile]`` extra); both pinned stacks install both. Those tests are ``slow``
+(seconds each). The rest reads neither.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +38,11 @@ from contextpool_jax.training import aot, command_line, sharding, spec, tasks
         ('v4-8', 'v4:2x2x1', 4),
         ('v5p-128', 'v5p:4x4x4', 64),
         ('V5LITEPOD-256', 'v5e:16x16', 256),
+        # NVIDIA GPUs: <gpu>[:<count>], eight a host.
+        ('h100', 'h100:1', 1),
+        ('h100:8', 'h100:8', 8),
+        ('A100:4', 'a100:4', 4),
+        ('h200:16', 'h200:16', 16),
     ],
 )
 def test_topologies_by_either_name(name, libtpu, chips):
@@ -60,6 +69,9 @@ def test_cloud_slice_shapes_are_the_documented_ones():
         ('v4-7', '7 TensorCores is not a whole number of v4 chips'),
         ('v5litepod-12', '12 chips: a slice of more than one chip has 4, 8, 16'),
         ('banana', 'not a topology name'),
+        ('b200:8', 'not a topology name'),
+        ('h100:12', '12 GPUs: 1 to 8 on one host, or whole hosts of 8'),
+        ('h100:0', '0 GPUs: 1 to 8 on one host'),
     ],
 )
 def test_a_bad_topology_names_itself_and_what_is_accepted(name, why):
@@ -81,8 +93,27 @@ def test_the_bound_is_the_slower_of_compute_and_memory_traffic():
   traffic = aot.StepCost('s', 0, 0, 0, 0, flops=197e12 / 4, bytes_accessed=3 * 819e9)
   assert traffic.bound_seconds(chip) == pytest.approx(3.0)
   text = aot.report(aot.parse_topology('v5e:2x2'), [compute], 16)
-  assert '197 TFLOP/s bf16 peak, 819 GB/s HBM (https://cloud.google.com/tpu/docs/v5e)' in text
+  assert (
+      'per chip 16.00 GiB of HBM, 197 TFLOP/s bf16 dense peak, 819 GB/s HBM'
+      ' (https://cloud.google.com/tpu/docs/v5e)' in text
+  )
   assert '| s | 10 B | 20 B | 5 B | 30 B (0.0%) | 197,000.0 | 1 s |' in text
+
+
+def test_a_gpu_bound_is_compute_alone_and_its_memory_is_what_jax_allocates():
+  """XLA counts no bytes of a GPU program: the bound is FLOPs / peak; a step fits in the
+  75% of the GPU's memory that JAX preallocates."""
+  h100 = aot.CHIPS['h100']
+  cost = aot.StepCost('s', 0, 0, 0, 0, flops=2 * 989e12, bytes_accessed=None)
+  assert cost.bound_seconds(h100) == pytest.approx(2.0)
+  assert h100.usable_bytes == 60 * 2**30  # 0.75 of 80 GiB
+  text = aot.report(aot.parse_topology('h100:8'), [cost], 64)
+  assert text.startswith('h100:8: 8 GPU(s); per GPU 80.00 GiB of HBM, of which JAX allocates')
+  assert '| step (per GPU) |' in text and 'bound = FLOPs / peak FLOP/s' in text
+  fits = aot.StepCost('s', 20 * 2**30, 40 * 2**30, 20 * 2**30, 20 * 2**30, 1.0, None)
+  assert aot.over_gpu_memory(fits, h100) is None  # 60 GiB: all of the share
+  over = dataclasses.replace(fits, temporaries=41 * 2**30)
+  assert aot.over_gpu_memory(over, h100).startswith('it needs 61.00 GiB (arguments 20.00 GiB')
 
 
 def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_settings():
@@ -101,6 +132,14 @@ def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_sett
   evaluation = aot.does_not_fit_message('eval', aot.parse_topology('v5e-4'), error)
   assert evaluation.startswith('The evaluation step does not fit')
   assert '--config.dataset.eval_batch_size' in evaluation and 'remat' not in evaluation
+  gpu = aot.does_not_fit_message('train', aot.parse_topology('h100'), 'it needs 61.00 GiB')
+  assert gpu.startswith(
+      'The train step does not fit one h100 GPU of h100:1 (80.00 GiB of HBM, of which JAX'
+      ' allocates 75%: 60.00 GiB): it needs 61.00 GiB. What changes it: --config.batch_size'
+  )
+  for setting in ('attention_implementation=cudnn', 'XLA_PYTHON_CLIENT_MEM_FRACTION', 'GPUs'):
+    assert setting in gpu
+  assert 'pallas_tpu' not in gpu
 
 
 # ---------------------------------------------------------------------------
@@ -110,14 +149,14 @@ def test_a_step_that_does_not_fit_gets_one_message_with_the_numbers_and_the_sett
 
 @pytest.fixture(scope='module')
 def v5e_2x2():
-  aot.libtpu_as_compiler()
+  aot.compile_only()
   return aot.parse_topology('v5e:2x2')
 
 
 @pytest.mark.slow
 def test_the_flops_of_a_matmul_are_the_count_by_hand(v5e_2x2):
   """2 M K N FLOPs for x [M, K] @ w [K, N], the rows split over 4 chips: a quarter each."""
-  devices = aot.tpu_devices(v5e_2x2)
+  devices = aot.devices(v5e_2x2)
   mesh = sharding.make_mesh(devices)
   m, k, n = 1024, 512, 256
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=NamedSharding(mesh, P('data')))
@@ -174,16 +213,7 @@ SMALL_CONFIGS['translation, area, pallas_tpu'] = (
 @pytest.mark.slow
 @pytest.mark.parametrize('task', sorted(SMALL_CONFIGS))
 def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
-  name, overrides = SMALL_CONFIGS[task]
-  config = command_line.load_config_file(name)
-  with config.unlocked():
-    for key, value in overrides.items():
-      node = config
-      *parents, leaf = key.split('.')
-      for parent in parents:
-        node = node[parent]
-      node[leaf] = value
-  costs = aot.compile_config(config, v5e_2x2)
+  costs = aot.compile_config(_small_config(task), v5e_2x2)
   assert [c.name for c in costs] == ['train step', 'evaluation step']
   for c in costs:
     assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['v5e'].hbm_bytes
@@ -248,3 +278,62 @@ def test_the_paper_lm_evaluates_32k_bytes_on_one_v5e_chip_with_the_kernel(v5e_2x
   config.model.attention_implementation = 'pallas_tpu'
   (cost,) = aot.compile_config(config, one_chip, ('eval',), unrolled_flops=False)  # memory only
   assert cost.peak_bytes < 2**30  # under 1 GiB of the 16
+
+
+# ---------------------------------------------------------------------------
+# Compiled for NVIDIA GPUs (the CUDA plugin).
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def h100_8():
+  aot.compile_only()
+  return aot.parse_topology('h100:8')
+
+
+def _small_config(task):
+  name, overrides = SMALL_CONFIGS[task]
+  config = command_line.load_config_file(name)
+  with config.unlocked():
+    for key, value in overrides.items():
+      node = config
+      *parents, leaf = key.split('.')
+      for parent in parents:
+        node = node[parent]
+      node[leaf] = value
+  return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('task', ['lm', 'translation', 'vit', 'resnet'])
+def test_every_task_compiles_for_eight_gpus(task, h100_8):
+  costs = aot.compile_config(_small_config(task), h100_8)
+  assert [c.name for c in costs] == ['train step', 'evaluation step']
+  for c in costs:
+    assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['h100'].usable_bytes
+    assert c.bytes_accessed is None  # XLA counts none for a GPU program
+  assert costs[0].aliased > 0  # the train step's state donated
+
+
+@pytest.mark.slow
+def test_a_gpu_steps_flops_are_the_tpu_compilers_count_split_over_the_gpus(h100_8, v5e_2x2):
+  """The same train step: counted before optimization for one CPU device and split over
+  8 GPUs, against the TPU compiler's count for one chip (its matmuls by hand above; a
+  sharded TPU program also counts what its collectives add)."""
+  del v5e_2x2  # sets libtpu up
+  config = _small_config('lm')
+  (gpu,) = aot.compile_config(config, h100_8, ('train',))
+  (tpu,) = aot.compile_config(config, aot.parse_topology('v5e:1x1'), ('train',))
+  assert 8 * gpu.flops == pytest.approx(tpu.flops, rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_model_too_large_for_a_gpu_gets_the_message(h100_8):
+  config = command_line.load_config_file('default')
+  with config.unlocked():
+    config.model.update(num_layers=1, emb_dim=16384, mlp_dim=262144, num_heads=16)
+  with pytest.raises(aot.DoesNotFit) as e:
+    aot.compile_config(config, aot.parse_topology('h100'), ('train',))
+  message = str(e.value)
+  assert message.startswith('The train step does not fit one h100 GPU of h100:1')
+  assert 'over the 60.00 GiB JAX allocates' in message and 'XLA_PYTHON_CLIENT_MEM' in message

@@ -20,8 +20,8 @@ def test_the_abstract_state_and_batches_carry_the_runs_shardings():
   abstract = programs.abstract_state(init_fn, jax.random.key(0))
   leaves = jax.tree.leaves(abstract)
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-  aot.libtpu_as_compiler()
-  mesh = sharding.make_mesh(aot.tpu_devices(aot.parse_topology('v5e:2x2')))
+  aot.compile_only()
+  mesh = sharding.make_mesh(aot.devices(aot.parse_topology('v5e:2x2')))
   shardings = sharding.state_shardings(abstract, mesh, 'fsdp')
   placed = programs.with_shardings(abstract, shardings)
   for x, s, a in zip(jax.tree.leaves(placed), jax.tree.leaves(shardings), leaves):
