@@ -18,6 +18,9 @@ import pytest
 from helpers import TINY_TRAIN
 from pages import markdown_blocks
 
+# CI's oldest stack runs the whole file beside its fast tier (-m "not slow or packaging").
+pytestmark = pytest.mark.packaging
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
 PROJECT = PYPROJECT['project']
