@@ -48,7 +48,7 @@ class Row:
 
 # The LM rows' attention on TPU: the Pallas kernel (the 32k evaluation needs it). On GPUs
 # every row runs XLA's attention (the config's default, chosen by JAX on this CPU machine):
-# cuDNN's needs cuDNN to compile.
+# the compile command traces no cuDNN attention (docs/compile.md, GPUs).
 LM = (('model.attention_implementation', 'pallas_tpu'),)
 # What the papers report beside each config (../shared/papers: the ContextPool paper's
 # Tables 1, 2, 5, S1, S2; the area attention paper's Sec. 4.1; the lambda slides' tables).
@@ -325,7 +325,7 @@ def report(out: pathlib.Path) -> str:
       "**One H100**, **eight H100** (one host): the largest batch, halving from the config's,"
       f' whose step fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that JAX allocates by'
       f' default ({h100.usable_bytes / 2**30:.0f} GiB; XLA_PYTHON_CLIENT_MEM_FRACTION). XLA'
-      " attention (cuDNN's needs cuDNN to compile). XLA's GPU compiler counts no FLOPs: they"
+      " attention (the command compiles no cuDNN attention). XLA's GPU compiler counts no FLOPs: they"
       ' are the step lowered for one CPU device, split over the GPUs. Bound: FLOPs /'
       f' {h100.peak_flops / 1e12:g} TFLOP/s (bf16 dense), a floor.',
       '',

@@ -29,8 +29,9 @@ Topologies, by name (:func:`parse_topology`):
   its FLOPs are those of the same step lowered for one CPU device (XLA's count of
   the program before optimization: the FLOPs do not depend on the device), split
   evenly over the GPUs; the bound is FLOPs / peak FLOP/s alone (no count of bytes
-  after fusion). cuDNN's attention (``attention_implementation='cudnn'``) needs
-  cuDNN at trace time, so it compiles only on a machine with cuDNN.
+  after fusion). The command compiles XLA's attention: cuDNN's
+  (``attention_implementation='cudnn'``) is traced only in a process that runs on a
+  GPU with cuDNN (JAX looks cuDNN up as it traces), and the command runs JAX on the CPU.
 
 The bound is a floor, not a prediction: it assumes every FLOP at peak and every
 byte at full bandwidth, without overlap losses, collectives or the host.
@@ -188,7 +189,7 @@ _PLATFORM_SETTINGS = {
     ),
     'cuda': (
         "--config.model.attention_implementation=cudnn (cuDNN's fused attention, memory linear"
-        ' in length; compiles where cuDNN is installed)',
+        ' in length: on the GPUs, where cuDNN is; this command compiles XLA attention)',
         f'XLA_PYTHON_CLIENT_MEM_FRACTION (JAX allocates {GPU_MEMORY_FRACTION:.0%} of the GPU'
         ' by default; up to about 0.95)',
         'more GPUs (--topology), for fsdp and fewer rows per GPU',
