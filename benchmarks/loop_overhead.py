@@ -123,11 +123,7 @@ def override(config: ml_collections.ConfigDict, assignment: str) -> None:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
     value = text
-  *parents, leaf = key.split('.')
-  target = config
-  for parent in parents:
-    target = target[parent]
-  target[leaf] = value
+  config.update_from_flattened_dict({key: value})
 
 
 def period(config: ml_collections.ConfigDict) -> int:

@@ -152,13 +152,7 @@ def _config(row: Row, batch: int, gpu: bool = False):
   config = command_line.load_config_file(row.config)
   overrides = {k: v for k, v in row.overrides if not (gpu and v == 'pallas_tpu')}
   with config.unlocked():
-    for key, value in overrides.items():
-      node = config
-      *parents, leaf = key.split('.')
-      for parent in parents:
-        node = node[parent]
-      node[leaf] = value
-    config.batch_size = batch
+    config.update_from_flattened_dict(overrides | {'batch_size': batch})
   return config
 
 

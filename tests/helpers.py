@@ -47,12 +47,7 @@ def tiny_config(corpus, data_dir, **overrides):
       eval_batch_size=4,
       eval_max_bytes=2048,
   )
-  for key, value in overrides.items():
-    target = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
+  c.update_from_flattened_dict(overrides)
   return c
 
 

@@ -295,12 +295,7 @@ def _small_config(task):
   name, overrides = SMALL_CONFIGS[task]
   config = command_line.load_config_file(name)
   with config.unlocked():
-    for key, value in overrides.items():
-      node = config
-      *parents, leaf = key.split('.')
-      for parent in parents:
-        node = node[parent]
-      node[leaf] = value
+    config.update_from_flattened_dict(overrides)
   return config
 
 
