@@ -37,19 +37,27 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """A config of the papers (``--config`` and ``--config.<key>`` overrides), the paper's
-  figures to show beside it."""
+  """A config of the papers (``--config`` and ``--config.<key>`` overrides), the step
+  measured (its batch: the config's ``batch_size``, or ``dataset.eval_batch_size`` for
+  the evaluation step) and the paper's figures to show beside it."""
 
   name: str
   config: str
   overrides: tuple[tuple[str, object], ...] = ()
   paper: str = ''
+  step: str = 'train'  # or 'eval'
+
+  @property
+  def batch_key(self) -> str:
+    return 'batch_size' if self.step == 'train' else 'dataset.eval_batch_size'
 
 
 # The LM rows' attention on TPU: the Pallas kernel (the 32k evaluation needs it). On GPUs
 # every row runs XLA's attention (the config's default, chosen by JAX on this CPU machine):
 # the compile command traces no cuDNN attention (docs/compile.md, GPUs).
 LM = (('model.attention_implementation', 'pallas_tpu'),)
+# ContextPool's LM evaluation (Sec. 4.1): 32,768 bytes of context, scored 512 at a time.
+EVAL_32K = LM + (('dataset.eval_context', 32768), ('dataset.eval_step', 512))
 # What the papers report beside each config (../shared/papers: the ContextPool paper's
 # Tables 1, 2, 5, S1, S2; the area attention paper's Sec. 4.1; the lambda slides' tables).
 # Their figures are per GPU or per machine, for training or inference, as stated; "not
@@ -67,6 +75,20 @@ ROWS = (
         'enwik8:stage1,baseline',
         LM,
         'the T12 baseline (Al-Rfou et al.): not reported in the ContextPool paper',
+    ),
+    Row(
+        'CP-Transformer(12), enwik8/text8, 32k-byte evaluation',
+        'enwik8:stage1',
+        EVAL_32K,
+        'the evaluation of Sec. 4.1 (32k bytes of context, step 512); no hardware reported',
+        step='eval',
+    ),
+    Row(
+        'Transformer(12), enwik8/text8, 32k-byte evaluation',
+        'enwik8:stage1,baseline',
+        EVAL_32K,
+        'not reported',
+        step='eval',
     ),
     Row(
         'CP-Transformer-Base, WMT14 en-de',
@@ -152,13 +174,13 @@ def _config(row: Row, batch: int, gpu: bool = False):
   config = command_line.load_config_file(row.config)
   overrides = {k: v for k, v in row.overrides if not (gpu and v == 'pallas_tpu')}
   with config.unlocked():
-    config.update_from_flattened_dict(overrides | {'batch_size': batch})
+    config.update_from_flattened_dict(overrides | {row.batch_key: batch})
   return config
 
 
 def measure(row: Row, topology_name: str, batch: int) -> dict:
-  """The train step of ``row`` at ``batch`` on ``topology_name`` (``aot.parse_topology``'s
-  names): one CSV row."""
+  """The step of ``row`` (``row.step``) at ``batch`` on ``topology_name``
+  (``aot.parse_topology``'s names): one CSV row."""
   from contextpool_jax.training import aot  # pylint: disable=g-import-not-at-top
 
   topology = aot.parse_topology(topology_name)
@@ -168,7 +190,7 @@ def measure(row: Row, topology_name: str, batch: int) -> dict:
   with quiet.watch() as load:
     try:
       config = _config(row, batch, gpu=topology.chip.gpu is not None)
-      (cost,) = aot.compile_config(config, topology, ('train',))
+      (cost,) = aot.compile_config(config, topology, (row.step,))
     except aot.DoesNotFit as e:
       cost, message = None, str(e)[:300]
   fields = load().fields()
@@ -267,7 +289,8 @@ def run_gpus(out: pathlib.Path, rows=ROWS) -> None:
 def _config_batch(row: Row) -> int:
   from contextpool_jax.training import command_line  # pylint: disable=g-import-not-at-top
 
-  return command_line.load_config_file(row.config).batch_size
+  config = command_line.load_config_file(row.config)
+  return config.batch_size if row.step == 'train' else config.dataset.eval_batch_size
 
 
 def _fits(path, row, search, topology, batch) -> str:
@@ -302,7 +325,8 @@ def report(out: pathlib.Path) -> str:
       "# The papers' configs compiled for TPU v5e and NVIDIA H100",
       '',
       '`python -m benchmarks.paper_scale [--platform=gpu]` (libtpu or the CUDA plugin; no TPU or'
-      " GPU): each config's train step compiled with `contextpool_jax.training.aot` (what"
+      " GPU): each config's train step (the evaluation step for the 32k-byte rows; their"
+      ' batch is the evaluation batch) compiled with `contextpool_jax.training.aot` (what'
       ' `contextpool-compile` prints), per chip or GPU.',
       '',
       '## TPU v5e',

@@ -181,9 +181,21 @@ def test_paper_scale_finds_the_smallest_slice_and_the_largest_batch_that_fits(
 def test_paper_scale_gives_gpus_xla_attention_instead_of_the_tpu_kernel():
   from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
 
-  (lm,) = [r for r in paper_scale.ROWS if r.name.startswith('CP-Transformer(12)')]
+  (lm,) = [r for r in paper_scale.ROWS if r.name.startswith('CP-Transformer(12), enwik8/text8, 2')]
   assert paper_scale._config(lm, 8).model.attention_implementation == 'pallas_tpu'
   assert paper_scale._config(lm, 8, gpu=True).model.attention_implementation is None
+  assert paper_scale._config(lm, 8).batch_size == 8
+
+
+def test_paper_scale_evaluates_the_lm_at_32k_bytes_step_512_at_its_evaluation_batch():
+  from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+
+  rows = [r for r in paper_scale.ROWS if r.step == 'eval']
+  assert [r.name.split(',')[0] for r in rows] == ['CP-Transformer(12)', 'Transformer(12)']
+  for row in rows:
+    config = paper_scale._config(row, 2)
+    assert (config.dataset.eval_context, config.dataset.eval_step) == (32768, 512)
+    assert config.dataset.eval_batch_size == 2 and paper_scale._config_batch(row) == 8
 
 
 def test_cp_step_cost_tables_each_arm_against_its_baseline_at_each_context():
