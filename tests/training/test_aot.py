@@ -299,9 +299,12 @@ def _small_config(task):
   return config
 
 
+# The GPU path is the TPU path's (the programs above) with another compiler, other memory and
+# FLOP accounting: a sequence model and a ConvNet exercise it; the papers' configs all compile
+# for GPUs in benchmarks/paper_scale.py.
 @pytest.mark.slow
-@pytest.mark.parametrize('task', ['lm', 'translation', 'vit', 'resnet'])
-def test_every_task_compiles_for_eight_gpus(task, h100_8):
+@pytest.mark.parametrize('task', ['lm', 'resnet'])
+def test_tasks_compile_for_eight_gpus(task, h100_8):
   costs = aot.compile_config(_small_config(task), h100_8)
   assert [c.name for c in costs] == ['train step', 'evaluation step']
   for c in costs:
@@ -311,24 +314,24 @@ def test_every_task_compiles_for_eight_gpus(task, h100_8):
 
 
 @pytest.mark.slow
-def test_a_gpu_steps_flops_are_the_tpu_compilers_count_split_over_the_gpus(h100_8, v5e_2x2):
-  """The same train step: counted before optimization for one CPU device and split over
-  8 GPUs, against the TPU compiler's count for one chip (its matmuls by hand above; a
-  sharded TPU program also counts what its collectives add)."""
+def test_a_gpu_steps_flops_are_the_tpu_compilers_count_split_over_the_gpus(v5e_2x2):
+  """What the GPU path reports (the step lowered for one CPU device, split over the GPUs)
+  against the TPU compiler's count for one chip (its matmuls by hand above; a sharded TPU
+  program also counts what its collectives add)."""
   del v5e_2x2  # sets libtpu up
   config = _small_config('lm')
-  (gpu,) = aot.compile_config(config, h100_8, ('train',))
+  (counted,) = aot._counted_flops(spec.read(config), ('train',))
   (tpu,) = aot.compile_config(config, aot.parse_topology('v5e:1x1'), ('train',))
-  assert 8 * gpu.flops == pytest.approx(tpu.flops, rel=0.01)
+  assert counted == pytest.approx(tpu.flops, rel=0.01)
 
 
 @pytest.mark.slow
-def test_a_model_too_large_for_a_gpu_gets_the_message(h100_8):
-  config = command_line.load_config_file('default')
-  with config.unlocked():
-    config.model.update(num_layers=1, emb_dim=16384, mlp_dim=262144, num_heads=16)
+def test_a_step_over_the_memory_jax_allocates_on_a_gpu_gets_the_message(h100_8, monkeypatch):
+  """The GPU compiler does not refuse a program for memory: the command does, against
+  the share JAX allocates (here shrunk so that the small LM's step is over it)."""
+  monkeypatch.setattr(aot, 'GPU_MEMORY_FRACTION', 2**20 / aot.CHIPS['h100'].hbm_bytes)  # 1 MiB
   with pytest.raises(aot.DoesNotFit) as e:
-    aot.compile_config(config, aot.parse_topology('h100'), ('train',))
+    aot.compile_config(_small_config('lm'), h100_8, ('train',))
   message = str(e.value)
-  assert message.startswith('The train step does not fit one h100 GPU of h100:1')
-  assert 'over the 60.00 GiB JAX allocates' in message and 'XLA_PYTHON_CLIENT_MEM' in message
+  assert message.startswith('The train step does not fit one h100 GPU of h100:8')
+  assert 'over the 1.0 MiB JAX allocates' in message and 'XLA_PYTHON_CLIENT_MEM' in message
