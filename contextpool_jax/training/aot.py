@@ -161,6 +161,8 @@ CHIPS = {
 TPUS = tuple(name for name, chip in CHIPS.items() if chip.gpu is None)
 GPUS = tuple(name for name, chip in CHIPS.items() if chip.gpu is not None)
 GPUS_PER_HOST = 8
+# JAX's CUDA plugins (jax[cuda12] or jax[cuda13] on a GPU machine; [gpu-compile] elsewhere).
+CUDA_PLUGINS = ('jax_plugins.xla_cuda12', 'jax_plugins.xla_cuda13')
 # Cloud accelerator type prefixes -> chip (v5litepod is v5e's Cloud name).
 _CLOUD_NAMES = {'v4': 'v4', 'v5litepod': 'v5e', 'v5e': 'v5e', 'v5p': 'v5p', 'v6e': 'v6e'}
 ACCEPTED = (
@@ -278,10 +280,7 @@ def compiler_missing(topology: Topology) -> Optional[str]:
         "compiling for a TPU needs libtpu: pip install 'contextpool-jax[tpu]'"
         ' (jax[tpu]; it runs on any machine, no TPU needed).'
     )
-  if (
-      topology.chip.platform == 'cuda'
-      and importlib.util.find_spec('jax_plugins.xla_cuda12') is None
-  ):
+  if topology.chip.platform == 'cuda' and not any(map(importlib.util.find_spec, CUDA_PLUGINS)):
     return (
         "compiling for an NVIDIA GPU needs JAX's CUDA plugin: pip install"
         " 'contextpool-jax[gpu-compile]' (jax[cuda12-local]; it runs on any machine, no GPU"
