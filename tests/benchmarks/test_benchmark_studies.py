@@ -7,6 +7,7 @@ resumes, and reports paired differences computed from the results it was given.
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks import ablation_default
 from benchmarks import corpus_splits
@@ -209,3 +210,18 @@ def test_cp_step_cost_tables_each_arm_against_its_baseline_at_each_context():
   assert '| 1,024 | cp_kv_dense | 11264.00 (vs 10240.00) | 1.100x | 1.200x |' in text
   assert '| 2,048 | cp_kv_blockwise | 21504.00 (vs 20480.00) | 1.050x | 1.200x |' in text
   assert text.count('| 256 |') == 2
+
+
+@pytest.mark.slow
+def test_gpu_checks_run_at_toy_sizes_on_the_cpu():
+  """The script a lent GPU runs (benchmarks/gpu_checks.py), at --small sizes with XLA's
+  attention: both models' steps compiled, counted and timed, the table written."""
+  from benchmarks import gpu_checks  # pylint: disable=g-import-not-at-top
+
+  results = gpu_checks.run(gpu_checks.SMALL, ('xla',))
+  baseline, pooled = results['steps']
+  assert (baseline['model'], pooled['model']) == ('baseline', 'contextpool')
+  assert 0 < baseline['gflops'] < pooled['gflops']  # the pooling adds work
+  for row in (baseline, pooled):
+    assert np.isfinite(row['loss']) and row['step_ms'] > 0 and row['peak_gib'] > 0
+  assert '| contextpool | xla |' in gpu_checks.table(results)
