@@ -270,14 +270,16 @@ def test_licence_and_typing_marker_ship():
 
 
 def test_every_package_is_listed_and_the_configs_install_from_their_one_home():
-  """``[tool.setuptools] packages`` lists every package of ``contextpool_jax/`` (a new
-  subpackage not listed would be left out of the wheel), and ``contextpool_jax.configs`` is
-  the top-level ``configs/`` (no copy)."""
+  """``[tool.setuptools] packages`` lists every directory of ``contextpool_jax/``: each
+  subpackage (one not listed would be left out of the wheel) and each directory of data
+  alone (Python imports it as a namespace package, and setuptools warns at every build when
+  it is not listed); ``contextpool_jax.configs`` is the top-level ``configs/`` (no copy)."""
   setuptools = PYPROJECT['tool']['setuptools']
   found = {
-      '.'.join(p.parent.relative_to(REPO).parts) for p in (REPO / 'contextpool_jax').rglob('*.py')
+      '.'.join(p.relative_to(REPO).parts)
+      for p in [REPO / 'contextpool_jax', *(REPO / 'contextpool_jax').rglob('*')]
+      if p.is_dir() and p.name != '__pycache__'
   }
-  found = {name for name in found if (REPO / name.replace('.', '/') / '__init__.py').is_file()}
   assert set(setuptools['packages']) == found | {'contextpool_jax.configs'}
   assert setuptools['package-dir'] == {'contextpool_jax.configs': 'configs'}
   assert not (REPO / 'contextpool_jax' / 'configs').exists()
@@ -311,6 +313,7 @@ def _build_wheel(src: pathlib.Path, dist: pathlib.Path) -> pathlib.Path:
       cwd=dist.parent,
   )
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  assert 'would be ignored' not in run.stderr, run.stderr[-3000:]  # setuptools' unlisted package
   (wheel,) = dist.glob('contextpool_jax-*.whl')
   return wheel
 
