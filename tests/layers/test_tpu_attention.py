@@ -43,6 +43,14 @@ def _valid(lengths, n):
   return jnp.arange(n)[None, :] < jnp.asarray(lengths)[:, None]
 
 
+def _outputs_and_gradients(attend, loss, *args):
+  """``attend(*args)`` and the gradient of ``loss(attend, *args)`` in every argument, in
+  one jitted program (the interpreted kernel compiles once, not op by op)."""
+  argnums = tuple(range(1, len(args) + 1))
+  both = lambda *a: (attend(*a), jax.grad(loss, argnums=argnums)(attend, *a))
+  return jax.jit(both)(*args)
+
+
 CASES = {  # (q_len, kv_len, causal, q lengths or None, kv lengths or None)
     'causal': (40, 40, True, None, None),
     'causal, padded': (40, 40, True, [40, 23], [40, 23]),
@@ -73,11 +81,11 @@ def test_forward_and_gradients_equal_the_dense_path_on_real_tokens(case):
 
   flash = lambda q, k, v: tpu_attention.flash_attention(q, k, v, causal=causal, mask=padding)
   dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=full)
-  chex.assert_trees_all_close(
-      jnp.where(real, flash(q, k, v), 0), jnp.where(real, dense(q, k, v), 0), atol=2e-6
+  (got, got_grads), (want, want_grads) = (
+      _outputs_and_gradients(f, loss, q, k, v) for f in (flash, dense)
   )
-  grads = [jax.grad(loss, argnums=(1, 2, 3))(f, q, k, v) for f in (flash, dense)]
-  chex.assert_trees_all_close(*grads, atol=5e-6)
+  chex.assert_trees_all_close(jnp.where(real, got, 0), jnp.where(real, want, 0), atol=2e-6)
+  chex.assert_trees_all_close(got_grads, want_grads, atol=5e-6)
 
 
 def test_bfloat16_is_close_to_float32():
@@ -130,13 +138,13 @@ def test_area_attention_through_the_kernel_equals_the_dense_path(case):
       value_mode=value_mode,
       implementation=implementation,
   )
-  flash, dense = attend('pallas_tpu'), attend(None)
-  chex.assert_trees_all_close(
-      jnp.where(real, flash(q, k, v), 0), jnp.where(real, dense(q, k, v), 0), atol=2e-6
-  )
   loss = lambda f, q, k, v: jnp.sum(jnp.where(real, f(q, k, v) * cotangent, 0.0))
-  grads = [jax.grad(loss, argnums=(1, 2, 3))(f, q, k, v) for f in (flash, dense)]
-  chex.assert_trees_all_close(*grads, atol=1e-5)
+  (got, got_grads), (want, want_grads) = (
+      _outputs_and_gradients(attend(implementation), loss, q, k, v)
+      for implementation in ('pallas_tpu', None)
+  )
+  chex.assert_trees_all_close(jnp.where(real, got, 0), jnp.where(real, want, 0), atol=2e-6)
+  chex.assert_trees_all_close(got_grads, want_grads, atol=1e-5)
 
 
 def test_area_attention_through_the_kernel_cannot_read_the_future():
@@ -186,7 +194,9 @@ def test_area_models_through_the_kernel_give_the_dense_outputs():
   targets = jnp.asarray(r.integers(1, 61, (2, 11)), jnp.int32)
   variables = dense.init(jax.random.key(0), inputs, targets)
   chex.assert_trees_all_close(
-      flash.apply(variables, inputs, targets), dense.apply(variables, inputs, targets), atol=2e-5
+      jax.jit(flash.apply)(variables, inputs, targets),
+      jax.jit(dense.apply)(variables, inputs, targets),
+      atol=2e-5,
   )
 
 
@@ -207,15 +217,15 @@ def _assert_same_outputs_and_gradients(dense, flash, inputs):
   """The two models' outputs, and the gradients of a loss of them w.r.t. the (shared)
   parameters, agree."""
   variables = dense.init(jax.random.key(0), inputs)
-  loss = lambda m: lambda p: jnp.mean(m.apply({**variables, 'params': p}, inputs) ** 2)
-  chex.assert_trees_all_close(
-      flash.apply(variables, inputs), dense.apply(variables, inputs), atol=2e-5
+  loss = lambda apply, p: jnp.mean(apply(p) ** 2)
+  (got, got_grads), (want, want_grads) = (
+      _outputs_and_gradients(
+          lambda p, m=m: m.apply({**variables, 'params': p}, inputs), loss, variables['params']
+      )
+      for m in (flash, dense)
   )
-  chex.assert_trees_all_close(
-      jax.grad(loss(flash))(variables['params']),
-      jax.grad(loss(dense))(variables['params']),
-      atol=2e-5,
-  )
+  chex.assert_trees_all_close(got, want, atol=2e-5)
+  chex.assert_trees_all_close(got_grads[0], want_grads[0], atol=2e-5)
 
 
 def test_the_lm_gives_the_dense_outputs_and_gradients():
@@ -246,8 +256,8 @@ def test_the_translation_model_gives_the_dense_outputs_on_real_tokens():
   variables = dense.init(jax.random.key(0), inputs, targets)
   real = (targets > 0)[:, :, None]
   chex.assert_trees_all_close(
-      jnp.where(real, flash.apply(variables, inputs, targets), 0),
-      jnp.where(real, dense.apply(variables, inputs, targets), 0),
+      jnp.where(real, jax.jit(flash.apply)(variables, inputs, targets), 0),
+      jnp.where(real, jax.jit(dense.apply)(variables, inputs, targets), 0),
       atol=2e-5,
   )
 

@@ -166,28 +166,40 @@ def test_the_flops_of_a_matmul_are_the_count_by_hand(v5e_2x2):
   assert cost.arguments == (m // 4) * k * 2 + k * n * 2 and cost.outputs == (m // 4) * n * 2
 
 
-# A small config of every task, as the command would get it (its overrides keep it quick).
+# A small config of every task, as the command would get it: one example per chip of the
+# v5e:2x2 slice and short sequences (the TPU compiler's time grows with the shapes: the LM's
+# train step at batch 8 x 256 took 6.6 s to compile, at 4 x 64 3.6 s).
 SMALL_CONFIGS = {
-    'lm': ('default', {'batch_size': 8}),
+    'lm': (
+        'default',
+        {
+            'batch_size': 4,
+            'dataset.seq_len': 64,
+            'dataset.eval_context': 64,
+            'dataset.eval_step': 32,
+            'dataset.eval_batch_size': 4,
+        },
+    ),
     'translation': (
         'wmt14:en-de,tiny,cp',
         {
-            'batch_size': 8,
-            'dataset.max_source_len': 32,
-            'dataset.max_target_len': 32,
+            'batch_size': 4,
+            'dataset.eval_batch_size': 4,
+            'dataset.max_source_len': 16,
+            'dataset.max_target_len': 16,
             'model.num_layers': 1,
         },
     ),
     'vit': (
         'imagenet_vit:cp_vit_ti16',
         {
-            'batch_size': 8,
-            'dataset.eval_batch_size': 8,
-            'dataset.image_size': 64,
+            'batch_size': 4,
+            'dataset.eval_batch_size': 4,
+            'dataset.image_size': 32,
             'model.num_layers': 2,
         },
     ),
-    'resnet': ('cifar10_resnet:cp_resnet20', {'batch_size': 8, 'dataset.eval_batch_size': 8}),
+    'resnet': ('cifar10_resnet:cp_resnet20', {'batch_size': 4, 'dataset.eval_batch_size': 4}),
 }
 
 
@@ -202,7 +214,7 @@ SMALL_CONFIGS['vit, pallas_tpu'] = (SMALL_CONFIGS['vit'][0], {**SMALL_CONFIGS['v
 # last item), the translation model's encoder, decoder and cross-attention.
 SMALL_CONFIGS['lm, area, pallas_tpu'] = (
     'default:baseline',
-    {'batch_size': 8, 'model.attention': 'area', 'model.num_layers': 1, **KERNEL},
+    {**SMALL_CONFIGS['lm'][1], 'model.attention': 'area', 'model.num_layers': 1, **KERNEL},
 )
 SMALL_CONFIGS['translation, area, pallas_tpu'] = (
     'wmt14:en-de,tiny,area',
@@ -230,7 +242,7 @@ def test_a_scanned_model_counts_every_layer(v5e_2x2, monkeypatch):
   def config():
     c = command_line.load_config_file('default')
     with c.unlocked():
-      c.batch_size = 8
+      c.update_from_flattened_dict(SMALL_CONFIGS['lm'][1])
       c.model.update(num_layers=3, emb_dim=64, mlp_dim=128, scan_layers=True)
     return c
 
@@ -291,12 +303,16 @@ def h100_8():
   return aot.parse_topology('h100:8')
 
 
-def _small_config(task):
+def _small_config(task, **more):
   name, overrides = SMALL_CONFIGS[task]
   config = command_line.load_config_file(name)
   with config.unlocked():
-    config.update_from_flattened_dict(overrides)
+    config.update_from_flattened_dict({**overrides, **more})
   return config
+
+
+# One example per GPU of h100:8.
+EIGHT = {'batch_size': 8, 'dataset.eval_batch_size': 8}
 
 
 # The GPU path is the TPU path's (the programs above) with another compiler, other memory and
@@ -305,7 +321,7 @@ def _small_config(task):
 @pytest.mark.slow
 @pytest.mark.parametrize('task', ['lm', 'resnet'])
 def test_tasks_compile_for_eight_gpus(task, h100_8):
-  costs = aot.compile_config(_small_config(task), h100_8)
+  costs = aot.compile_config(_small_config(task, **EIGHT), h100_8)
   assert [c.name for c in costs] == ['train step', 'evaluation step']
   for c in costs:
     assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['h100'].usable_bytes
@@ -326,12 +342,17 @@ def test_a_gpu_steps_flops_are_the_tpu_compilers_count_split_over_the_gpus(v5e_2
 
 
 @pytest.mark.slow
-def test_a_step_over_the_memory_jax_allocates_on_a_gpu_gets_the_message(h100_8, monkeypatch):
+def test_a_step_over_the_memory_jax_allocates_on_a_gpu_gets_the_message(monkeypatch):
   """The GPU compiler does not refuse a program for memory: the command does, against
-  the share JAX allocates (here shrunk so that the small LM's step is over it)."""
+  the share JAX allocates (here shrunk so that a one-layer LM's step is over it)."""
   monkeypatch.setattr(aot, 'GPU_MEMORY_FRACTION', 2**20 / aot.CHIPS['h100'].hbm_bytes)  # 1 MiB
+  config = _small_config(
+      'lm',
+      **{'batch_size': 1, 'model.num_layers': 1, 'model.emb_dim': 64, 'model.mlp_dim': 128},
+  )
+  aot.compile_only()
   with pytest.raises(aot.DoesNotFit) as e:
-    aot.compile_config(_small_config('lm'), h100_8, ('train',))
+    aot.compile_config(config, aot.parse_topology('h100'), ('train',))
   message = str(e.value)
-  assert message.startswith('The train step does not fit one h100 GPU of h100:8')
+  assert message.startswith('The train step does not fit one h100 GPU of h100:1')
   assert 'over the 1.0 MiB JAX allocates' in message and 'XLA_PYTHON_CLIENT_MEM' in message
