@@ -91,10 +91,10 @@ def _windows(
 
 def validation_windows(config, max_bytes: int) -> np.ndarray:
   """The non-overlapping full windows ``[w, seq_len + 1]`` of the first
-  ``max_bytes`` of the validation split (the study's ``eval_max_bytes``)."""
+  ``max_bytes`` of the validation split (the study's ``eval_max_bytes``; 0: all of it)."""
   split = lm_input.load_split(lm_input.resolve_spec(config), 'validation')
   n = config.dataset.seq_len
-  usable = min(len(split), max_bytes)
+  usable = lm_input.evaluated_bytes(len(split), max_bytes)
   return _windows(split, np.arange(0, usable - n - 1 + 1, n), n)
 
 

@@ -516,8 +516,15 @@ def make_eval_batches(
   process_index, process_count = checks.check_process(process_index, process_count)
   config_readers.share(spec.eval_batch_size, process_count, 'dataset.eval_batch_size')
   corpus = load_split(spec, split)
-  num_bytes = len(corpus) if not spec.eval_max_bytes else min(len(corpus), spec.eval_max_bytes)
-  return corpus_eval_batches(spec, corpus, num_bytes, process_index, process_count)
+  return corpus_eval_batches(
+      spec, corpus, evaluated_bytes(len(corpus), spec.eval_max_bytes), process_index, process_count
+  )
+
+
+def evaluated_bytes(split_bytes: int, eval_max_bytes: int) -> int:
+  """How many bytes of a split of ``split_bytes`` an evaluation reads: its first
+  ``eval_max_bytes`` (``config.dataset.eval_max_bytes``), or all of it at ``0``."""
+  return split_bytes if not eval_max_bytes else min(split_bytes, eval_max_bytes)
 
 
 def corpus_eval_batches(

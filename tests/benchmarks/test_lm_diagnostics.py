@@ -10,7 +10,9 @@ import numpy as np
 import optax
 import pytest
 
+import helpers
 from benchmarks import lm_diagnostics as diag
+from contextpool_jax.data import lm_input
 from contextpool_jax.models import transformer as T
 from init_keys import init_key, init_variables
 
@@ -189,3 +191,18 @@ def test_head_scores_of_known_patterns():
   got = diag.head_scores(w)
   assert got['previous_token'] == [1.0, 0.0]
   assert got['induction'] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize('max_bytes', [0, 100])
+def test_validation_windows_tile_the_evaluated_prefix(max_bytes, corpus, tmp_path):
+  """Every full window of ``seq_len + 1`` bytes at multiples of ``seq_len`` in the first
+  ``max_bytes`` of the validation split, or in all of it at 0 (the study's default
+  ``eval_max_bytes``, which once gave no window: its long runs' diagnostics crashed)."""
+  config = helpers.tiny_config(corpus, tmp_path / 'tfds')
+  split = lm_input.load_split(lm_input.resolve_spec(config), 'validation')
+  n = config.dataset.seq_len
+  usable = len(split) if max_bytes == 0 else max_bytes
+  windows = diag.validation_windows(config, max_bytes)
+  assert len(windows) == (usable - 1) // n > 0
+  for i, window in enumerate(windows):
+    np.testing.assert_array_equal(window, split.read(i * n, i * n + n + 1))
