@@ -21,7 +21,8 @@ COMPILE_FAST = {
     '--xla_cpu_parallel_codegen_split_count': '1',
     # The GPU compiler (tests/training/test_aot.py, abstract H100s): no autotuning of its
     # kernels' configurations. The same peak memory (the small LM's and ResNet's steps on
-    # h100:8, to the byte) in half the compile time (the ResNet's steps 15.0 -> 7.5 s).
+    # h100:8, to the byte) in half the compile time (the ResNet's steps 15.0 -> 7.5 s, side by
+    # side on a loaded machine).
     '--xla_gpu_autotune_level': '0',
 }
 # On the oldest stack (jaxlib 0.10), also XLA's classic loop emitters instead of its MLIR

@@ -168,7 +168,7 @@ def test_the_flops_of_a_matmul_are_the_count_by_hand(v5e_2x2):
 
 # A small config of every task, as the command would get it: one example per chip of the
 # v5e:2x2 slice and short sequences (the TPU compiler's time grows with the shapes: the LM's
-# train step at batch 8 x 256 took 6.6 s to compile, at 4 x 64 3.6 s).
+# train step at batch 8 x 256 took 6.6 s to compile, at 4 x 64 3.6 s, side by side, loaded).
 SMALL_CONFIGS = {
     'lm': (
         'default',
