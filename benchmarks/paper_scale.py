@@ -156,6 +156,7 @@ FIELDS = (
     'batch',
     'fits',
     'peak_gib',
+    'compiler_peak_gib',
     'arguments_gib',
     'temporaries_gib',
     'gflops',
@@ -205,6 +206,7 @@ def measure(row: Row, topology_name: str, batch: int) -> dict:
   return out | dict(
       fits=1,
       peak_gib=f'{cost.peak_bytes / gib:.2f}',
+      compiler_peak_gib=f'{cost.compiler_peak / gib:.2f}' if cost.compiler_peak else '',
       arguments_gib=f'{cost.arguments / gib:.2f}',
       temporaries_gib=f'{cost.temporaries / gib:.2f}',
       gflops=f'{cost.flops / 1e9:.0f}',
@@ -302,14 +304,16 @@ def _fits(path, row, search, topology, batch) -> str:
 
 def _table(records: list[dict], unit: str) -> list[str]:
   lines = [
-      f'| config | search | topology | global batch | fits | peak per {unit} (GiB) | GFLOPs per'
-      f" {unit} | bound (ms) | compile (s) | load average, others' CPU |",
-      '| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |',
+      f'| config | search | topology | global batch | fits | peak per {unit} (GiB) |'
+      f" compiler's peak (GiB) | GFLOPs per {unit} | bound (ms) | compile (s) | load average,"
+      " others' CPU |",
+      '| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |',
   ]
   for r in records:
     lines.append(
         f'| {r["row"]} | {r["search"]} | {r["topology"]} | {r["batch"]} |'
-        f' {"yes" if r["fits"] == "1" else "no"} | {r["peak_gib"] or "-"} | {r["gflops"] or "-"}'
+        f' {"yes" if r["fits"] == "1" else "no"} | {r["peak_gib"] or "-"} |'
+        f' {r.get("compiler_peak_gib") or "-"} | {r["gflops"] or "-"}'
         f' | {r["bound_ms"] or "-"} | {r["compile_s"]} | {r.get("load_average") or "-"},'
         f' {r.get("others_cpu") or "-"} |'
     )
@@ -327,7 +331,10 @@ def report(out: pathlib.Path) -> str:
       '`python -m benchmarks.paper_scale [--platform=gpu]` (libtpu or the CUDA plugin; no TPU or'
       " GPU): each config's train step (the evaluation step for the 32k-byte rows; their"
       ' batch is the evaluation batch) compiled with `contextpool_jax.training.aot` (what'
-      ' `contextpool-compile` prints), per chip or GPU.',
+      ' `contextpool-compile` prints), per chip or GPU. Two measures of memory'
+      ' ([Compiling](../../docs/compile.md#what-it-prints)): the peak, arguments +'
+      " temporaries + outputs - donated, and the compiler's own peak ('-': compiled before"
+      ' the command read it). On TPU the compiler decides what fits.',
       '',
       '## TPU v5e',
       '',
@@ -341,7 +348,7 @@ def report(out: pathlib.Path) -> str:
       '## NVIDIA H100 (80 GB, SXM)',
       '',
       "**One H100**, **eight H100** (one host): the largest batch, halving from the config's,"
-      f' whose step fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that JAX allocates by'
+      f' whose step (by both measures) fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that JAX allocates by'
       f' default ({h100.usable_bytes / 2**30:.0f} GiB; XLA_PYTHON_CLIENT_MEM_FRACTION). XLA'
       " attention (the command compiles no cuDNN attention). XLA's GPU compiler counts no FLOPs: they"
       ' are the step lowered for one CPU device, split over the GPUs. Bound: FLOPs /'

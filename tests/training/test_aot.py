@@ -97,7 +97,50 @@ def test_the_bound_is_the_slower_of_compute_and_memory_traffic():
       'per chip 16.00 GiB of HBM, 197 TFLOP/s bf16 dense peak, 819 GB/s HBM'
       ' (https://cloud.google.com/tpu/docs/v5e)' in text
   )
-  assert '| s | 10 B | 20 B | 5 B | 30 B (0.0%) | 197,000.0 | 1 s |' in text
+  assert '| s | 10 B | 20 B | 5 B | 30 B (0.0%) | - | 197,000.0 | 1 s |' in text
+
+
+def test_the_compilers_peak_is_reported_beside_the_sum_and_a_gpu_step_fits_both():
+  """Two measures of a step's memory: arguments + temporaries + outputs - donated, and the
+  compiler's own peak (``peak_memory_in_bytes``, None where it gives 0). They can differ
+  either way; a GPU step must fit the larger."""
+  gib = 2**30
+  summed = aot.StepCost('s', gib, 51 * gib, gib, gib, 1.0, None)  # 52 GiB by the sum
+  h100 = aot.CHIPS['h100']  # 60 GiB usable
+  assert summed.peak_bytes == summed.most_bytes == 52 * gib
+  assert aot.over_gpu_memory(summed, h100) is None
+  over = dataclasses.replace(summed, compiler_peak=62 * gib)
+  assert over.peak_bytes == 52 * gib and over.most_bytes == 62 * gib
+  assert aot.over_gpu_memory(over, h100).startswith(
+      'it needs 62.00 GiB (arguments 1.00 GiB, temporaries 51.00 GiB, outputs 1.00 GiB, less'
+      " 1.00 GiB donated: 52.00 GiB; the compiler's peak 62.00 GiB)"
+  )
+  under = dataclasses.replace(summed, temporaries=70 * gib, compiler_peak=40 * gib)
+  assert aot.over_gpu_memory(under, h100).startswith('it needs 71.00 GiB')
+  text = aot.report(aot.parse_topology('h100'), [over, summed], 8)
+  assert '| 52.00 GiB (65.0%) | 62.00 GiB (77.5%) |' in text
+  assert '| 52.00 GiB (65.0%) | - |' in text
+
+  def compiled(peak):
+    stats = dict(
+        argument_size_in_bytes=10,
+        temp_size_in_bytes=20,
+        output_size_in_bytes=5,
+        alias_size_in_bytes=5,
+        peak_memory_in_bytes=peak,
+    )
+    return type('Compiled', (), dict(memory_analysis=type('Stats', (), stats), cost_analysis=dict))
+
+  assert aot.step_cost('s', compiled(0)).compiler_peak is None
+  read = aot.step_cost('s', compiled(45))
+  assert (read.peak_bytes, read.compiler_peak) == (30, 45)
+
+
+def check_peaks(cost: aot.StepCost) -> None:
+  """A compiled step's two measures: the compiler gives its peak on both stacks (TPU and GPU),
+  at least what is live at the start and the end (arguments, outputs less donated)."""
+  assert cost.compiler_peak is not None
+  assert cost.compiler_peak >= cost.arguments + cost.outputs - cost.aliased
 
 
 def test_a_gpu_bound_is_compute_alone_and_its_memory_is_what_jax_allocates():
@@ -229,6 +272,7 @@ def test_every_task_compiles_for_a_tpu_slice(task, v5e_2x2):
   assert [c.name for c in costs] == ['train step', 'evaluation step']
   for c in costs:
     assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['v5e'].hbm_bytes
+    check_peaks(c)
   # The train step: its state donated (outputs alias arguments).
   assert costs[0].aliased > 0
 
@@ -326,6 +370,7 @@ def test_tasks_compile_for_eight_gpus(task, h100_8):
   for c in costs:
     assert c.flops > 0 and c.arguments > 0 and 0 < c.peak_bytes < aot.CHIPS['h100'].usable_bytes
     assert c.bytes_accessed is None  # XLA counts none for a GPU program
+    check_peaks(c)
   assert costs[0].aliased > 0  # the train step's state donated
 
 
