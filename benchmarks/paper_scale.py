@@ -348,8 +348,8 @@ def report(out: pathlib.Path) -> str:
       '## NVIDIA H100 (80 GB, SXM)',
       '',
       "**One H100**, **eight H100** (one host): the largest batch, halving from the config's,"
-      f' whose step (by both measures) fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that JAX allocates by'
-      f' default ({h100.usable_bytes / 2**30:.0f} GiB; XLA_PYTHON_CLIENT_MEM_FRACTION). XLA'
+      f' whose step (by both measures) fits the {aot.GPU_MEMORY_FRACTION:.0%} of the GPU that'
+      f' JAX allocates by default ({h100.usable_bytes / 2**30:.0f} GiB; XLA_PYTHON_CLIENT_MEM_FRACTION). XLA'
       " attention (the command compiles no cuDNN attention). XLA's GPU compiler counts no FLOPs: they"
       ' are the step lowered for one CPU device, split over the GPUs. Bound: FLOPs /'
       f' {h100.peak_flops / 1e12:g} TFLOP/s (bf16 dense), a floor.',

@@ -18,14 +18,16 @@ Topologies, by name (:func:`parse_topology`):
   Cloud accelerator type (``v5litepod-16``, ``v5e-16``, ``v6e-8``: chips; ``v4-32``,
   ``v5p-8``: TensorCores, two per chip). One device per chip (v4 and v5p as
   megacore, as JAX shows them on a Cloud TPU VM). The TPU compiler refuses a step
-  that does not fit: it decides, whatever the reported memory says (:class:`StepCost`). Bound: max(FLOPs / peak FLOP/s, bytes accessed / HBM
+  that does not fit: it decides, whatever the reported memory says
+  (:class:`StepCost`). Bound: max(FLOPs / peak FLOP/s, bytes accessed / HBM
   bandwidth), both counted by the TPU compiler.
 * **NVIDIA GPU** (the CUDA plugin without CUDA's libraries: ``pip install
   'contextpool-jax[gpu-compile]'``): ``<gpu>[:<count>]`` (``h100``, ``h100:8``,
   ``a100:16``), eight GPUs a host. XLA's GPU compiler gets the GPU's description
   (:meth:`Gpu.target_config`) and compiles without one. It neither refuses a step
   for memory nor counts FLOPs, so: a step fits when its peak (both measures of
-  :class:`StepCost`) is within the share of the GPU's memory that JAX allocates by default (:data:`GPU_MEMORY_FRACTION`);
+  :class:`StepCost`) is within the share of the GPU's memory that JAX allocates
+  by default (:data:`GPU_MEMORY_FRACTION`);
   its FLOPs are those of the same step lowered for one CPU device (XLA's count of
   the program before optimization: the FLOPs do not depend on the device), split
   evenly over the GPUs; the bound is FLOPs / peak FLOP/s alone (no count of bytes
@@ -341,8 +343,8 @@ class StepCost:
   arguments + temporaries + outputs - donated, and ``compiler_peak``, the peak of the
   compiler's buffer assignment (``memory_analysis().peak_memory_in_bytes``; on TPU with
   the layout's padding; None where the compiler gives none). On GPU the two agree to
-  about 1%. On TPU the small models of the tests have compiler's peaks 1.0-1.4x their
-  sums, and LambdaResNet-50's train step on v5e:2x4 at batch 1,024 a sum of 20.29 GiB,
+  about 1%. On TPU the small models of the tests and the default config have compiler's
+  peaks 0.77-1.9x their sums, and LambdaResNet-50's train step on v5e:2x4 at batch 1,024 a sum of 20.29 GiB,
   over the chip, that the TPU compiler accepts, its peak 15.24 GiB (docs/compile.md)."""
 
   name: str
