@@ -256,24 +256,31 @@ def _search_model(cls, case):
 @pytest.mark.parametrize('case', ['standard', 'area_concat', 'cp', 'scan_cp'])
 @pytest.mark.slow
 def test_greedy_and_beam_search_same_ids_with_and_without_cache(case):
-  """Slow: six whole-search programs per case, greedy and beam search each without the
-  cache, with it in one segment, and on the cache's leading slices, each a loop over an
-  encoder-decoder compiled on its own.
+  """Slow: six whole searches per case, greedy and beam search each without the cache, with
+  it in one segment, and on the cache's leading slices, each a loop over an
+  encoder-decoder (one compiled program holds the six).
 
   One layer unless the case scans layers (:func:`_search_model`)."""
   model = _search_model(T.Transformer, case)
   params = init_variables(model, init_key(10), SOURCE, jnp.ones((2, 4), jnp.int32))
   params = _spread_kernels(params, 5.0)
-  for search in (
+  searches = (
       functools.partial(decoding.greedy_decode, model, max_len=8, eos_id=1),
       functools.partial(decoding.beam_search, model, beam_size=3, alpha=0.6, max_len=8, eos_id=1),
-  ):
-    reference = jax.jit(functools.partial(search, cache=False, min_segment=2))(params, SOURCE)
+  )
+  # Without the cache; in one segment; in segments 3 / 6 / 8 on the cache's leading slices.
+  settings = [dict(cache=False, min_segment=2)] + [
+      dict(cache=True, min_segment=m) for m in (None, 3)
+  ]
+
+  @jax.jit
+  def run(params):
+    return [[search(params, SOURCE, **kw) for kw in settings] for search in searches]
+
+  for reference, *cached in run(params):
     assert len(set(np.asarray(reference).ravel().tolist()) - {0, 1}) >= 2  # not trivial
-    # One segment, and segments 3 / 6 / 8 on the cache's leading slices.
-    for min_segment in (None, 3):
-      cached = jax.jit(functools.partial(search, cache=True, min_segment=min_segment))
-      np.testing.assert_array_equal(cached(params, SOURCE), reference)
+    for ids in cached:
+      np.testing.assert_array_equal(ids, reference)
 
 
 # ----------------------------------------------------------------------------

@@ -691,16 +691,18 @@ def test_every_inline_command_checks():
 
 def test_install_line_is_what_ci_runs():
   """The README's install block (skipped by design) is the users' install; CI installs the
-  developers' file, which takes the users' file in, then the package as the README does; the
-  README's test block installs that developers' file and runs what CI runs."""
+  developers' file, which takes the users' file in (by uv, and pip, the README's installer,
+  must find nothing to add), then the package as the README does; the README's test block
+  installs that developers' file and runs what CI runs."""
   (install,) = [b for b in page_blocks() if b.first_line.startswith('python3.12 -m venv')]
   assert install.file == 'README.md'
   ci = (REPO / '.ci' / 'run').read_text()
   assert 'NEWEST_PYTHON="$(find_python 3.12 3.13)"' in ci
   assert 'make_venv "$NEWEST_PYTHON" requirements-dev.txt "$NEWEST"' in ci
   assert '-r requirements.txt' in (REPO / 'requirements-dev.txt').read_text().splitlines()
+  assert 'uv pip install -q --python "$3/bin/python" -r "$2"' in ci
   pip = {
-      '-r requirements.txt': 'pip install -q -r "$2"',
+      '-r requirements.txt': 'pip install --dry-run -r "$2"',
       '--no-deps -e .': 'pip install -q --no-deps -e .',
   }
   for step in install.code.split('&&'):
