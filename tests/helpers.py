@@ -274,6 +274,30 @@ def lock_info(**overrides):
   }
 
 
+# Python source that readies a process for a full disk (run on its main thread: signal handlers
+# are set there): a write past the file-size limit fails with EFBIG instead of SIGXFSZ killing the
+# process, and the process writes no bytecode. CPython's ``.pyc`` writer ignores a short write,
+# so a module first imported under a limit above 0 would leave its ``.pyc`` cut at the limit in
+# the shared environment, and every later process importing it fails with ``EOFError: marshal
+# data too short`` (seen in CI, where bytecode is written on first import: an export under a
+# 20 kB limit cut anyio's, and the notebook test's export failed minutes later).
+FULL_DISK_SETUP = (
+    'import signal, sys\n'
+    'sys.dont_write_bytecode = True\n'
+    'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
+)
+
+
+def cap_file_size(limit: int) -> str:
+  """Python source that makes the running process see a full disk from here on: no file of it may
+  grow past ``limit`` bytes (``RLIMIT_FSIZE``, after :data:`FULL_DISK_SETUP`)."""
+  return (
+      FULL_DISK_SETUP
+      + 'import resource\n'
+      + f'resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))\n'
+  )
+
+
 @pytest.fixture
 def sleeper():
   """A live process on this machine (the holder of a live lock)."""

@@ -3,6 +3,7 @@ line dropped; the TensorBoard event file raises a failed write where tensorboard
 and blocks."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from helpers import cap_file_size
 from contextpool_jax.io import storage
 
 
@@ -31,7 +33,7 @@ def test_metrics_are_cut_back_to_the_resumed_step_and_a_torn_line_dropped(tmp_pa
 # EventFile writes on the caller's thread and raises WriteError at once. Both under a file-size
 # limit of 0 (every write that grows a file fails with EFBIG, as on a full disk).
 _FULL_DISK = r"""
-import os, resource, signal, sys, threading, time
+import os, sys, threading, time
 import tensorboardX
 from tensorboardX import summary
 from contextpool_jax.io import storage
@@ -40,8 +42,9 @@ from contextpool_jax.base.errors import WriteError
 ours = storage.EventFile(sys.argv[1] + '/ours')
 theirs = tensorboardX.SummaryWriter(sys.argv[1] + '/theirs', max_queue=10)
 theirs.flush()
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+"""
+_FULL_DISK += cap_file_size(0)
+_FULL_DISK += r"""
 text = 'x' * 100_000  # an event larger than the file's buffer: written at once
 try:
   ours.add(1, summary.text('config', text))
@@ -69,6 +72,22 @@ while thread.is_alive() and time.time() - since < 3:  # until no call returns fo
 print(f'theirs: {len(returned)} calls returned, blocked: {thread.is_alive()}', flush=True)
 os._exit(0)
 """
+
+
+def test_a_process_with_a_full_disk_leaves_no_truncated_bytecode(tmp_path):
+  # A module larger than the cap, first imported by a process under it, bytecode writing on (as
+  # in CI): a later process must still import it (a .pyc cut at the cap would fail it with
+  # "marshal data too short").
+  (tmp_path / 'big.py').write_text(
+      '\n'.join(f'def f{i}(x):\n  return x + {i} * "abc{i}"' for i in range(3000))
+  )
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONDONTWRITEBYTECODE'}
+  for script in (cap_file_size(20000) + 'import big\n', 'import big\n'):
+    out = subprocess.run(
+        [sys.executable, '-c', script], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+  assert (tmp_path / 'big.py').stat().st_size > 100_000
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ from contextpool_jax.base.errors import WorkdirLockedError
 from contextpool_jax.training import runlock, sharding, trainer
 from contextpool_jax.runs.workdirs import load_variables
 from conftest import REPO
-from helpers import committed_steps, flags, lock_info, tiny_run_config
+from helpers import FULL_DISK_SETUP, cap_file_size, committed_steps, flags, lock_info, tiny_run_config
 from helpers import sleeper  # pylint: disable=unused-import  # a fixture
 
 pytestmark = pytest.mark.slow  # processes killed, disks filled, runs on two processes
@@ -65,7 +65,7 @@ sys.path.insert(0, {repo!r})
 spec = json.loads(os.environ.get('CONTEXTPOOL_TEST_FAULT') or 'null')
 process = next((int(a.split('=')[1]) for a in sys.argv if a.startswith('--process_id=')), 0)
 if spec and spec['process'] == process:
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  exec({setup!r})
   state = {{'trigger': 0, 'calls': 0}}
   guard = threading.Lock()
 
@@ -113,7 +113,9 @@ STEPS = 12  # checkpoints at every even step, a log line every step, evaluation 
 @pytest.fixture(scope='module')
 def driver(tmp_path_factory):
   path = tmp_path_factory.mktemp('driver') / 'fault_driver.py'
-  path.write_text(_DRIVER.format(repo=str(REPO), train=str(REPO / 'train.py')))
+  path.write_text(
+      _DRIVER.format(repo=str(REPO), train=str(REPO / 'train.py'), setup=FULL_DISK_SETUP)
+  )
   return path
 
 
@@ -388,10 +390,7 @@ def test_an_export_that_cannot_be_written_leaves_no_export(reference, tmp_path):
   out_dir = tmp_path / 'export'
   # config.json (1.5 kB) and the model card fit under 20 kB, the parameters (~100 kB) do not.
   script = (
-      'import resource, signal, sys\n'
-      'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
-      'resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.RLIM_INFINITY))\n'
-      'from contextpool_jax.base.errors import WriteError\n'
+      cap_file_size(20000) + 'from contextpool_jax.base.errors import WriteError\n'
       'from contextpool_jax.runs.export import export_params\n'
       'try:\n'
       '  export_params(sys.argv[1], sys.argv[2])\n'
