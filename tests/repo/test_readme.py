@@ -700,7 +700,7 @@ def test_install_line_is_what_ci_runs():
   assert 'NEWEST_PYTHON="$(find_python 3.12 3.13)"' in ci
   assert 'make_venv "$NEWEST_PYTHON" requirements-dev.txt "$NEWEST"' in ci
   assert '-r requirements.txt' in (REPO / 'requirements-dev.txt').read_text().splitlines()
-  assert 'uv pip install -q --python "$3/bin/python" -r "$2"' in ci
+  assert 'uv pip install -q --compile-bytecode --python "$3/bin/python" -r "$2"' in ci
   pip = {
       '-r requirements.txt': 'pip install --dry-run -r "$2"',
       '--no-deps -e .': 'pip install -q --no-deps -e .',
