@@ -142,7 +142,9 @@ def test_pmap_batch_norm_with_axis_name_equals_one_device(case):
 
 
 # ----------------------------------------------------------------------------
-# Each of the four layers under pmap and shard_map: forward and gradient.
+# Each of the four layers under shard_map: forward and gradient. Not again under pmap: on the
+# stack this suite runs on (the newest, jax 0.12), ``jax.pmap`` is ``jit`` of a ``shard_map``
+# (jax/_src/pmap.py), the program these compile; pmap itself runs above, through BatchNorm.
 # ----------------------------------------------------------------------------
 
 
@@ -171,32 +173,25 @@ def _loss(module, variables, x):
 
 
 @pytest.mark.parametrize('case', sorted(_layer_cases()))
-@pytest.mark.parametrize('transform', ['pmap', 'shard_map'])
-def test_layer_runs_and_differentiates_like_one_device(case, transform):
+def test_layer_runs_and_differentiates_like_one_device(case):
   module, shape, _ = _layer_cases()[case]
   x = _x(shape, seed=2)
   variables = module.init(jax.random.key(0), x)
   params, rest = variables['params'], {k: v for k, v in variables.items() if k != 'params'}
 
-  def local(p, xs):
+  def local(p, xs):  # shard_map sums the gradient of the replicated parameters itself
     (loss, y), grads = jax.value_and_grad(
         lambda q: _loss(module, {'params': q, **rest}, xs), has_aux=True
     )(p)
-    if transform == 'pmap':  # shard_map sums the gradient of replicated inputs itself
-      grads = jax.lax.psum(grads, AXIS)
     return y, jax.lax.psum(loss, AXIS), grads
 
   (loss_one, y_one), grads_one = jax.jit(
       jax.value_and_grad(lambda q: _loss(module, {'params': q, **rest}, x), has_aux=True)
   )(params)
 
-  if transform == 'pmap':
-    y, loss, grads = jax.pmap(local, axis_name=AXIS, in_axes=(None, 0))(params, _split(x))
-    y, loss, grads = _merge(y), loss[0], jax.tree.map(lambda g: g[0], grads)
-  else:
-    mesh = Mesh(np.asarray(jax.devices()), (AXIS,))
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(AXIS), P(), P()))
-    y, loss, grads = jax.jit(fn)(params, x)
+  mesh = Mesh(np.asarray(jax.devices()), (AXIS,))
+  fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(AXIS), P(), P()))
+  y, loss, grads = jax.jit(fn)(params, x)
   chex.assert_tree_all_finite(grads)
   chex.assert_trees_all_close(y, y_one, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(loss, loss_one, rtol=1e-5, atol=1e-5)
