@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from types import MappingProxyType
 from typing import Any, Mapping, Optional, Sequence
 
 from benchmarks.lm_runs import CostKey, Run, paired
@@ -122,8 +123,10 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
 # config's; queries, keys and values, the paper's) and, at the contexts of the
 # comparisons, the baseline with rotary positions; seed 0, at the long setup, the
 # context at the same bytes per step (batch 16, 4 and 2). Run order: 1,024 bytes (the
-# result in question), then 2,048, then 256. A best setting at the edge of a range
-# extends that range before the comparisons use it (tuning_table says which).
+# result in question), then 2,048, then 256. A best setting at the edge of the grid is
+# extended one step beyond it before the comparisons use it (:func:`tuning_extension`):
+# the rate halved or doubled at the best warm-up, the warm-up lengthened at the best rate
+# (only lengthened: 50 steps is already 1.25% of the run).
 TUNING_ARMS = ('baseline', 'cp_kv', 'cp')
 ROTARY_BASELINE = 'baseline_rotary'
 COMPARED_CONTEXTS = (1024, 2048)
@@ -133,6 +136,9 @@ TUNING = tuple(
 )
 TUNING_LRS = (2e-3, 4e-3, 8e-3)
 TUNING_WARMUPS = (50, 500)
+# Every setting a tuning run may have: the grid and one step beyond its edges.
+EXTENDED_LRS = (1e-3, *TUNING_LRS, 1.6e-2)
+EXTENDED_WARMUPS = (*TUNING_WARMUPS, 1500)
 
 
 def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
@@ -143,61 +149,111 @@ def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
   )
 
 
-def tuning_runs() -> list[Run]:
-  return [
-      tuning_run(arm, context, lr, warmup)
-      for context, arms in TUNING
-      for arm in arms
-      for warmup in TUNING_WARMUPS
-      for lr in TUNING_LRS
-  ]
+def _tried(
+    results: Mapping[str, Mapping[str, Any]], arm: str, context: int
+) -> Optional[dict[tuple[float, int], float]]:
+  """``{(lr, warmup): final validation BPC}`` of the tuning runs of ``arm`` at ``context``
+  with a result, extensions included; None until every run of the grid has one."""
+  tried = {}
+  for lr in EXTENDED_LRS:
+    for w in EXTENDED_WARMUPS:
+      result = results.get(tuning_run(arm, context, lr, w).key)
+      if result is not None:
+        tried[(lr, w)] = result['val_bpc']
+  if any((lr, w) not in tried for lr in TUNING_LRS for w in TUNING_WARMUPS):
+    return None
+  return tried
 
 
 def tuned_setting(
     results: Mapping[str, Mapping[str, Any]], arm: str, context: int
 ) -> Optional[tuple[float, int, bool]]:
   """``(lr, warmup, bracketed)``: the setting of ``arm`` at ``context`` with the lowest
-  validation BPC at the end of its tuning run, and whether its rate is bracketed
-  (a lower and a higher rate both ended worse); None until every run of the grid has a
-  result."""
-  grid = {
-      (lr, w): results.get(tuning_run(arm, context, lr, w).key)
-      for lr in TUNING_LRS
-      for w in TUNING_WARMUPS
-  }
-  if not all(grid.values()):
+  validation BPC at the end of its tuning run (extensions included), and whether it is
+  bracketed (at its warm-up a lower and a higher rate, at its rate a longer warm-up, all
+  ended worse); None until every run of the grid has a result."""
+  tried = _tried(results, arm, context)
+  if tried is None:
     return None
-  (lr, warmup), _ = min(grid.items(), key=lambda item: item[1]['val_bpc'])
-  inside = TUNING_LRS[0] < lr < TUNING_LRS[-1]
-  return lr, warmup, inside
+  lr, warmup = min(tried, key=tried.get)
+  rates = sorted(r for r, w in tried if w == warmup)
+  warmups = sorted(w for r, w in tried if r == lr)
+  return lr, warmup, rates[0] < lr < rates[-1] and warmup < warmups[-1]
+
+
+def tuning_extension(
+    results: Mapping[str, Mapping[str, Any]], arm: str, context: int
+) -> Optional[Run]:
+  """The next run past the edge of ``arm``'s grid at ``context``: its best rate is the
+  highest (lowest) tried at its warm-up -> twice (half) that rate; else its warm-up is the
+  longest tried at its rate -> the next of :data:`EXTENDED_WARMUPS`. None while the grid
+  is not done, once the best is bracketed, or at the end of the extended range."""
+  setting = tuned_setting(results, arm, context)
+  if setting is None or setting[2]:
+    return None
+  lr, warmup, _ = setting
+  tried = _tried(results, arm, context) or {}
+  rates = sorted(r for r, w in tried if w == warmup)
+  i = EXTENDED_LRS.index(lr)
+  if lr == rates[-1] and i + 1 < len(EXTENDED_LRS):
+    return tuning_run(arm, context, EXTENDED_LRS[i + 1], warmup)
+  if lr == rates[0] and i > 0:
+    return tuning_run(arm, context, EXTENDED_LRS[i - 1], warmup)
+  j = EXTENDED_WARMUPS.index(warmup)
+  if j + 1 < len(EXTENDED_WARMUPS) and (lr, EXTENDED_WARMUPS[j + 1]) not in tried:
+    return tuning_run(arm, context, lr, EXTENDED_WARMUPS[j + 1])
+  return None
+
+
+def tuning_runs(results: Mapping[str, Mapping[str, Any]] = MappingProxyType({})) -> list[Run]:
+  """The grid of every arm at every context, each arm's grid followed by its next
+  extension (:func:`tuning_extension`) where ``results`` call for one."""
+  runs = []
+  for context, arms in TUNING:
+    for arm in arms:
+      runs += [
+          tuning_run(arm, context, lr, warmup) for warmup in TUNING_WARMUPS for lr in TUNING_LRS
+      ]
+      extension = tuning_extension(results, arm, context)
+      runs += [extension] if extension else []
+  return runs
 
 
 def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   """Per context and arm, validation BPC at the end of each tuning run (rows: warm-up,
-  columns: peak rate); the best in bold, and whether it is bracketed."""
+  columns: peak rate; the grid's and any extension's); the best in bold, and whether it
+  is bracketed."""
+  tried = {
+      (arm, context): _tried(results, arm, context) or {}
+      for context, arms in TUNING
+      for arm in arms
+  }
+  lrs = sorted({*TUNING_LRS, *(lr for t in tried.values() for lr, _ in t)})
   lines = [
       '### Rate and warm-up at every context (code, depth 2, 4,000 steps, seed 0; cosine schedule;'
       ' the same bytes per step)',
       '',
-      '| context | arm | warm-up | ' + ' | '.join(f'{lr:g}' for lr in TUNING_LRS) + ' | best |',
-      '| ---: | --- | ---: | ' + ' | '.join('---:' for _ in TUNING_LRS) + ' | --- |',
+      '| context | arm | warm-up | ' + ' | '.join(f'{lr:g}' for lr in lrs) + ' | best |',
+      '| ---: | --- | ---: | ' + ' | '.join('---:' for _ in lrs) + ' | --- |',
   ]
   for context, arms in TUNING:
     for arm in arms:
       best = tuned_setting(results, arm, context)
-      for warmup in TUNING_WARMUPS:
+      warmups = sorted({*TUNING_WARMUPS, *(w for _, w in tried[(arm, context)])})
+      for warmup in warmups:
         cells = []
-        for lr in TUNING_LRS:
+        for lr in lrs:
           r = results.get(tuning_run(arm, context, lr, warmup).key)
           cell = '-' if r is None else f'{r["val_bpc"]:.3f}'
           cells.append(f'**{cell}**' if best and best[:2] == (lr, warmup) else cell)
-        verdict = (
-            '-'
-            if best is None
-            else (
-                f'{best[0]:g}, {best[1]} steps' + ('' if best[2] else ' (rate at an edge: extend)')
-            )
-        )
+        if best is None:
+          verdict = '-'
+        elif best[2]:
+          verdict = f'{best[0]:g}, {best[1]} steps'
+        elif tuning_extension(results, arm, context):
+          verdict = f'{best[0]:g}, {best[1]} steps (at an edge: extending)'
+        else:
+          verdict = f'{best[0]:g}, {best[1]} steps (at the edge of the extended range)'
         lines.append(f'| {context:,} | {arm} | {warmup} | ' + ' | '.join(cells) + f' | {verdict} |')
   return lines + ['']
 
@@ -212,15 +268,15 @@ MORE_LAYERS_DEPTH = 4
 
 def context_study(results: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
   """The comparisons of :data:`COMPARED_CONTEXTS` whose baseline is tuned (its grid
-  done), with the arms tuned so far; empty until then. Each arm runs at its own best
-  rate and warm-up (:func:`tuned_setting`), at the edge of the grid or not (the table
-  says which)."""
+  done and no extension pending), with the arms tuned so far; empty until then. Each arm
+  runs at its own best rate and warm-up (:func:`tuned_setting`), bracketed or at the edge
+  of the extended range (the table says which)."""
   comparisons = []
   for context in COMPARED_CONTEXTS:
     tuned_runs = {}
     for arm in ('baseline', *CONTEXT_ARMS):
       setting = tuned_setting(results, arm, context)
-      if setting is not None:
+      if setting is not None and tuning_extension(results, arm, context) is None:
         tuned_runs[arm] = tuning_run(arm, context, *setting[:2])
     if 'baseline' not in tuned_runs:
       continue

@@ -45,7 +45,10 @@ are paired per seed.
 * ``tuning``: peak rate x warm-up (:data:`benchmarks.lm_comparisons.TUNING_LRS`,
   ``TUNING_WARMUPS``) of the baseline and both ContextPool readings at every
   context compared (256, 1,024 and 2,048 bytes), and of the baseline with rotary
-  positions (``baseline_rotary``) at 1,024 and 2,048, seed 0 (issue 68);
+  positions (``baseline_rotary``) at 1,024 and 2,048, seed 0 (issue 68); a best setting
+  at the grid's edge is extended past it
+  (:func:`benchmarks.lm_comparisons.tuning_extension`), the study planning again as
+  results land;
 * ``context``: at 1,024 and 2,048 bytes, each arm of the tuning at its tuned setting,
   3 seeds, and at 2,048 the baseline at depth 4
   (:func:`benchmarks.lm_comparisons.context_study`); a context's runs appear once its
@@ -75,7 +78,7 @@ import subprocess
 import sys
 import time
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -272,7 +275,7 @@ def plan(
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
 
     if 'tuning' in groups:
-      runs += lm_comparisons.tuning_runs()
+      runs += lm_comparisons.tuning_runs(results)
     if 'context' in groups:
       context = [r for c in lm_comparisons.context_study(results) for r in c.runs()]
       runs += sorted(context, key=lambda r: r.seed)  # seed-major across the contexts
@@ -583,6 +586,18 @@ def done(study_dir: pathlib.Path, run: Run, sizes: Sizes, diagnose_existing: boo
   )
 
 
+def run_as_planned(
+    planned: Callable[[], list[Run]], sizes: Sizes, study_dir: pathlib.Path, **kwargs
+) -> list[Run]:
+  """:func:`run_all` of ``planned()``, planned again after every pass that trained a run
+  (some runs follow from results: a tuning grid's extensions, the tuned comparisons) until
+  a pass trains none; returns the last plan."""
+  runs = planned()
+  while run_all(runs, sizes, study_dir, **kwargs):
+    runs = planned()
+  return runs
+
+
 def run_all(
     runs: Sequence[Run],
     sizes: Sizes,
@@ -738,7 +753,7 @@ def _diff_cell(p: Optional[dict[str, Any]]) -> str:
 def _run(result: dict[str, Any]) -> Run:
   """The :class:`Run` a result records."""
   fields = ('corpus', 'arm', 'depth', 'steps', 'seed')
-  overrides = ('lr', 'seq_len', 'dropout')
+  overrides = ('lr', 'seq_len', 'dropout', 'warmup')
   return Run(*(result[f] for f in fields), *(result.get(f) for f in overrides))
 
 
@@ -1033,7 +1048,8 @@ def write_report(
     path = out_dir / 'lm_study_comparisons.md'
     path.write_text(lm_comparisons.report(results, best_arm, costs) + '\n')
     written.append(path)
-    written.append(lm_comparisons.figure(results, out_dir / 'lm_study_comparisons.png', best_arm))
+    drawn = lm_comparisons.figure(results, out_dir / 'lm_study_comparisons.png', best_arm)
+    written += [drawn] if drawn else []  # None: no comparison has a result yet
   return written
 
 
@@ -1186,7 +1202,7 @@ def main(argv):
   _check_choices('corpora', _CORPORA.value, CORPORA)
   _check_choices('long_arms', _LONG_ARMS.value, list(ARMS))
   depths, seeds = [int(d) for d in _DEPTHS.value], [int(s) for s in _SEEDS.value]
-  runs = plan(
+  planned = lambda: plan(
       _GROUPS.value,
       corpora=_CORPORA.value,
       depths=depths,
@@ -1199,13 +1215,14 @@ def main(argv):
       best_arm=_BEST_ARM.value,
       results={r['key']: r for r in load_results(study_dir)},
   )
+  runs = planned()
   if _DRY_RUN.value:
     for run in runs:
       finished = done(study_dir, run, sizes, _DIAGNOSE_EXISTING.value)
       print(('done ' if finished else 'todo ') + run.key)
     return
   check_sizes(study_dir, sizes)
-  run_all(runs, sizes, study_dir, diagnose_existing=_DIAGNOSE_EXISTING.value)
+  runs = run_as_planned(planned, sizes, study_dir, diagnose_existing=_DIAGNOSE_EXISTING.value)
   if 'costs' in _GROUPS.value:
     # The costs of the listed groups' runs; of every group's when `costs` is alone.
     measured = runs

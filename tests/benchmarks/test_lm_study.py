@@ -111,24 +111,111 @@ def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_pat
 def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   lc = lm_comparisons
   grid = [(lr, w) for lr in lc.TUNING_LRS for w in lc.TUNING_WARMUPS]
+  key = lambda lr, w: lc.tuning_run('baseline', 1024, lr, w).key
 
-  def results(best):
+  def results(best, more=()):
+    """The grid and the settings ``more``: ``best`` ends at 1.0, the others worse."""
     return {
-        lc.tuning_run('baseline', 1024, lr, w).key: {
-            'val_bpc': 1.0 if (lr, w) == best else 2.0 + lr
-        }
-        for lr, w in grid
+        key(lr, w): {'val_bpc': 1.0 if (lr, w) == best else 2.0 + lr} for lr, w in (*grid, *more)
     }
 
-  middle = (lc.TUNING_LRS[1], lc.TUNING_WARMUPS[-1])
-  assert lc.tuned_setting(results(middle), 'baseline', 1024) == (*middle, True)
-  edge = (lc.TUNING_LRS[-1], lc.TUNING_WARMUPS[0])
-  assert lc.tuned_setting(results(edge), 'baseline', 1024) == (*edge, False)
-  partial = results(middle)
-  partial.pop(lc.tuning_run('baseline', 1024, *grid[0]).key)
+  inside = (4e-3, 50)  # a lower and a higher rate at warm-up 50, a longer warm-up at 4e-3
+  assert lc.tuned_setting(results(inside), 'baseline', 1024) == (*inside, True)
+  assert lc.tuning_extension(results(inside), 'baseline', 1024) is None
+  partial = results(inside)
+  partial.pop(key(*grid[0]))
   assert lc.tuned_setting(partial, 'baseline', 1024) is None  # not until the grid is done
+  assert lc.tuning_extension(partial, 'baseline', 1024) is None
+
+  # The highest rate best: doubled at its warm-up; once that ends worse, it is bracketed.
+  edge = (8e-3, 50)
+  assert lc.tuned_setting(results(edge), 'baseline', 1024) == (*edge, False)
+  assert lc.tuning_extension(results(edge), 'baseline', 1024) == lc.tuning_run(
+      'baseline', 1024, 1.6e-2, 50
+  )
   table = '\n'.join(lc.tuning_table(results(edge)))
-  assert '**1.000**' in table and 'rate at an edge: extend' in table
+  assert '**1.000**' in table and '0.008, 50 steps (at an edge: extending)' in table
+  assert lc.tuned_setting(results(edge, [(1.6e-2, 50)]), 'baseline', 1024) == (*edge, True)
+  # The longest warm-up best at a bracketed rate: the warm-up lengthened at that rate.
+  longest = (4e-3, 500)
+  assert lc.tuned_setting(results(longest), 'baseline', 1024) == (*longest, False)
+  assert lc.tuning_extension(results(longest), 'baseline', 1024) == lc.tuning_run(
+      'baseline', 1024, 4e-3, 1500
+  )
+  # It ends best: its rate is bracketed again at warm-up 1,500, higher rate first ...
+  extended = results((4e-3, 1500), [(4e-3, 1500)])
+  assert lc.tuning_extension(extended, 'baseline', 1024) == lc.tuning_run(
+      'baseline', 1024, 8e-3, 1500
+  )
+  extended = results((4e-3, 1500), [(4e-3, 1500), (8e-3, 1500)])
+  assert lc.tuning_extension(extended, 'baseline', 1024) == lc.tuning_run(
+      'baseline', 1024, 2e-3, 1500
+  )
+  # ... then no warm-up is left to try: the best stays, at the edge of the extended range.
+  extended = results((4e-3, 1500), [(4e-3, 1500), (8e-3, 1500), (2e-3, 1500)])
+  assert lc.tuned_setting(extended, 'baseline', 1024) == (4e-3, 1500, False)
+  assert lc.tuning_extension(extended, 'baseline', 1024) is None
+  table = lc.tuning_table(extended)
+  (row,) = [l for l in table if l.startswith('| 1,024 | baseline | 1500 |')]
+  assert '**1.000**' in row and 'at the edge of the extended range' in row
+  assert [l.split(' | ')[2] for l in table if l.startswith('| 1,024 | baseline |')] == [
+      '50',
+      '500',
+      '1500',
+  ]
+
+  # The study plans the extension right after its arm's grid, and the comparisons wait for it.
+  runs = lm_study.plan(
+      ['tuning'],
+      corpora=['code'],
+      depths=[2],
+      seeds=[0],
+      sizes=TINY,
+      ablation_corpus='code',
+      ablation_depth=2,
+      results=results(longest),
+  )
+  assert runs[len(grid)] == lc.tuning_run('baseline', 1024, 4e-3, 1500)
+  assert len(runs) == (3 * 3 + 2) * len(grid) + 1
+  assert lc.context_study(results(longest)) == []
+  assert lc.context_study(results(longest, [(4e-3, 1500)])) != []
+
+
+def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
+  # Two runs that differ only in warm-up, no comparison run yet: the corpus report keeps
+  # them apart, the tuning table shows both, and no figure is claimed.
+  results = tmp_path / 'study' / 'results'
+  results.mkdir(parents=True)
+  for warmup in (50, 500):
+    run = lm_comparisons.tuning_run('baseline', 1024, 2e-3, warmup)
+    result = dict(dataclasses.asdict(run), key=run.key, **_fake_result(1.5 + warmup / 1000))
+    (results / f'{run.key}.json').write_text(json.dumps(result))
+  out = tmp_path / 'report'
+  written = lm_study.write_report(tmp_path / 'study', out)
+  assert all(isinstance(p, pathlib.Path) and p.exists() for p in written)
+  assert out / 'lm_study_comparisons.md' in written
+  md = (out / 'lm_study_comparisons.md').read_text()
+  assert '| 1,024 | baseline | 50 | 1.550 | - | - | - |' in md
+  assert '| 1,024 | baseline | 500 | 2.000 | - | - | - |' in md
+
+
+def test_the_study_plans_again_after_every_pass_that_trained_a_run(tmp_path, monkeypatch):
+  # Pass 1 trains the grid's last run, whose result calls for an extension; pass 2 trains
+  # it; pass 3 trains nothing, and the study stops.
+  first, extension = (lm_study.Run('code', 'baseline', 2, 4, 0, lr=lr) for lr in (4e-3, 8e-3))
+  results, passes = {}, []
+
+  def run_all(runs, sizes, study_dir, **kwargs):
+    del sizes, study_dir, kwargs
+    passes.append(list(runs))
+    trained = [r for r in runs if r.key not in results]
+    results.update({r.key: {} for r in trained})
+    return trained
+
+  monkeypatch.setattr(lm_study, 'run_all', run_all)
+  planned = lambda: [first, extension] if first.key in results else [first]
+  assert lm_study.run_as_planned(planned, TINY, tmp_path) == [first, extension]
+  assert passes == [[first], [first, extension], [first, extension]]
 
 
 def _fake_result(val_bpc, steps=4000):
@@ -142,13 +229,14 @@ def _fake_result(val_bpc, steps=4000):
 
 
 def _tuned_results(arms_contexts, best=(4e-3, 500)):
-  """Fake tuning results: every grid run of ``arms_contexts`` done, ``best`` lowest."""
+  """Fake tuning results of ``arms_contexts``, settled: every run of the grid and of its
+  extensions done, ``best`` lowest (so bracketed, no extension pending)."""
   lc = lm_comparisons
   return {
       lc.tuning_run(arm, context, lr, w).key: _fake_result(1.0 if (lr, w) == best else 2.0)
       for arm, context in arms_contexts
-      for lr in lc.TUNING_LRS
-      for w in lc.TUNING_WARMUPS
+      for lr in lc.EXTENDED_LRS
+      for w in lc.EXTENDED_WARMUPS
   }
 
 
@@ -530,8 +618,8 @@ def test_report_pairs_fewer_layers_and_the_early_lead_by_seed():
 
 
 def test_report_keeps_runs_of_different_settings_apart():
-  def result(arm, seed, bpc, lr):
-    run = lm_study.Run('code', arm, 2, 40, seed, lr=lr)
+  def result(arm, seed, bpc, lr, warmup=None):
+    run = lm_study.Run('code', arm, 2, 40, seed, lr=lr, warmup=warmup)
     return dict(
         dataclasses.asdict(run), key=run.key, val_bpc=bpc, test_bpc=bpc, val_curve=[[40, bpc]]
     )
@@ -557,6 +645,11 @@ def test_report_keeps_runs_of_different_settings_apart():
   twice = results + [dict(results[0], key='code-baseline-L2-n40-s0-lr0.004-other')]
   with pytest.raises(ValueError, match='code-baseline-L2-n40-s0-lr0.004-other'):
     lm_study.corpus_report(twice, {}, 'code')
+  # Runs that differ only in their warm-up (the tuning grid's) are two groups.
+  warmups = [result('baseline', 0, 1.5 + w / 1000, 4e-3, w) for w in (50, 500)]
+  md = lm_study.corpus_report(warmups, {}, 'code')
+  assert '| 40 | 2 | lr0.004-wu50 | baseline | 1 | 1.550' in md
+  assert '| 40 | 2 | lr0.004-wu500 | baseline | 1 | 2.000' in md
 
 
 @pytest.mark.slow
