@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from types import MappingProxyType
 
 import pytest
 
@@ -51,15 +52,16 @@ def test_plan_pairs_every_arm_by_seed_without_duplicates():
   assert all(lm_study.parse_key(r.key) == r for r in runs)
 
 
-def _plan_code_depth_2(groups):
+def _plan_code_depth_2(groups, seeds=(0, 1), results=MappingProxyType({})):
   return lm_study.plan(
       groups,
       corpora=['code'],
       depths=[2],
-      seeds=[0, 1],
+      seeds=seeds,
       sizes=TINY,
       ablation_corpus='code',
       ablation_depth=2,
+      results=results,
   )
 
 
@@ -165,16 +167,7 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   ]
 
   # The study plans the extension right after its arm's grid, and the comparisons wait for it.
-  runs = lm_study.plan(
-      ['tuning'],
-      corpora=['code'],
-      depths=[2],
-      seeds=[0],
-      sizes=TINY,
-      ablation_corpus='code',
-      ablation_depth=2,
-      results=results(longest),
-  )
+  runs = _plan_code_depth_2(['tuning'], seeds=[0], results=results(longest))
   assert runs[len(grid)] == lc.tuning_run('baseline', 1024, 4e-3, 1500)
   assert len(runs) == (3 * 3 + 2) * len(grid) + 1
   assert lc.context_study(results(longest)) == []
@@ -259,16 +252,7 @@ def test_context_comparisons_run_each_arm_at_its_tuned_setting_once_the_baseline
   assert [r.arm for r in at_2048.arms] == ['cp_kv', 'cp', 'baseline_rotary', 'baseline']
   assert at_2048.arms[-1].depth == 4 and at_2048.arms[-1].lr == at_2048.baseline.lr
   assert all(r.seq_len == 2048 and (r.lr, r.warmup) == (4e-3, 500) for r in at_2048.arms)
-  runs = lm_study.plan(
-      ['context'],
-      corpora=['code'],
-      depths=[2],
-      seeds=[0],
-      sizes=TINY,
-      ablation_corpus='code',
-      ablation_depth=2,
-      results=everything,
-  )
+  runs = _plan_code_depth_2(['context'], seeds=[0], results=everything)
   assert len(runs) == 3 * (4 + 5)  # seeds x (arms of 1,024 + of 2,048), baselines included
   assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed-major
   assert {r.key for r in runs if r.seed == 0 and r.depth == 2} <= set(everything)  # reused
