@@ -173,8 +173,11 @@ def tuned_setting(
   bracketed (at its warm-up a lower and a higher rate, at its rate a longer warm-up, all
   ended worse); None until every run of the grid has a result."""
   tried = _tried(results, arm, context)
-  if tried is None:
-    return None
+  return None if tried is None else _best(tried)
+
+
+def _best(tried: Mapping[tuple[float, int], float]) -> tuple[float, int, bool]:
+  """:func:`tuned_setting` of the settings ``tried``."""
   lr, warmup = min(tried, key=tried.get)
   rates = sorted(r for r, w in tried if w == warmup)
   warmups = sorted(w for r, w in tried if r == lr)
@@ -188,11 +191,12 @@ def tuning_extension(
   highest (lowest) tried at its warm-up -> twice (half) that rate; else its warm-up is the
   longest tried at its rate -> the next of :data:`EXTENDED_WARMUPS`. None while the grid
   is not done, once the best is bracketed, or at the end of the extended range."""
-  setting = tuned_setting(results, arm, context)
-  if setting is None or setting[2]:
+  tried = _tried(results, arm, context)
+  if tried is None:
     return None
-  lr, warmup, _ = setting
-  tried = _tried(results, arm, context) or {}
+  lr, warmup, bracketed = _best(tried)
+  if bracketed:
+    return None
   rates = sorted(r for r, w in tried if w == warmup)
   i = EXTENDED_LRS.index(lr)
   if lr == rates[-1] and i + 1 < len(EXTENDED_LRS):
@@ -239,6 +243,14 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   for context, arms in TUNING:
     for arm in arms:
       best = tuned_setting(results, arm, context)
+      if best is None:
+        verdict = '-'
+      elif best[2]:
+        verdict = f'{best[0]:g}, {best[1]} steps'
+      elif tuning_extension(results, arm, context):
+        verdict = f'{best[0]:g}, {best[1]} steps (at an edge: extending)'
+      else:
+        verdict = f'{best[0]:g}, {best[1]} steps (at the edge of the extended range)'
       warmups = sorted({*TUNING_WARMUPS, *(w for _, w in tried[(arm, context)])})
       for warmup in warmups:
         cells = []
@@ -246,14 +258,6 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
           r = results.get(tuning_run(arm, context, lr, warmup).key)
           cell = '-' if r is None else f'{r["val_bpc"]:.3f}'
           cells.append(f'**{cell}**' if best and best[:2] == (lr, warmup) else cell)
-        if best is None:
-          verdict = '-'
-        elif best[2]:
-          verdict = f'{best[0]:g}, {best[1]} steps'
-        elif tuning_extension(results, arm, context):
-          verdict = f'{best[0]:g}, {best[1]} steps (at an edge: extending)'
-        else:
-          verdict = f'{best[0]:g}, {best[1]} steps (at the edge of the extended range)'
         lines.append(f'| {context:,} | {arm} | {warmup} | ' + ' | '.join(cells) + f' | {verdict} |')
   return lines + ['']
 

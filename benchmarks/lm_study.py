@@ -1215,9 +1215,8 @@ def main(argv):
       best_arm=_BEST_ARM.value,
       results={r['key']: r for r in load_results(study_dir)},
   )
-  runs = planned()
   if _DRY_RUN.value:
-    for run in runs:
+    for run in planned():
       finished = done(study_dir, run, sizes, _DIAGNOSE_EXISTING.value)
       print(('done ' if finished else 'todo ') + run.key)
     return
