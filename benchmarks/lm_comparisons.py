@@ -210,14 +210,14 @@ def tuning_extension(
 
 
 def tuning_runs(results: Mapping[str, Mapping[str, Any]] = MappingProxyType({})) -> list[Run]:
-  """The grid of every arm at every context, each arm's grid followed by its next
-  extension (:func:`tuning_extension`) where ``results`` call for one."""
+  """The grid of every arm at every context, each arm's grid followed by the extensions
+  it has tried and its next one (:func:`tuning_extension`) where ``results`` call for one."""
   runs = []
   for context, arms in TUNING:
     for arm in arms:
-      runs += [
-          tuning_run(arm, context, lr, warmup) for warmup in TUNING_WARMUPS for lr in TUNING_LRS
-      ]
+      grid = [(lr, warmup) for warmup in TUNING_WARMUPS for lr in TUNING_LRS]
+      tried = [s for s in _tried(results, arm, context) or {} if s not in grid]
+      runs += [tuning_run(arm, context, lr, warmup) for lr, warmup in [*grid, *tried]]
       extension = tuning_extension(results, arm, context)
       runs += [extension] if extension else []
   return runs

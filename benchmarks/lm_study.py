@@ -589,11 +589,12 @@ def done(study_dir: pathlib.Path, run: Run, sizes: Sizes, diagnose_existing: boo
 def run_as_planned(
     planned: Callable[[], list[Run]], sizes: Sizes, study_dir: pathlib.Path, **kwargs
 ) -> list[Run]:
-  """:func:`run_all` of ``planned()``, planned again after every pass that trained a run
-  (some runs follow from results: a tuning grid's extensions, the tuned comparisons) until
-  a pass trains none; returns the last plan."""
+  """:func:`run_all` of ``planned()``, one run at a time, planned again after each run
+  (some runs follow from results: a tuning grid's extensions come right after their
+  arm's grid, the tuned comparisons after their arms are settled) until none is left to
+  train; returns the last plan."""
   runs = planned()
-  while run_all(runs, sizes, study_dir, **kwargs):
+  while run_all(runs, sizes, study_dir, stop_after=1, **kwargs):
     runs = planned()
   return runs
 
@@ -605,10 +606,12 @@ def run_all(
     *,
     in_process: bool = False,
     diagnose_existing: bool = False,
+    stop_after: Optional[int] = None,
     log=print,
 ) -> list[Run]:
   """Trains every run that is not :func:`done` (each in a subprocess unless
-  ``in_process``); returns the runs trained now."""
+  ``in_process``), in order, stopping after ``stop_after`` runs if given; returns the
+  runs trained now."""
   trained = []
   for i, run in enumerate(runs):
     if done(study_dir, run, sizes, diagnose_existing):
@@ -631,6 +634,8 @@ def run_all(
       trained.append(run)
     finally:
       release(study_dir, run)
+    if len(trained) == stop_after:
+      break
   return trained
 
 

@@ -170,6 +170,13 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   runs = _plan_code_depth_2(['tuning'], seeds=[0], results=results(longest))
   assert runs[len(grid)] == lc.tuning_run('baseline', 1024, 4e-3, 1500)
   assert len(runs) == (3 * 3 + 2) * len(grid) + 1
+  # The extensions tried stay in the plan (listed done), before the next one.
+  runs = _plan_code_depth_2(['tuning'], seeds=[0], results=results((4e-3, 1500), [(4e-3, 1500)]))
+  assert runs[len(grid) : len(grid) + 2] == [
+      lc.tuning_run('baseline', 1024, 4e-3, 1500),
+      lc.tuning_run('baseline', 1024, 8e-3, 1500),
+  ]
+  assert len(runs) == (3 * 3 + 2) * len(grid) + 2
   assert lc.context_study(results(longest)) == []
   assert lc.context_study(results(longest, [(4e-3, 1500)])) != []
 
@@ -192,23 +199,34 @@ def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
   assert '| 1,024 | baseline | 500 | 2.000 | - | - | - |' in md
 
 
-def test_the_study_plans_again_after_every_pass_that_trained_a_run(tmp_path, monkeypatch):
-  # Pass 1 trains the grid's last run, whose result calls for an extension; pass 2 trains
-  # it; pass 3 trains nothing, and the study stops.
-  first, extension = (lm_study.Run('code', 'baseline', 2, 4, 0, lr=lr) for lr in (4e-3, 8e-3))
-  results, passes = {}, []
+def test_the_study_plans_again_after_every_run(tmp_path, monkeypatch):
+  # The plan is the grid's two runs; once the first has a result, it calls for an
+  # extension planned before the second. The extension trains second, not after every
+  # run of the plan that was current when the first ended.
+  first, extension, second = (
+      lm_study.Run('code', 'baseline', 2, 4, 0, lr=lr) for lr in (4e-3, 8e-3, 2e-3)
+  )
+  trained = []
 
-  def run_all(runs, sizes, study_dir, **kwargs):
-    del sizes, study_dir, kwargs
-    passes.append(list(runs))
-    trained = [r for r in runs if r.key not in results]
-    results.update({r.key: {} for r in trained})
-    return trained
+  def train_one(run, sizes, study_dir):
+    del sizes
+    trained.append(run)
+    lm_study.result_path(study_dir, run).parent.mkdir(parents=True, exist_ok=True)
+    lm_study.result_path(study_dir, run).write_text('{}')
 
-  monkeypatch.setattr(lm_study, 'run_all', run_all)
-  planned = lambda: [first, extension] if first.key in results else [first]
-  assert lm_study.run_as_planned(planned, TINY, tmp_path) == [first, extension]
-  assert passes == [[first], [first, extension], [first, extension]]
+  monkeypatch.setattr(lm_study, 'train_one', train_one)
+  is_done = lambda run: lm_study.result_path(tmp_path, run).exists()
+  planned = lambda: [first, extension, second] if is_done(first) else [first, second]
+  last = lm_study.run_as_planned(planned, TINY, tmp_path, in_process=True, log=lambda s: None)
+  assert trained == [first, extension, second]
+  assert last == [first, extension, second]
+  # A pass of run_all trains every run left unless told to stop.
+  more = [lm_study.Run('code', 'cp', 2, 4, 0, lr=lr) for lr in (4e-3, 8e-3)]
+  assert (
+      lm_study.run_all(more, TINY, tmp_path, in_process=True, stop_after=1, log=lambda s: None)
+      == more[:1]
+  )
+  assert lm_study.run_all(more, TINY, tmp_path, in_process=True, log=lambda s: None) == more[1:]
 
 
 def _fake_result(val_bpc, steps=4000):
