@@ -153,17 +153,30 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   assert lc.tuning_extension(extended, 'baseline', 1024) == lc.tuning_run(
       'baseline', 1024, 2e-3, 1500
   )
-  # ... then no warm-up is left to try: the best stays, at the edge of the extended range.
-  extended = results((4e-3, 1500), [(4e-3, 1500), (8e-3, 1500), (2e-3, 1500)])
+  # ... then its warm-up lengthened again, to the last of the extended range; worse there,
+  # the best is bracketed.
+  at_1500 = [(4e-3, 1500), (8e-3, 1500), (2e-3, 1500)]
+  extended = results((4e-3, 1500), at_1500)
   assert lc.tuned_setting(extended, 'baseline', 1024) == (4e-3, 1500, False)
+  assert lc.tuning_extension(extended, 'baseline', 1024) == lc.tuning_run(
+      'baseline', 1024, 4e-3, 3000
+  )
+  settled = results((4e-3, 1500), [*at_1500, (4e-3, 3000)])
+  assert lc.tuned_setting(settled, 'baseline', 1024) == (4e-3, 1500, True)
+  assert lc.tuning_extension(settled, 'baseline', 1024) is None
+  # Better there, and its rate bracketed: no warm-up is left to try, the best stays at the
+  # edge of the extended range.
+  extended = results((4e-3, 3000), [*at_1500, (4e-3, 3000), (8e-3, 3000), (2e-3, 3000)])
+  assert lc.tuned_setting(extended, 'baseline', 1024) == (4e-3, 3000, False)
   assert lc.tuning_extension(extended, 'baseline', 1024) is None
   table = lc.tuning_table(extended)
-  (row,) = [l for l in table if l.startswith('| 1,024 | baseline | 1500 |')]
+  (row,) = [l for l in table if l.startswith('| 1,024 | baseline | 3000 |')]
   assert '**1.000**' in row and 'at the edge of the extended range' in row
   assert [l.split(' | ')[2] for l in table if l.startswith('| 1,024 | baseline |')] == [
       '50',
       '500',
       '1500',
+      '3000',
   ]
 
   # The study plans the extension right after its arm's grid, and the comparisons wait for it.
