@@ -10,8 +10,9 @@ evaluation and checkpoints inside the run; results are read back from
   computations in flight per device (32): it deadlocked before the loop
   bounded how far the host runs ahead (sharding.InFlight).
 * 2 processes x 2 devices over loopback (gloo) give those of 1 process x 4
-  devices, write one checkpoint directory, and a resumed 2-process run ends
-  with exactly the parameters of an uninterrupted one; replicated and FSDP.
+  devices and write one checkpoint directory, replicated and FSDP; a resumed
+  2-process run with FSDP ends with exactly the parameters of an uninterrupted one
+  (replicated: tests/training/test_cluster_faults.py kills and resumes two processes).
 """
 
 import os
@@ -117,37 +118,46 @@ def test_four_devices_equal_one_with_evaluation_logging_and_checkpoints(
   )
 
 
-def test_two_processes_equal_one_and_resume_exactly(corpus, tmp_path, four_devices):
-  """Two processes x two devices train as one process x four, and a two-process run
-  stopped after its step-4 checkpoint and resumed ends with the uninterrupted run's
-  params.
+@pytest.fixture(scope='module')
+def two_processes(corpus, four_devices, tmp_path_factory):
+  """``(param_sharding, data dir, workdir)`` of the same run in two processes x two devices."""
+  param_sharding, data, _ = four_devices
+  workdir = tmp_path_factory.mktemp(f'two-{param_sharding}') / 'full'
+  run_launcher(flags(corpus, data, workdir, param_sharding=param_sharding), processes=2, devices=2)
+  return param_sharding, data, workdir
+
+
+def test_two_processes_equal_one(four_devices, two_processes):
+  """Two processes x two devices train as one process x four. Slow: each process
+  imports JAX and compiles its steps."""
+  _, _, reference = four_devices
+  _, _, full = two_processes
+  assert_same_run(metrics(reference), metrics(full))
+  # One checkpoint directory, shared by both processes.
+  assert sorted(p.name for p in (full / 'checkpoints').iterdir() if p.name.isdigit()) == ['4', '8']
+
+
+# Resuming two processes with replicated parameters is checked by
+# tests/training/test_cluster_faults.py, whose two-process runs are killed at random moments
+# and resumed to the uninterrupted run's parameters; here, with the parameters sharded.
+@pytest.mark.parametrize('four_devices', ['fsdp'], indirect=True)
+def test_two_processes_resume_exactly_with_sharded_parameters(corpus, tmp_path, two_processes):
+  """A two-process run stopped after its step-4 checkpoint and resumed ends with the
+  uninterrupted run's params.
 
   The stopped run is the uninterrupted run's workdir without its step-8 checkpoint
   (what a run killed between its checkpoints at 4 and 8 leaves: metrics lines past
-  step 4, which the resume cuts back). Slow: two two-process runs, one after another,
-  each importing JAX and compiling its steps in both processes (the one-process,
-  4-device reference is the ``four_devices`` run the other test reads too); the checks
-  compare their outputs, so neither can be shared with another case.
-  """
-  param_sharding, data, reference = four_devices
-  extra = {'param_sharding': param_sharding}
-  run_launcher(flags(corpus, data, tmp_path / 'full', **extra), processes=2, devices=2)
-  assert_same_run(metrics(reference), metrics(tmp_path / 'full'))
-  # One checkpoint directory, shared by both processes.
-  assert sorted(
-      p.name for p in (tmp_path / 'full' / 'checkpoints').iterdir() if p.name.isdigit()
-  ) == ['4', '8']
-
-  # Stopped after step 4, resumed to 8 in two processes: the uninterrupted run's params.
+  step 4, which the resume cuts back)."""
+  param_sharding, data, full = two_processes
   resumed = tmp_path / 'resumed'
-  shutil.copytree(tmp_path / 'full', resumed)
+  shutil.copytree(full, resumed)
   shutil.rmtree(resumed / 'checkpoints' / '8')
-  log = run_launcher(flags(corpus, data, resumed, **extra), 2, 2)
+  log = run_launcher(flags(corpus, data, resumed, param_sharding=param_sharding), 2, 2)
   assert 'Resumed from' in log and 'at step 4' in log
-  step_full, params_full = params(tmp_path / 'full')
+  step_full, params_full = params(full)
   step_resumed, params_resumed = params(resumed)
   assert step_full == step_resumed == 8
   jax.tree.map(np.testing.assert_array_equal, params_full, params_resumed)
   resumed_evals = metrics(resumed)['eval_validation']
   assert [r['step'] for r in resumed_evals] == [4, 8]
-  assert resumed_evals[-1] == metrics(tmp_path / 'full')['eval_validation'][-1]
+  assert resumed_evals[-1] == metrics(full)['eval_validation'][-1]
