@@ -21,6 +21,7 @@ from contextpool_jax.base.errors import ConfigError
 from contextpool_jax.layers import area_attention as area
 from contextpool_jax.layers import tpu_attention
 from contextpool_jax.models import transformer as tr
+from init_keys import init_variables
 
 # The slow tier (the newest stack's whole suite runs it): jax 0.10.2's Pallas TPU interpreter,
 # the oldest stack's, hangs here when several of these tests share a process (found in CI).
@@ -155,8 +156,7 @@ def test_area_attention_through_the_kernel_cannot_read_the_future():
       z, z, z, max_area_width=4, causal=True, implementation='pallas_tpu'
   )
   # Row by row (a vjp per output position): the interpreter cannot batch the kernel (vmap).
-  _, vjp = jax.vjp(attend, x)
-  pullback = jax.jit(lambda ct: vjp(ct)[0])
+  pullback = jax.jit(lambda ct: jax.vjp(attend, x)[1](ct)[0])
   rows = [pullback(jnp.zeros_like(x).at[0, i].set(1.0)) for i in range(12)]
   energy = np.stack([np.asarray(jnp.abs(g[0]).sum(axis=(1, 2))) for g in rows])  # [i, j]
   assert np.all(energy[np.triu_indices(12, k=1)] == 0.0)
@@ -192,7 +192,7 @@ def test_area_models_through_the_kernel_give_the_dense_outputs():
   r = np.random.default_rng(11)
   inputs = jnp.asarray(r.integers(1, 61, (2, 15)), jnp.int32).at[1, 9:].set(0)
   targets = jnp.asarray(r.integers(1, 61, (2, 11)), jnp.int32)
-  variables = dense.init(jax.random.key(0), inputs, targets)
+  variables = init_variables(dense, jax.random.key(0), inputs, targets)
   chex.assert_trees_all_close(
       jax.jit(flash.apply)(variables, inputs, targets),
       jax.jit(dense.apply)(variables, inputs, targets),
@@ -216,7 +216,7 @@ def _pair(name, **kw):
 def _assert_same_outputs_and_gradients(dense, flash, inputs):
   """The two models' outputs, and the gradients of a loss of them w.r.t. the (shared)
   parameters, agree."""
-  variables = dense.init(jax.random.key(0), inputs)
+  variables = init_variables(dense, jax.random.key(0), inputs)
   loss = lambda apply, p: jnp.mean(apply(p) ** 2)
   (got, got_grads), (want, want_grads) = (
       _outputs_and_gradients(
@@ -237,9 +237,9 @@ def test_the_lm_gives_the_dense_outputs_and_gradients():
 def test_the_lm_cannot_read_the_future():
   """Changing the token at position j leaves every logit before j exactly as it was, for
   every j (the kernel's causal mask; padding blocks included: 24 of 128 are real)."""
-  _, flash = _pair('transformer_lm')
+  dense, flash = _pair('transformer_lm')
   tokens = jnp.asarray(np.random.default_rng(4).integers(1, 61, (1, 24)), jnp.int32)
-  variables = flash.init(jax.random.key(0), tokens)
+  variables = init_variables(dense, jax.random.key(0), tokens)
   apply = jax.jit(lambda t: flash.apply(variables, t))
   before = np.asarray(apply(tokens))
   for j in range(tokens.shape[1]):
@@ -253,7 +253,7 @@ def test_the_translation_model_gives_the_dense_outputs_on_real_tokens():
   r = np.random.default_rng(5)
   inputs = jnp.asarray(r.integers(1, 61, (2, 19)), jnp.int32).at[1, 11:].set(0)
   targets = jnp.asarray(r.integers(1, 61, (2, 13)), jnp.int32).at[1, 7:].set(0)
-  variables = dense.init(jax.random.key(0), inputs, targets)
+  variables = init_variables(dense, jax.random.key(0), inputs, targets)
   real = (targets > 0)[:, :, None]
   chex.assert_trees_all_close(
       jnp.where(real, jax.jit(flash.apply)(variables, inputs, targets), 0),
@@ -293,7 +293,7 @@ kw = dict(num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2, vocab_size=61)
 dense = models.create('transformer_lm', **kw)
 flash = models.create('transformer_lm', attention_implementation='pallas_tpu', **kw)
 tokens = jnp.asarray(np.random.default_rng(0).integers(1, 61, (8, 40)), jnp.int32)
-variables = dense.init(jax.random.key(0), tokens)
+variables = jax.jit(dense.init)(jax.random.key(0), tokens)
 mesh = sharding.make_mesh()
 rows = sharding.batch_sharding(mesh)
 apply = lambda m: jax.jit(

@@ -178,7 +178,7 @@ def _mock_wmt(n=200):
 def test_wmt14_config_trains_and_reports_bleu(kind, tmp_path):
   config = _shrink(load_config('wmt14', f'en-de,tiny,{kind}'))
   config.batch_size = 8
-  config.model.update(vocab_size=48)
+  config.model.update(vocab_size=48, num_layers=1, emb_dim=32, mlp_dim=64, num_heads=2)
   config.dataset.update(vocab_size=48, max_source_len=16, max_target_len=16, eval_batch_size=8)
   config.eval_bleu_batches = 1
   config.beam_size = 2
@@ -196,6 +196,8 @@ def test_cifar10_resnet_config_trains(tmp_path):
   config = _shrink(load_config('cifar10_resnet', 'cp_resnet20'))
   config.batch_size = 4
   config.dataset.update(eval_batch_size=8)
+  with config.unlocked():
+    config.model.update(stage_sizes=(1, 1, 1))
   with _mock_images():
     result = _run(config, tmp_path)
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
@@ -207,6 +209,8 @@ def test_digits_resnet_config_trains_on_the_real_data(tmp_path):
   config = _shrink(load_config('digits_resnet', 'cp_resnet20'))
   config.batch_size = 8
   config.dataset.data_dir = str(tmp_path / 'tfds')
+  with config.unlocked():
+    config.model.update(stage_sizes=(1, 1, 1))
   result = _run(config, tmp_path)
   assert 0.0 <= result['eval_validation']['top1'] <= 1.0
   assert 0.0 <= result['eval_test']['top1'] <= 1.0
@@ -255,7 +259,9 @@ def test_preset_context_pool_model_logs_pool_sizes(tmp_path):
   config.batch_size = 4
   config.dataset.update(eval_batch_size=8)
   with config.unlocked():
-    config.model = ml_collections.ConfigDict(dict(name='cp_resnet20', num_classes=10))
+    config.model = ml_collections.ConfigDict(
+        dict(name='cp_resnet20', num_classes=10, stage_sizes=(1, 1, 1))
+    )
   with _mock_images():
     _run(config, tmp_path)
   logged = _pool_size_lines(tmp_path / 'run')

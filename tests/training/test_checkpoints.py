@@ -3,6 +3,8 @@ moved aside and the run resumes from the one before, ending as an uninterrupted 
 readable stops with one message, never a restart; a changed model is named before anything is
 restored. (Kills and SIGTERM around checkpoints: tests/training/test_faults.py.)"""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -50,7 +52,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     corpus, tmp_path, uninterrupted_six, damage
 ):
   workdir = tmp_path / 'run'
-  trainer.train_and_evaluate(tiny_run_config(corpus, tmp_path, 4), str(workdir))
+  # A run stopped after its step-4 checkpoint: the uninterrupted run's workdir without step 6.
+  shutil.copytree(uninterrupted_six, workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')
   DAMAGE[damage](workdir / 'checkpoints' / '4')
   with pytest.warns(
       UserWarning,

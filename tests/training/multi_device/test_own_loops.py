@@ -20,6 +20,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from contextpool_jax import (AreaAttention, AugmentedConv2D, ContextPool, LambdaLayer, models)
+from init_keys import init_variables
 
 N_DEV = 4
 AXIS = 'batch'
@@ -63,26 +64,30 @@ def test_docs_jit_loop_on_four_devices_equals_one_device():
   """The block as written runs on 4 devices (batch split, parameters replicated); its step
   gives the loss and the gradient of the same step on one device (everything on device 0).
 
-  The gradients are compared through the block's own ``train_step`` with its optimizer
-  (the global ``tx`` it reads) swapped for SGD with rate 1, whose update is the gradient:
-  Adam's first step divides each gradient by its magnitude, which turns the rounding of a
-  near-zero gradient (sums over devices reassociate) into a difference of the whole rate.
+  The one-device step is the block's own ``train_step`` with its optimizer (the global
+  ``tx`` it reads) swapped for SGD with rate 1, whose update is the gradient; its loss (taken
+  before the update, so the optimizer does not change it) is compared with the block's.
+  Not Adam for the gradients: its first step divides each gradient by its magnitude, which
+  turns the rounding of a near-zero gradient (sums over devices reassociate) into a
+  difference of the whole rate.
   """
   ns = {}
   exec(compile(_own_loop_block(), str(DOCS), 'exec'), ns)  # pylint: disable=exec-used
   assert ns['n'] == N_DEV and len(ns['batch']['inputs'].sharding.device_set) == N_DEV
   tokens = np.asarray(ns['tokens'])
-  params = ns['model'].init(jax.random.key(0), tokens[:1, :-1])['params']
+  params = init_variables(ns['model'], jax.random.key(0), jnp.asarray(tokens[:1, :-1], jnp.int32))[
+      'params'
+  ]
   one = lambda tree: jax.device_put(tree, jax.devices()[0])
   batch = one({'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]})
-  _, _, loss_one = ns['train_step'](one(params), ns['tx'].init(one(params)), batch)
-  assert len(loss_one.sharding.device_set) == 1
-  np.testing.assert_allclose(ns['loss'], loss_one, rtol=1e-5)
   ns['tx'] = optax.sgd(1.0)
-  step = lambda p, b: ns['train_step'](p, ns['tx'].init(p), b)[0]
+  step = lambda p, b: ns['train_step'](p, ns['tx'].init(p), b)
   sharded = jax.device_put(params, NamedSharding(ns['mesh'], P()))
   minus = lambda p: jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params, p)
-  grads, grads_one = minus(step(sharded, ns['batch'])), minus(step(one(params), batch))
+  (updated, _, _), (updated_one, _, loss_one) = step(sharded, ns['batch']), step(one(params), batch)
+  assert len(loss_one.sharding.device_set) == 1
+  np.testing.assert_allclose(ns['loss'], loss_one, rtol=1e-5)  # the block's own step's loss
+  grads, grads_one = minus(updated), minus(updated_one)
   chex.assert_trees_all_close(grads, grads_one, rtol=1e-4, atol=1e-6)
 
 
@@ -116,8 +121,10 @@ def test_pmap_batch_norm_with_axis_name_equals_one_device(case):
   make, shape = _bn_cases()[case]
   x = _x(shape, seed=1)
   single = make(None)
-  variables = single.init(jax.random.key(0), x)
-  y_one, state_one = single.apply(variables, x, train=True, mutable=['batch_stats'])
+  variables = init_variables(single, jax.random.key(0), x)
+  y_one, state_one = jax.jit(functools.partial(single.apply, train=True, mutable=['batch_stats']))(
+      variables, x
+  )
 
   def step(module, v, xs):
     return module.apply(v, xs, train=True, mutable=['batch_stats'])
