@@ -1,10 +1,11 @@
 """The models' ``remat`` policies and the Transformer's ``attention_implementation``.
 
-* Every policy of ``models.common.REMAT_POLICIES`` (and the old booleans) gives the loss and
-  the gradients of no remat, for each family (Transformer LM, ViT scanned and unrolled, ResNet
-  with BatchNorm in training); the policies keep different residuals for the backward pass
+* Every policy of ``models.common.REMAT_POLICIES`` gives the loss and the gradients of no
+  remat, for each family (Transformer LM, ViT scanned and unrolled, ResNet with BatchNorm in
+  training); the policies keep different residuals for the backward pass
   (``jax.ad_checkpoint.print_saved_residuals``): ``'dots'`` keeps the batched attention
-  matmuls that ``'dots_no_batch'`` recomputes, ``'full'`` keeps no matmul.
+  matmuls that ``'dots_no_batch'`` recomputes, ``'full'`` keeps no matmul; the old booleans
+  keep the residuals of the policies they name (``True``: ``'full'``, ``False``: ``'none'``).
 * The run's ``config.remat`` (a ``config.json`` written before the policies holds a bool) and
   a bad value: a ConfigError naming the field, the value and the choices.
 * ``attention_implementation``: ``'xla'`` gives the outputs of None on CPU; ``'cudnn'`` on CPU
@@ -67,7 +68,9 @@ CASES = {
     'vit': ('vit_s16', IMAGES, VIT),
     'resnet': ('cp_resnet20', IMAGES, RESNET),
 }
-POLICIES = [p for p in REMAT_POLICIES if p != 'none'] + [True]
+# Not the old boolean True: it builds 'full' (the same saved residuals, pinned by
+# test_the_policies_save_different_residuals).
+POLICIES = [p for p in REMAT_POLICIES if p != 'none']
 
 
 @pytest.mark.sweep  # one family in the fast tier (each compiles its model once per policy)

@@ -344,13 +344,20 @@ def _venv_with(wheel: pathlib.Path, where: pathlib.Path) -> pathlib.Path:
   return where / 'bin'
 
 
+@pytest.fixture(scope='module')
+def wheel(tmp_path_factory) -> pathlib.Path:
+  """The checkout's wheel (copied sources, pip with build isolation), built once for the tests
+  that only read it: its names, and installs into their own fresh virtualenvs."""
+  build = tmp_path_factory.mktemp('build')
+  return _build_wheel(_copy_sources(build / 'src'), build / 'dist')
+
+
 @pytest.mark.slow
-def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(tmp_path, corpus):
-  """Slow (a minute or two): builds the wheel (pip, with build isolation), installs it into a
-  fresh virtualenv and trains 4 steps of a tiny model with ``contextpool-train --config
-  default`` from a directory that is not the checkout, samples the workdir with
-  ``contextpool-sample`` and compiles the default for a TPU chip with ``contextpool-compile``."""
-  wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
+def test_the_wheel_trains_and_samples_with_its_commands_outside_a_checkout(wheel, tmp_path, corpus):
+  """Slow (a minute or two): the wheel (the ``wheel`` fixture's build) installed into a fresh
+  virtualenv trains 4 steps of a tiny model with ``contextpool-train --config default`` from a
+  directory that is not the checkout, samples the workdir with ``contextpool-sample`` and
+  compiles the default for a TPU chip with ``contextpool-compile``."""
   names = zipfile.ZipFile(wheel).namelist()
   assert (
       'contextpool_jax/configs/default.py' in names and 'contextpool_jax/configs/common.py' in names
@@ -440,15 +447,15 @@ CORE_ONLY_ABSENT = ('tensorflow-datasets', 'grain', 'tensorboardX', 'pytest', 's
 
 
 @pytest.mark.slow
-def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(tmp_path):
-  """Slow (about a minute): the wheel with its core dependencies only (``pip install .``,
-  versions held to this stack's pins), in a fresh virtualenv: it loads an export
-  (safetensors + config.json) and samples from it, in Python and with ``contextpool-sample``;
-  ``contextpool-train`` ends with one line naming the [train] extra."""
+def test_the_core_install_loads_an_export_and_samples_and_names_the_train_extra(wheel, tmp_path):
+  """Slow (about a minute): the wheel (the ``wheel`` fixture's build) with its core
+  dependencies only (``pip install .``, versions held to this stack's pins), in a fresh
+  virtualenv: it loads an export (safetensors + config.json) and samples from it, in Python and
+  with ``contextpool-sample``; ``contextpool-train`` ends with one line naming the [train]
+  extra."""
   from contextpool_jax.runs.export import export_params  # pylint: disable=g-import-not-at-top
 
   export = export_params(REPO / 'tests' / 'fixtures' / 'workdir_0_1_0', tmp_path / 'export')
-  wheel = _build_wheel(_copy_sources(tmp_path / 'build' / 'src'), tmp_path / 'build' / 'dist')
   venv.create(tmp_path / 'core', with_pip=False)
   python = tmp_path / 'core' / 'bin' / 'python'
   pins = _pins(DEV[NEWEST if sys.version_info >= (3, 12) else OLDEST])

@@ -9,6 +9,7 @@ saved and resumed; every layer's forward and gradient in float16.
 
 import json
 import pathlib
+import shutil
 
 import chex
 import flax.linen as nn
@@ -281,14 +282,14 @@ def test_overflow_is_skipped_logged_checkpointed_and_resumed(corpus, tmp_path, m
   ]
   assert all(np.isfinite(l['grad_norm']) for l in train)
 
-  # Stopped after step 4's checkpoint, resumed: the saved scale, not a fresh one.
+  # Stopped after step 4's checkpoint, resumed: the saved scale, not a fresh one. The stopped
+  # run is the full run's workdir without checkpoints 5 and 6: it checkpoints every step, and
+  # its schedule (warmup_constant) does not depend on num_train_steps, so its checkpoint 4 is a
+  # 4-step run's (metrics lines past step 4 as a killed run leaves them; the resume cuts them).
   resumed_dir = tmp_path / 'resumed'
-  _train(
-      monkeypatch,
-      tiny_config(corpus, data, num_train_steps=4, **kw),
-      resumed_dir,
-      overflow_at=2,
-  )
+  shutil.copytree(tmp_path / 'full', resumed_dir)
+  for step in ('5', '6'):
+    shutil.rmtree(resumed_dir / 'checkpoints' / step)
   resumed = _train(
       monkeypatch, tiny_config(corpus, data, num_train_steps=6, **kw), resumed_dir, overflow_at=2
   )
