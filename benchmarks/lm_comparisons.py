@@ -301,6 +301,22 @@ def context_study(results: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
   return comparisons
 
 
+def by_context(tuning: Sequence[Run], context: Sequence[Run]) -> list[Run]:
+  """``tuning`` and ``context`` runs in the order they train: per context in
+  :data:`TUNING`'s order (1,024, 2,048, 256 bytes), its tuning runs, then its comparison's
+  runs, seed-major. So the comparison at 1,024 bytes (the result in question) trains as
+  soon as its arms are tuned, before the 2,048-byte grid."""
+  context_of = lambda r: r.seq_len or 256  # a key without ctx is the study's own 256 bytes
+  return [
+      r
+      for c, _ in TUNING
+      for r in (
+          *(t for t in tuning if context_of(t) == c),
+          *sorted((x for x in context if context_of(x) == c), key=lambda x: x.seed),
+      )
+  ]
+
+
 def sweep_runs() -> list[Run]:
   """The learning-rate sweep and the prose dropout choice (seed 0)."""
   runs = [

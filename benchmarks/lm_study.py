@@ -248,7 +248,9 @@ def plan(
   :mod:`benchmarks.lm_comparisons`'s runs (their own seeds and sizes; ``best_arm``
   joins the default ContextPool in the longer-context and fewer-layers comparisons
   and is the prose arm; ``context`` reads the tuned settings from ``results``, the
-  study's results by key, and has runs only once a context's baseline is tuned)."""
+  study's results by key, and has runs only once a context's baseline is tuned).
+  ``tuning`` and ``context`` go context-major (:func:`lm_comparisons.by_context`): a
+  context's grid, then its comparison, before the next context's grid."""
   runs: list[Run] = []
   for seed in seeds:
     if 'depth' in groups:
@@ -274,11 +276,11 @@ def plan(
   if {'sweep', 'comparisons', 'tuning', 'context'} & set(groups):
     from benchmarks import lm_comparisons  # pylint: disable=g-import-not-at-top
 
-    if 'tuning' in groups:
-      runs += lm_comparisons.tuning_runs(results)
+    tuning = lm_comparisons.tuning_runs(results) if 'tuning' in groups else []
+    context = []
     if 'context' in groups:
       context = [r for c in lm_comparisons.context_study(results) for r in c.runs()]
-      runs += sorted(context, key=lambda r: r.seed)  # seed-major across the contexts
+    runs += lm_comparisons.by_context(tuning, context)  # context-major: 1,024 bytes first
 
     if 'sweep' in groups:
       runs += lm_comparisons.sweep_runs()

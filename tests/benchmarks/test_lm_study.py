@@ -285,10 +285,34 @@ def test_context_comparisons_run_each_arm_at_its_tuned_setting_once_the_baseline
   assert all(r.seq_len == 2048 and (r.lr, r.warmup) == (4e-3, 500) for r in at_2048.arms)
   runs = _plan_code_depth_2(['context'], seeds=[0], results=everything)
   assert len(runs) == 3 * (4 + 5)  # seeds x (arms of 1,024 + of 2,048), baselines included
-  assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed-major
+  # Context-major (1,024 bytes, the result in question, first), seed-major within each.
+  assert [(r.seq_len, r.seed) for r in runs] == sorted(
+      ((r.seq_len, r.seed) for r in runs), key=lambda cs: (cs[0] != 1024, cs[1])
+  )
+  assert runs[0].seq_len == 1024 and runs[-1].seq_len == 2048
   assert {r.key for r in runs if r.seed == 0 and r.depth == 2} <= set(everything)  # reused
   table = '\n'.join(lc.comparison_table(at_2048, everything, {}))
   assert 'code-baseline_rotary-L2-n4000-lr0.004-ctx2048-wu500' in table
+
+
+def test_the_comparison_at_1024_bytes_trains_once_its_arms_are_tuned_before_the_next_grid():
+  """With both groups planned, a context's comparison follows its own grid and comes
+  before the next context's grid (the study plans again after every run, so it starts as
+  soon as the last arm at 1,024 bytes is settled)."""
+  lc = lm_comparisons
+  tuned_1024 = _tuned_results([(a, 1024) for a in ('baseline', *lc.CONTEXT_ARMS)])
+  runs = _plan_code_depth_2(['tuning', 'context'], seeds=[0], results=tuned_1024)
+  contexts = [r.seq_len or 256 for r in runs]
+  assert contexts == sorted(contexts, key=(1024, 2048, 256).index)  # context-major
+  first_2048 = contexts.index(2048)
+  new_seeds = [i for i, r in enumerate(runs) if r.seed > 0]
+  assert len(new_seeds) == 4 * 2  # the four arms at 1,024 bytes, seeds 1 and 2
+  assert all(runs[i].seq_len == 1024 and i < first_2048 for i in new_seeds)
+  # Before the 1,024-byte arms are settled, no comparison run is planned at all.
+  unsettled = dict(tuned_1024)
+  unsettled.pop(lc.tuning_run('baseline', 1024, 2e-3, 50).key)
+  runs = _plan_code_depth_2(['tuning', 'context'], seeds=[0], results=unsettled)
+  assert all(r.seed == 0 for r in runs)
 
 
 def test_text_corpus_is_the_python_reference_topics(tmp_path):
