@@ -122,7 +122,8 @@ class TransformerConfig(Fields):
       ``jax.nn.dot_product_attention`` (standard and local attention, without
       attention dropout, not when decoding step by step), one of
       :data:`ATTENTION_IMPLEMENTATIONS`: None (JAX chooses: cuDNN where it
-      can, else XLA), ``'xla'``, ``'cudnn'`` (GPU only: elsewhere a ConfigError
+      can, else XLA; on the CPU both run its einsum form, :func:`_dot_product_attention`),
+      ``'xla'``, ``'cudnn'`` (GPU only: elsewhere a ConfigError
       when the model is traced, before XLA compiles), or ``'pallas_tpu'``: jax's
       Pallas TPU flash-attention kernel, memory linear in the length (TPU, or
       the CPU in Pallas interpret mode; a local window is a ConfigError;
@@ -460,7 +461,7 @@ class MultiHeadAttention(nn.Module):
       y = self._step_attention(q, k, val, window)
     elif rate > 0.0 and not deterministic:
       # jax.nn.dot_product_attention has no dropout on the probabilities.
-      y = _attention_with_dropout(q, k, val, mask, window, rate, self.make_rng('dropout'))
+      y = _einsum_attention(q, k, val, mask, window, (rate, self.make_rng('dropout')))
     else:
       y = _dot_product_attention(
           q, k, val, cfg.attention_implementation, mask=mask, local_window_size=window
@@ -579,17 +580,21 @@ def _dot_product_attention(
 ) -> Array:
   """``jax.nn.dot_product_attention(q, k, val, implementation=implementation, **kwargs)``
   (``q`` ``[batch, q_len, heads, head_dim]``, ``k`` / ``val`` ``[batch, kv_len, heads,
-  head_dim]``); float16 on CPU through float32 inputs.
+  head_dim]``; ``kwargs``: ``mask``, ``local_window_size``).
 
   ``implementation='cudnn'`` (``TransformerConfig.attention_implementation``) off a
   GPU raises a ConfigError here, as the model is traced, instead of JAX's error
   from the cuDNN lowering.
 
-  For float16 it asks XLA for the ``F16_F16_F32`` dot algorithm (float32
-  logits), which the CPU backend cannot compile (its fallback catches the error
-  only outside ``jit``). Float32 inputs give the same logits there (a product of
-  two float16 values is exact in float32); the output is float16 again. CPU
-  float16 is for tests: GPUs run the float16 path itself.
+  On the CPU, None and ``'xla'`` run :func:`_einsum_attention`: the formula of JAX's XLA
+  path (float32 logits, the same scaling, masking and softmax: the same outputs and
+  gradients to float rounding), without the group axis it maps over, whose
+  probabilities XLA's CPU backend transposes in memory: a training
+  step of the study's 2-layer LM at 1,024 bytes took 0.83 s instead of 1.43 s
+  (docs/models.md, "Attention implementation"). Elsewhere JAX's own path runs.
+  Float16 on the CPU goes through float32 inputs (a product of two float16 values is
+  exact in float32); the output is float16 again. CPU float16 is for tests: GPUs run
+  the float16 path itself.
   """
   backend = jax.default_backend()
   if implementation == 'cudnn' and backend != 'gpu':
@@ -597,10 +602,13 @@ def _dot_product_attention(
         f"Transformer.attention_implementation='cudnn' needs an NVIDIA GPU; this process "
         f"runs on {backend!r}. Use None (JAX chooses) or 'xla'."
     )
+  if backend == 'cpu':
+    up = (lambda a: a.astype(jnp.float32)) if q.dtype == jnp.float16 else (lambda a: a)
+    mask, window = kwargs.pop('mask', None), kwargs.pop('local_window_size', None)
+    if kwargs:
+      raise TypeError(f'_dot_product_attention: unexpected arguments {sorted(kwargs)}')
+    return _einsum_attention(up(q), up(k), up(val), mask, window).astype(q.dtype)
   kwargs['implementation'] = implementation
-  if q.dtype == jnp.float16 and backend == 'cpu':
-    up = lambda a: a.astype(jnp.float32)
-    return jax.nn.dot_product_attention(up(q), up(k), up(val), **kwargs).astype(q.dtype)
   return jax.nn.dot_product_attention(q, k, val, **kwargs)
 
 
@@ -618,22 +626,29 @@ def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array | boo
   return jnp.einsum('bhqk,bhkd->bqhd', p, values)
 
 
-def _attention_with_dropout(q, k, val, mask, window, rate, rng):
-  """Reference attention with dropout on the probabilities (training only)."""
+def _einsum_attention(q, k, val, mask=None, window=None, dropout=None):
+  """``softmax(q k^T / sqrt(head_dim))`` over the allowed keys, times ``val``, with the
+  logits ``[batch, heads, q_len, kv_len]`` and the softmax in float32 (as
+  ``jax.nn.dot_product_attention``'s XLA path). ``mask``: bool, broadcast to the logits;
+  ``window``: ``(left, right)`` keys allowed around each query (local attention);
+  ``dropout``: ``(rate, rng)`` on the probabilities (training only)."""
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
-  logits = logits / math.sqrt(q.shape[-1])
-  allowed = jnp.ones(logits.shape[-2:], bool)
+  logits = logits * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), logits.dtype)
+  allowed = None
   if window is not None:
     i = jnp.arange(logits.shape[-2])[:, None]
     j = jnp.arange(logits.shape[-1])[None, :]
     allowed = (j >= i - window[0]) & (j <= i + window[1])
   if mask is not None:
-    allowed = allowed & mask
-  logits = jnp.where(allowed, logits, NEG_INF)
+    allowed = mask if allowed is None else allowed & mask
+  if allowed is not None:
+    logits = jnp.where(allowed, logits, NEG_INF)
   p = jax.nn.softmax(logits, axis=-1)
-  keep = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
-  p = jnp.where(keep, p / (1.0 - rate), 0.0).astype(val.dtype)
-  return jnp.einsum('bhqk,bkhd->bqhd', p, val)
+  if dropout is not None:
+    rate, rng = dropout
+    keep = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
+    p = jnp.where(keep, p / (1.0 - rate), 0.0)
+  return jnp.einsum('bhqk,bkhd->bqhd', p.astype(val.dtype), val)
 
 
 class FeedForward(nn.Module):

@@ -168,6 +168,76 @@ def test_xla_attention_is_what_none_chooses_on_cpu(attention):
   chex.assert_trees_all_equal(_lm_apply('xla', **fields), _lm_apply(None, **fields))
 
 
+# (case, query length, key length, mask of [batch, 1, q, k] or None, local window, causal)
+def _attention_cases():
+  t, s = 12, 9
+  causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
+  valid_q = jnp.arange(t)[None, :] < jnp.array([[t], [7]])  # row 1: 5 padding queries
+  valid_k = jnp.arange(s)[None, :] < jnp.array([[s], [4]])
+  padded = valid_q[:, None, :, None] & valid_k[:, None, None, :]  # padding rows: all masked
+  return {
+      'causal': (t, t, causal, None),
+      'causal_padded': (
+          t,
+          t,
+          causal & (valid_q[:, None, :, None] & valid_q[:, None, None, :]),
+          None,
+      ),
+      'cross_padded': (t, s, padded, None),
+      'local': (t, t, None, (3, 2)),
+      'local_causal': (t, t, causal, (3, 0)),
+  }
+
+
+@pytest.mark.parametrize('case', sorted(_attention_cases()))
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_the_cpu_attention_is_jaxs_xla_attention(case, dtype):
+  """On the CPU, None / 'xla' run the einsum form of jax.nn.dot_product_attention's XLA path
+  (without its group axis): the same outputs and gradients to float32 rounding, and to
+  bfloat16's and float16's in those dtypes (padding rows included)."""
+  from contextpool_jax.models import transformer as tr  # pylint: disable=g-import-not-at-top
+
+  t, s, mask, window = _attention_cases()[case]
+  q, k, v, ct = (
+      jax.random.normal(key, shape, jnp.float32)
+      for key, shape in zip(
+          jax.random.split(jax.random.key(3), 4),
+          [(2, t, 3, 8), (2, s, 3, 8), (2, s, 3, 8), (2, t, 3, 8)],
+      )
+  )
+  cast = lambda a: a.astype(dtype)
+  ours = lambda q, k, v: tr._dot_product_attention(
+      q, k, v, 'xla', mask=mask, local_window_size=window
+  )
+  up = (lambda a: a.astype(jnp.float32)) if dtype == jnp.float16 else (lambda a: a)
+  jaxs = lambda q, k, v: jax.nn.dot_product_attention(
+      up(q), up(k), up(v), mask=mask, local_window_size=window, implementation='xla'
+  ).astype(q.dtype)
+  loss = lambda f: jax.jit(
+      jax.value_and_grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * ct), argnums=(0, 1, 2))
+  )
+  (got, got_grads), (want, want_grads) = (loss(f)(cast(q), cast(k), cast(v)) for f in (ours, jaxs))
+  assert jax.jit(ours)(cast(q), cast(k), cast(v)).dtype == dtype
+  if dtype == jnp.float32:
+    chex.assert_trees_all_close(got, want, rtol=1e-6)
+    chex.assert_trees_all_close(
+        jax.jit(ours)(q, k, v), jax.jit(jaxs)(q, k, v), rtol=1e-5, atol=1e-6
+    )
+    chex.assert_trees_all_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
+  else:
+    tol = dict(rtol=2e-2, atol=2e-2)
+    chex.assert_trees_all_close(
+        jax.jit(ours)(cast(q), cast(k), cast(v)).astype(jnp.float32),
+        jax.jit(jaxs)(cast(q), cast(k), cast(v)).astype(jnp.float32),
+        **tol,
+    )
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda a: a.astype(jnp.float32), got_grads),
+        jax.tree.map(lambda a: a.astype(jnp.float32), want_grads),
+        **tol,
+    )
+
+
 def test_cudnn_attention_on_cpu_raises_before_compiling():
   with pytest.raises(ConfigError, match=r"attention_implementation='cudnn' needs an NVIDIA GPU"):
     jax.eval_shape(lambda: _lm_apply('cudnn'))  # traced only: the error comes before XLA
