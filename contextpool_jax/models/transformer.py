@@ -46,6 +46,8 @@ treats every byte as a real token (its windows are never padded).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -575,6 +577,25 @@ class MultiHeadAttention(nn.Module):
     return cached_k.value, cached_v.value, allowed
 
 
+# The platform attention is traced for: None, the process's (jax.default_backend()); the
+# compile command lowers for a TPU or GPU from a CPU process and names it (compiling_for).
+_TARGET_PLATFORM: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    'contextpool_attention_platform', default=None
+)
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str):
+  """Traces the Transformers' attention for ``platform`` (``'tpu'``, ``'gpu'`` or
+  ``'cpu'``) instead of this process's backend, while the block lowers a program for
+  other devices (``training.aot``): the program is the one that platform's runs build."""
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
+
+
 def _dot_product_attention(
     q: Array, k: Array, val: Array, implementation: Optional[str], **kwargs
 ) -> Array:
@@ -602,7 +623,7 @@ def _dot_product_attention(
         f"Transformer.attention_implementation='cudnn' needs an NVIDIA GPU; this process "
         f"runs on {backend!r}. Use None (JAX chooses) or 'xla'."
     )
-  if backend == 'cpu':
+  if (_TARGET_PLATFORM.get() or backend) == 'cpu':
     up = (lambda a: a.astype(jnp.float32)) if q.dtype == jnp.float16 else (lambda a: a)
     mask, window = kwargs.pop('mask', None), kwargs.pop('local_window_size', None)
     if kwargs:

@@ -491,7 +491,11 @@ def _lowered_steps(specs, devices: list, which: tuple[str, ...]):
   ``specs`` (``training.spec.Specs``), lowered for ``devices`` (abstract or real)."""
   import jax  # pylint: disable=g-import-not-at-top
 
+  from contextpool_jax.models import transformer  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, programs, sharding, steps, tasks  # pylint: disable=g-import-not-at-top
+
+  platform = devices[0].platform
+  platform = 'gpu' if platform in ('cuda', 'rocm') else platform
 
   run = specs.run
   task = tasks.make_task(specs.task, specs.model, specs.data, '')
@@ -511,7 +515,9 @@ def _lowered_steps(specs, devices: list, which: tuple[str, ...]):
   ):
     if key in which:
       sums = steps.abstract_sums(step_fn, state, batch, replicated)
-      yield key, step.lower(state, batch, sums)
+      with transformer.compiling_for(platform):  # the target's attention, not this CPU's
+        lowered = step.lower(state, batch, sums)
+      yield key, lowered
 
 
 def _compile_steps(specs, topology: Topology, which: tuple[str, ...]) -> list[StepCost]:

@@ -238,6 +238,26 @@ def test_the_cpu_attention_is_jaxs_xla_attention(case, dtype):
     )
 
 
+def test_a_program_lowered_for_a_tpu_or_gpu_traces_jaxs_attention(monkeypatch):
+  """The compile command lowers for other devices from this CPU process
+  (``transformer.compiling_for``): those programs take jax.nn.dot_product_attention, as
+  the target's own runs do; this process's programs take the einsum form."""
+  from contextpool_jax.models import transformer as tr  # pylint: disable=g-import-not-at-top
+
+  calls = []
+  attention = jax.nn.dot_product_attention
+  monkeypatch.setattr(
+      jax.nn, 'dot_product_attention', lambda *a, **kw: calls.append(kw) or attention(*a, **kw)
+  )
+  jax.eval_shape(lambda: _lm_apply('xla'))
+  assert calls == []
+  for platform in ('tpu', 'gpu'):
+    with tr.compiling_for(platform):
+      jax.eval_shape(lambda: _lm_apply('xla'))
+    assert calls and all(kw['implementation'] == 'xla' for kw in calls)
+    calls.clear()
+
+
 def test_cudnn_attention_on_cpu_raises_before_compiling():
   with pytest.raises(ConfigError, match=r"attention_implementation='cudnn' needs an NVIDIA GPU"):
     jax.eval_shape(lambda: _lm_apply('cudnn'))  # traced only: the error comes before XLA
