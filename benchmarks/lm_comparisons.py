@@ -130,9 +130,11 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
 TUNING_ARMS = ('baseline', 'cp_kv', 'cp')
 ROTARY_BASELINE = 'baseline_rotary'
 COMPARED_CONTEXTS = (1024, 2048)
+# The study's own context: its runs' keys name no ctx (Run.seq_len None).
+OWN_CONTEXT = 256
 TUNING = tuple(
     (context, TUNING_ARMS + ((ROTARY_BASELINE,) if context in COMPARED_CONTEXTS else ()))
-    for context in (*COMPARED_CONTEXTS, 256)
+    for context in (*COMPARED_CONTEXTS, OWN_CONTEXT)
 )
 TUNING_LRS = (2e-3, 4e-3, 8e-3)
 TUNING_WARMUPS = (50, 500)
@@ -145,7 +147,7 @@ EXTENDED_WARMUPS = (*TUNING_WARMUPS, 1500, 3000)
 
 def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
   """One tuning run (the study's own context, 256, keeps the key of its other runs)."""
-  seq_len = None if context == 256 else context
+  seq_len = None if context == OWN_CONTEXT else context
   return Run(
       LONG['corpus'], arm, LONG['depth'], LONG['steps'], 0, lr=lr, seq_len=seq_len, warmup=warmup
   )
@@ -306,7 +308,7 @@ def by_context(tuning: Sequence[Run], context: Sequence[Run]) -> list[Run]:
   :data:`TUNING`'s order (1,024, 2,048, 256 bytes), its tuning runs, then its comparison's
   runs, seed-major. So the comparison at 1,024 bytes (the result in question) trains as
   soon as its arms are tuned, before the 2,048-byte grid."""
-  context_of = lambda r: r.seq_len or 256  # a key without ctx is the study's own 256 bytes
+  context_of = lambda r: r.seq_len or OWN_CONTEXT
   return [
       r
       for c, _ in TUNING
