@@ -597,11 +597,16 @@ def compiling_for(platform: str):
 
 
 def _dot_product_attention(
-    q: Array, k: Array, val: Array, implementation: Optional[str], **kwargs
+    q: Array,
+    k: Array,
+    val: Array,
+    implementation: Optional[str],
+    mask: Optional[Array] = None,
+    local_window_size: Optional[tuple[int, int]] = None,
 ) -> Array:
-  """``jax.nn.dot_product_attention(q, k, val, implementation=implementation, **kwargs)``
-  (``q`` ``[batch, q_len, heads, head_dim]``, ``k`` / ``val`` ``[batch, kv_len, heads,
-  head_dim]``; ``kwargs``: ``mask``, ``local_window_size``).
+  """``jax.nn.dot_product_attention(q, k, val, mask=mask, local_window_size=...,
+  implementation=implementation)`` (``q`` ``[batch, q_len, heads, head_dim]``, ``k`` /
+  ``val`` ``[batch, kv_len, heads, head_dim]``).
 
   ``implementation='cudnn'`` (``TransformerConfig.attention_implementation``) off a
   GPU raises a ConfigError here, as the model is traced, instead of JAX's error
@@ -625,12 +630,12 @@ def _dot_product_attention(
     )
   if (_TARGET_PLATFORM.get() or backend) == 'cpu':
     up = (lambda a: a.astype(jnp.float32)) if q.dtype == jnp.float16 else (lambda a: a)
-    mask, window = kwargs.pop('mask', None), kwargs.pop('local_window_size', None)
-    if kwargs:
-      raise TypeError(f'_dot_product_attention: unexpected arguments {sorted(kwargs)}')
-    return _einsum_attention(up(q), up(k), up(val), mask, window).astype(q.dtype)
-  kwargs['implementation'] = implementation
-  return jax.nn.dot_product_attention(q, k, val, **kwargs)
+    return _einsum_attention(up(q), up(k), up(val), mask, local_window_size).astype(q.dtype)
+  # implementation is 'xla', 'cudnn' or None here ('pallas_tpu' never reaches this function).
+  options: dict[str, Any] = dict(implementation=implementation)
+  return jax.nn.dot_product_attention(
+      q, k, val, mask=mask, local_window_size=local_window_size, **options
+  )
 
 
 def _cached_attention(q: Array, keys: Array, values: Array, allowed: Array | bool) -> Array:

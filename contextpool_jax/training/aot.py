@@ -486,16 +486,19 @@ def compile_config(
   ]
 
 
-def _lowered_steps(specs, devices: list, which: tuple[str, ...]):
+def _lowered_steps(specs, devices: list, which: tuple[str, ...], platform: Optional[str] = None):
   """``(key, lowered)`` for each step of ``which``, as ``train.py`` builds it for read
-  ``specs`` (``training.spec.Specs``), lowered for ``devices`` (abstract or real)."""
+  ``specs`` (``training.spec.Specs``), lowered for ``devices`` (abstract or real), its
+  attention traced as ``platform``'s runs trace it (``transformer.compiling_for``;
+  None: the devices' platform)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from contextpool_jax.models import transformer  # pylint: disable=g-import-not-at-top
   from contextpool_jax.training import optim, programs, sharding, steps, tasks  # pylint: disable=g-import-not-at-top
 
-  platform = devices[0].platform
-  platform = 'gpu' if platform in ('cuda', 'rocm') else platform
+  if platform is None:
+    platform = str(devices[0].platform)
+    platform = 'gpu' if platform in ('cuda', 'rocm') else platform
 
   run = specs.run
   task = tasks.make_task(specs.task, specs.model, specs.data, '')
@@ -514,8 +517,10 @@ def _lowered_steps(specs, devices: list, which: tuple[str, ...]):
       ('eval', built.eval_step_fn, built.eval_step, eval_batch),
   ):
     if key in which:
-      sums = steps.abstract_sums(step_fn, state, batch, replicated)
-      with transformer.compiling_for(platform):  # the target's attention, not this CPU's
+      # The target's attention, not this CPU's, in every trace of the step: abstract_sums
+      # traces it first, and lower() reuses that trace.
+      with transformer.compiling_for(platform):
+        sums = steps.abstract_sums(step_fn, state, batch, replicated)
         lowered = step.lower(state, batch, sums)
       yield key, lowered
 
@@ -540,14 +545,15 @@ def _compile_steps(specs, topology: Topology, which: tuple[str, ...]) -> list[St
 
 
 def _counted_flops(specs, which: tuple[str, ...]) -> list[float]:
-  """Each step's FLOPs, all devices together: XLA's count of the step lowered for one
-  CPU device at the global batch (before optimization; nothing compiled)."""
+  """Each step's FLOPs, all devices together: XLA's count of a GPU's step lowered for one
+  CPU device at the global batch (before optimization; nothing compiled), its attention
+  jax's, as a GPU runs it, not this CPU's einsum form."""
   import jax  # pylint: disable=g-import-not-at-top
 
   one_cpu = jax.devices('cpu')[:1]
   return [
       float(_cost_dict(lowered.cost_analysis()).get('flops', 0.0))
-      for _, lowered in _lowered_steps(specs, one_cpu, which)
+      for _, lowered in _lowered_steps(specs, one_cpu, which, platform='gpu')
   ]
 
 

@@ -396,6 +396,28 @@ def test_a_gpu_steps_flops_are_the_tpu_compilers_count_split_over_the_gpus(v5e_2
 
 
 @pytest.mark.slow
+def test_programs_for_a_tpu_or_gpu_trace_the_attention_those_devices_run(monkeypatch, v5e_2x2):
+  """The command runs JAX on this CPU, whose Transformers compute attention as an einsum
+  (``transformer.compiling_for``); a step lowered for TPU devices, and a GPU step lowered
+  for a CPU device to count its FLOPs, trace jax.nn.dot_product_attention, as those devices'
+  runs do. (abstract_sums traces the step before lower() reuses that trace: both must see
+  the target.)"""
+  calls = []
+  attention = jax.nn.dot_product_attention
+  monkeypatch.setattr(
+      jax.nn, 'dot_product_attention', lambda *a, **kw: calls.append(kw) or attention(*a, **kw)
+  )
+  specs = spec.read(_small_config('lm'))
+  list(aot._lowered_steps(specs, jax.devices('cpu')[:1], ('eval',)))
+  assert calls == []  # this process's own program
+  list(aot._lowered_steps(specs, aot.devices(v5e_2x2), ('eval',)))
+  assert calls
+  calls.clear()
+  (counted,) = aot._counted_flops(specs, ('eval',))
+  assert counted > 0 and calls
+
+
+@pytest.mark.slow
 def test_a_step_over_the_memory_jax_allocates_on_a_gpu_gets_the_message(monkeypatch):
   """The GPU compiler does not refuse a program for memory: the command does, against
   the share JAX allocates (here shrunk so that a one-layer LM's step is over it)."""
