@@ -51,7 +51,7 @@ import contextvars
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, cast
 
 import flax.linen as nn
 import jax
@@ -632,9 +632,9 @@ def _dot_product_attention(
     up = (lambda a: a.astype(jnp.float32)) if q.dtype == jnp.float16 else (lambda a: a)
     return _einsum_attention(up(q), up(k), up(val), mask, local_window_size).astype(q.dtype)
   # implementation is 'xla', 'cudnn' or None here ('pallas_tpu' never reaches this function).
-  options: dict[str, Any] = dict(implementation=implementation)
+  jax_implementation = cast(Literal['xla', 'cudnn'] | None, implementation)
   return jax.nn.dot_product_attention(
-      q, k, val, mask=mask, local_window_size=local_window_size, **options
+      q, k, val, mask=mask, local_window_size=local_window_size, implementation=jax_implementation
   )
 
 
