@@ -125,8 +125,8 @@ def study(best_arm: str = 'cp_kv') -> list[Comparison]:
 # context at the same bytes per step (batch 16, 4 and 2). Run order: 1,024 bytes (the
 # result in question), then 2,048, then 256. A best setting at the edge of the grid is
 # extended one step beyond it before the comparisons use it (:func:`tuning_extension`):
-# the rate halved or doubled at the best warm-up, the warm-up lengthened at the best rate
-# (only lengthened: 50 steps is already 1.25% of the run).
+# the rate halved or doubled at the best warm-up, the warm-up lengthened (or shortened) at
+# the best rate; 50 steps, already 1.25% of the run, is not shortened.
 TUNING_ARMS = ('baseline', 'cp_kv', 'cp')
 ROTARY_BASELINE = 'baseline_rotary'
 COMPARED_CONTEXTS = (1024, 2048)
@@ -137,12 +137,18 @@ TUNING = tuple(
     for context in (*COMPARED_CONTEXTS, OWN_CONTEXT)
 )
 TUNING_LRS = (2e-3, 4e-3, 8e-3)
-TUNING_WARMUPS = (50, 500)
+# The grid's two warm-ups at each context. 2,048 bytes starts at 1,500 and 3,000: at 1,024
+# bytes warm-up 50 ended behind 500 at every rate of both arms tuned first (the baseline,
+# pooled keys and values: by 0.06-0.60), and the baseline's best was the longest of the
+# extended range, reached after six extension runs. A shorter warm-up is still tried where
+# the shorter of the two ends best (:func:`tuning_extension`), so the grid's start changes
+# how many runs the tuning takes, not what it can find.
+TUNING_WARMUPS = MappingProxyType({1024: (50, 500), 2048: (1500, 3000), OWN_CONTEXT: (50, 500)})
 # Every setting a tuning run may have: the grid, one rate beyond each of its edges, and
-# warm-ups lengthened up to 3,000 of the 4,000 steps (the cosine then decays over the last
+# warm-ups from 50 up to 3,000 of the 4,000 steps (the cosine then decays over the last
 # 1,000): at 1,024 bytes the baseline's best warm-up was the longest tried at 500 and at 1,500.
 EXTENDED_LRS = (1e-3, *TUNING_LRS, 1.6e-2)
-EXTENDED_WARMUPS = (*TUNING_WARMUPS, 1500, 3000)
+EXTENDED_WARMUPS = (50, 500, 1500, 3000)
 
 
 def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
@@ -164,7 +170,7 @@ def _tried(
       result = results.get(tuning_run(arm, context, lr, w).key)
       if result is not None:
         tried[(lr, w)] = result['val_bpc']
-  if any((lr, w) not in tried for lr in TUNING_LRS for w in TUNING_WARMUPS):
+  if any((lr, w) not in tried for lr in TUNING_LRS for w in TUNING_WARMUPS[context]):
     return None
   return tried
 
@@ -174,8 +180,9 @@ def tuned_setting(
 ) -> Optional[tuple[float, int, bool]]:
   """``(lr, warmup, bracketed)``: the setting of ``arm`` at ``context`` with the lowest
   validation BPC at the end of its tuning run (extensions included), and whether it is
-  bracketed (at its warm-up a lower and a higher rate, at its rate a longer warm-up, all
-  ended worse); None until every run of the grid has a result."""
+  bracketed (at its warm-up a lower and a higher rate, at its rate a longer warm-up and,
+  unless it is the shortest of :data:`EXTENDED_WARMUPS`, a shorter one, all ended worse);
+  None until every run of the grid has a result."""
   tried = _tried(results, arm, context)
   return None if tried is None else _best(tried)
 
@@ -185,7 +192,8 @@ def _best(tried: Mapping[tuple[float, int], float]) -> tuple[float, int, bool]:
   lr, warmup = min(tried, key=tried.get)
   rates = sorted(r for r, w in tried if w == warmup)
   warmups = sorted(w for r, w in tried if r == lr)
-  return lr, warmup, rates[0] < lr < rates[-1] and warmup < warmups[-1]
+  shorter = warmup > warmups[0] or warmup == EXTENDED_WARMUPS[0]
+  return lr, warmup, rates[0] < lr < rates[-1] and warmup < warmups[-1] and shorter
 
 
 def tuning_extension(
@@ -193,8 +201,9 @@ def tuning_extension(
 ) -> Optional[Run]:
   """The next run past the edge of ``arm``'s grid at ``context``: its best rate is the
   highest (lowest) tried at its warm-up -> twice (half) that rate; else its warm-up is the
-  longest tried at its rate -> the next of :data:`EXTENDED_WARMUPS`. None while the grid
-  is not done, once the best is bracketed, or at the end of the extended range."""
+  longest (shortest) tried at its rate -> the next (previous) of :data:`EXTENDED_WARMUPS`.
+  None while the grid is not done, once the best is bracketed, or at the end of the
+  extended range."""
   tried = _tried(results, arm, context)
   if tried is None:
     return None
@@ -207,9 +216,12 @@ def tuning_extension(
     return tuning_run(arm, context, EXTENDED_LRS[i + 1], warmup)
   if lr == rates[0] and i > 0:
     return tuning_run(arm, context, EXTENDED_LRS[i - 1], warmup)
+  warmups = sorted(w for r, w in tried if r == lr)
   j = EXTENDED_WARMUPS.index(warmup)
-  if j + 1 < len(EXTENDED_WARMUPS) and (lr, EXTENDED_WARMUPS[j + 1]) not in tried:
+  if warmup == warmups[-1] and j + 1 < len(EXTENDED_WARMUPS):
     return tuning_run(arm, context, lr, EXTENDED_WARMUPS[j + 1])
+  if warmup == warmups[0] and j > 0:
+    return tuning_run(arm, context, lr, EXTENDED_WARMUPS[j - 1])
   return None
 
 
@@ -219,7 +231,7 @@ def tuning_runs(results: Mapping[str, Mapping[str, Any]] = MappingProxyType({}))
   runs = []
   for context, arms in TUNING:
     for arm in arms:
-      grid = [(lr, warmup) for warmup in TUNING_WARMUPS for lr in TUNING_LRS]
+      grid = [(lr, warmup) for warmup in TUNING_WARMUPS[context] for lr in TUNING_LRS]
       tried = [s for s in _tried(results, arm, context) or {} if s not in grid]
       runs += [tuning_run(arm, context, lr, warmup) for lr, warmup in [*grid, *tried]]
       extension = tuning_extension(results, arm, context)
@@ -255,7 +267,7 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         verdict = f'{best[0]:g}, {best[1]} steps (at an edge: extending)'
       else:
         verdict = f'{best[0]:g}, {best[1]} steps (at the edge of the extended range)'
-      warmups = sorted({*TUNING_WARMUPS, *(w for _, w in tried[(arm, context)])})
+      warmups = sorted({*TUNING_WARMUPS[context], *(w for _, w in tried[(arm, context)])})
       for warmup in warmups:
         cells = []
         for lr in lrs:

@@ -92,7 +92,7 @@ def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_pat
       for a in arms
       for c in contexts
       for lr in lc.TUNING_LRS
-      for w in lc.TUNING_WARMUPS
+      for w in lc.TUNING_WARMUPS[c]
   }
   assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == grid(
       ('baseline', 'cp_kv', 'cp'), (256, 1024, 2048)
@@ -112,7 +112,8 @@ def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_pat
 
 def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   lc = lm_comparisons
-  grid = [(lr, w) for lr in lc.TUNING_LRS for w in lc.TUNING_WARMUPS]
+  grid = [(lr, w) for lr in lc.TUNING_LRS for w in lc.TUNING_WARMUPS[1024]]
+  assert {w for _, w in grid} == {50, 500}
   key = lambda lr, w: lc.tuning_run('baseline', 1024, lr, w).key
 
   def results(best, more=()):
@@ -192,6 +193,55 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   assert len(runs) == (3 * 3 + 2) * len(grid) + 2
   assert lc.context_study(results(longest)) == []
   assert lc.context_study(results(longest, [(4e-3, 1500)])) != []
+
+
+def test_the_2048_grid_starts_at_long_warm_ups_and_a_best_shortest_one_is_shortened():
+  lc = lm_comparisons
+  grid = [(lr, w) for lr in lc.TUNING_LRS for w in (1500, 3000)]
+  key = lambda lr, w: lc.tuning_run('cp', 2048, lr, w).key
+
+  def results(best, more=()):
+    return {
+        key(lr, w): {'val_bpc': 1.0 if (lr, w) == best else 2.0 + lr} for lr, w in (*grid, *more)
+    }
+
+  runs = [r for r in _plan_code_depth_2(['tuning']) if r.seq_len == 2048 and r.arm == 'cp']
+  assert [(r.lr, r.warmup) for r in runs] == sorted(grid, key=lambda s: (s[1], s[0]))
+  # The grid is done only with its own warm-ups: 50 and 500 are no part of it.
+  partial = results((4e-3, 1500))
+  partial.pop(key(2e-3, 3000))
+  assert lc.tuned_setting(partial | {key(2e-3, 500): {'val_bpc': 3.0}}, 'cp', 2048) is None
+  # The shorter warm-up best at a bracketed rate: shortened, to 500 and then to 50.
+  assert lc.tuned_setting(results((4e-3, 1500)), 'cp', 2048) == (4e-3, 1500, False)
+  assert lc.tuning_extension(results((4e-3, 1500)), 'cp', 2048) == lc.tuning_run(
+      'cp', 2048, 4e-3, 500
+  )
+  worse_at_500 = results((4e-3, 1500), [(4e-3, 500)])
+  assert lc.tuned_setting(worse_at_500, 'cp', 2048) == (4e-3, 1500, True)
+  assert lc.tuning_extension(worse_at_500, 'cp', 2048) is None
+  best_at_500 = results((4e-3, 500), [(4e-3, 500)])
+  assert lc.tuning_extension(best_at_500, 'cp', 2048) == lc.tuning_run('cp', 2048, 8e-3, 500)
+  at_500 = [(4e-3, 500), (8e-3, 500), (2e-3, 500)]
+  assert lc.tuning_extension(results((4e-3, 500), at_500), 'cp', 2048) == lc.tuning_run(
+      'cp', 2048, 4e-3, 50
+  )
+  # 50 steps is the shortest of the range: best there (its rate bracketed there too) with
+  # 500 worse, it is bracketed.
+  at_50 = [(4e-3, 50), (8e-3, 50), (2e-3, 50)]
+  assert lc.tuning_extension(results((4e-3, 50), [*at_500, *at_50[:1]]), 'cp', 2048) == (
+      lc.tuning_run('cp', 2048, 8e-3, 50)
+  )
+  settled = results((4e-3, 50), [*at_500, *at_50])
+  assert lc.tuned_setting(settled, 'cp', 2048) == (4e-3, 50, True)
+  assert lc.tuning_extension(settled, 'cp', 2048) is None
+  # The longest warm-up best: at the edge of the extended range, nothing more to try.
+  edge = results((4e-3, 3000))
+  assert lc.tuned_setting(edge, 'cp', 2048) == (4e-3, 3000, False)
+  assert lc.tuning_extension(edge, 'cp', 2048) is None
+  table = lc.tuning_table(edge)
+  assert [l.split(' | ')[2] for l in table if l.startswith('| 2,048 | cp |')] == ['1500', '3000']
+  # At 1,024 and 256 bytes the grid keeps 50 and 500.
+  assert lc.TUNING_WARMUPS[1024] == lc.TUNING_WARMUPS[256] == (50, 500)
 
 
 def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
