@@ -317,16 +317,18 @@ def context_study(results: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
 
 def by_context(tuning: Sequence[Run], context: Sequence[Run]) -> list[Run]:
   """``tuning`` and ``context`` runs in the order they train: per context in
-  :data:`TUNING`'s order (1,024, 2,048, 256 bytes), its tuning runs, then its comparison's
-  runs, seed-major. So the comparison at 1,024 bytes (the result in question) trains as
-  soon as its arms are tuned, before the 2,048-byte grid."""
+  :data:`TUNING`'s order (1,024, 2,048, 256 bytes), its comparison's runs (seed-major),
+  then its tuning runs. A comparison has runs only for the arms already tuned
+  (:func:`context_study`), so the baseline's and pooled keys and values' seeds 1-2 at
+  1,024 bytes (the result in question) train as soon as both are settled, before the
+  grids of the arms tuned after them, and each later arm's seeds as soon as it is."""
   context_of = lambda r: r.seq_len or OWN_CONTEXT
   return [
       r
       for c, _ in TUNING
       for r in (
-          *(t for t in tuning if context_of(t) == c),
           *sorted((x for x in context if context_of(x) == c), key=lambda x: x.seed),
+          *(t for t in tuning if context_of(t) == c),
       )
   ]
 

@@ -250,7 +250,7 @@ def plan(
   and is the prose arm; ``context`` reads the tuned settings from ``results``, the
   study's results by key, and has runs only once a context's baseline is tuned).
   ``tuning`` and ``context`` go context-major (:func:`lm_comparisons.by_context`): a
-  context's grid, then its comparison, before the next context's grid."""
+  context's comparison (its tuned arms' seeds), then its grids, before the next context's."""
   runs: list[Run] = []
   for seed in seeds:
     if 'depth' in groups:

@@ -346,9 +346,10 @@ def test_context_comparisons_run_each_arm_at_its_tuned_setting_once_the_baseline
 
 
 def test_the_comparison_at_1024_bytes_trains_once_its_arms_are_tuned_before_the_next_grid():
-  """With both groups planned, a context's comparison follows its own grid and comes
-  before the next context's grid (the study plans again after every run, so it starts as
-  soon as the last arm at 1,024 bytes is settled)."""
+  """With both groups planned, a context's comparison comes before the next context's
+  grid, and the seeds of the arms already tuned before the grids of the arms not yet
+  tuned (the study plans again after every run, so each arm's seeds 1-2 start as soon as
+  it is settled)."""
   lc = lm_comparisons
   tuned_1024 = _tuned_results([(a, 1024) for a in ('baseline', *lc.CONTEXT_ARMS)])
   runs = _plan_code_depth_2(['tuning', 'context'], seeds=[0], results=tuned_1024)
@@ -358,6 +359,23 @@ def test_the_comparison_at_1024_bytes_trains_once_its_arms_are_tuned_before_the_
   new_seeds = [i for i, r in enumerate(runs) if r.seed > 0]
   assert len(new_seeds) == 4 * 2  # the four arms at 1,024 bytes, seeds 1 and 2
   assert all(runs[i].seq_len == 1024 and i < first_2048 for i in new_seeds)
+  # The baseline and pooled keys and values settled, the paper's reading and the rotary
+  # baseline not started: the two settled arms' seeds 1-2 first, then the two grids.
+  two_tuned = _tuned_results([('baseline', 1024), ('cp_kv', 1024)])
+  runs = [
+      r
+      for r in _plan_code_depth_2(['tuning', 'context'], seeds=[0], results=two_tuned)
+      if r.key not in two_tuned
+  ]
+  assert [(r.arm, r.seed) for r in runs[:4]] == [
+      ('baseline', 1),
+      ('cp_kv', 1),
+      ('baseline', 2),
+      ('cp_kv', 2),
+  ]
+  assert {(r.arm, r.seq_len, r.seed) for r in runs[4:16]} == {
+      (a, 1024, 0) for a in ('cp', 'baseline_rotary')
+  }
   # Before the 1,024-byte arms are settled, no comparison run is planned at all.
   unsettled = dict(tuned_1024)
   unsettled.pop(lc.tuning_run('baseline', 1024, 2e-3, 50).key)
