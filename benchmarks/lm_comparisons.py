@@ -407,7 +407,8 @@ def comparison_table(
     costs: Mapping[CostKey, Mapping[str, Any]],
 ) -> list[str]:
   """The arms − the baseline (BPC), paired by the seeds both have, one row per arm,
-  with their step's cost beside (:func:`cost_cells`)."""
+  with their step's cost beside (:func:`cost_cells`); a pair of one seed shows its
+  difference alone (no interval)."""
 
   def by_seed(template: Run) -> dict[int, Mapping[str, Any]]:
     keys = {s: dataclasses.replace(template, seed=s).key for s in comparison.seeds_of(template)}
@@ -433,7 +434,11 @@ def comparison_table(
     for _, value in MEASURES:
       a = {s: value(r) for s, r in mine.items() if value(r) is not None}
       b = {s: value(r) for s, r in base.items() if value(r) is not None}
-      cells.append(_cell(paired(a, b)))
+      common = sorted({*a} & {*b})
+      if len(common) == 1:  # one seed: its difference, no interval
+        cells.append(f'{a[common[0]] - b[common[0]]:+.3f} (seed {common[0]} only)')
+      else:
+        cells.append(_cell(paired(a, b)))
     cells += cost_cells(arm, comparison.baseline, costs)
     lines.append(f'| `{_name(arm)}` | {len(mine)} | ' + ' | '.join(cells) + ' |')
   return lines + ['']
@@ -502,16 +507,21 @@ def report(
     best_arm: str = 'cp_kv',
     costs: Optional[Mapping[CostKey, Mapping[str, Any]]] = None,
 ) -> str:
-  """The sweep's table and each comparison's (``costs``: :func:`benchmarks.lm_study.load_costs`)."""
+  """The sweep's table, the tuning table and each comparison's, each where a run of it has a
+  result or a measured cost (``costs``: :func:`benchmarks.lm_study.load_costs`)."""
   by_key = {r['key']: r for r in results}
+  has_results = lambda runs: any(r.key in by_key for r in runs)
   lines = ['## ContextPool against the tuned baseline (representative splits)', '']
-  lines += sweep_table(by_key)
-  if any(r.key in by_key for r in tuning_runs()):
+  if has_results(sweep_runs()):
+    lines += sweep_table(by_key)
+  if has_results(tuning_runs()):
     lines += tuning_table(by_key)
   for comparison in context_study(by_key):
     lines += comparison_table(comparison, by_key, costs or {})
   for comparison in study(best_arm):
-    lines += comparison_table(comparison, by_key, costs or {})
+    runs = comparison.runs()
+    if has_results(runs) or any(r.cost_key in (costs or {}) for r in runs):
+      lines += comparison_table(comparison, by_key, costs or {})
   if any(c.get('measured_under_load') for c in (costs or {}).values()):
     lines += [
         '`(under load)`: a step time measured while other jobs shared the cores; GFLOPs are'

@@ -260,6 +260,7 @@ def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
   md = (out / 'lm_study_comparisons.md').read_text()
   assert '| 1,024 | baseline | 50 | 1.550 | - | - | - |' in md
   assert '| 1,024 | baseline | 500 | 2.000 | - | - | - |' in md
+  assert '### Learning rates' not in md and '### Code, depth 2' not in md  # not run
 
 
 def test_the_study_plans_again_after_every_run(tmp_path, monkeypatch):
@@ -836,21 +837,25 @@ def test_comparisons_pair_each_arm_with_its_baseline_by_seed(monkeypatch, tmp_pa
   assert {(r.arm, r.depth) for r in study[2].runs()} == {('baseline', 4), ('cp', 2), ('cp_kv', 2)}
   assert {(r.corpus, r.dropout) for r in study[3].runs()} == {('text', lc.PROSE_DROPOUT)}
   # Synthetic results: the default ContextPool 0.1 behind at the end in every seed,
-  # 0.2 ahead at step 1,000; cp_kv only in seed 0 (no pairs: '-').
+  # 0.2 ahead at step 1,000; cp_kv only in seed 0 (its difference alone, no interval).
   results = []
   for seed in (0, 1, 2):
     base = dataclasses.replace(first.baseline, seed=seed)
     cp = dataclasses.replace(first.arms[0], seed=seed)
     results.append(_result(base, 1.0 + seed / 10, 2.0, 0.9, 1.2, 1.1))
     results.append(_result(cp, 1.1 + seed / 10, 1.8, 0.95, 1.3, 1.15))
-  results.append(_result(dataclasses.replace(first.arms[1], seed=0), 1.0, 2.0, 0.9, 1.2, 1.1))
+  results.append(_result(dataclasses.replace(first.arms[1], seed=0), 1.05, 2.0, 0.9, 1.2, 1.1))
   md = lc.report(results)
+  # Only what has a result: the sweep (its 4e-3 runs are these seeds 0), no tuning, no
+  # comparison of another context yet.
+  assert '### Learning rates' in md and '### Rate and warm-up' not in md
+  assert '### Longer context' not in md and '### Code, depth 2' in md
   row = next(l for l in md.splitlines() if l.startswith('| `code-cp-L2'))
   assert '| 3 | +0.100 ± 0.000 (+0.100, +0.100, +0.100, behind beyond noise)' in row
   assert '-0.200 ± 0.000 (-0.200, -0.200, -0.200, ahead beyond noise)' in row
   assert '+0.050 ± 0.000' in row and '+0.100 ± 0.000' in row  # lowest; training loss
   kv = next(l for l in md.splitlines() if l.startswith('| `code-cp_kv-L2'))
-  assert kv.startswith('| `code-cp_kv-L2-n4000') and '| 1 | - |' in kv
+  assert kv.startswith('| `code-cp_kv-L2-n4000') and '| 1 | +0.050 (seed 0 only) |' in kv
   # At 1,024 bytes: the baseline on 3 seeds, each arm paired on the seeds it has.
   longer = study[1]
   longer_results = [
