@@ -242,7 +242,7 @@ def tuning_runs(results: Mapping[str, Mapping[str, Any]] = MappingProxyType({}))
 def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   """Per context and arm, validation BPC at the end of each tuning run (rows: warm-up,
   columns: peak rate; the grid's and any extension's); the best in bold, and whether it
-  is bracketed."""
+  is bracketed. An arm with no tuning run ended yet is named under the table instead."""
   tried = {
       (arm, context): _tried(results, arm, context) or {}
       for context, arms in TUNING
@@ -256,11 +256,19 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
       '| context | arm | warm-up | ' + ' | '.join(f'{lr:g}' for lr in lrs) + ' | best |',
       '| ---: | --- | ---: | ' + ' | '.join('---:' for _ in lrs) + ' | --- |',
   ]
+  untrained = []
   for context, arms in TUNING:
     for arm in arms:
+      if not any(
+          tuning_run(arm, context, lr, w).key in results
+          for lr in EXTENDED_LRS
+          for w in EXTENDED_WARMUPS
+      ):
+        untrained.append(f'{arm} at {context:,}')
+        continue
       best = tuned_setting(results, arm, context)
       if best is None:
-        verdict = '-'
+        verdict = '- (grid training)'
       elif best[2]:
         verdict = f'{best[0]:g}, {best[1]} steps'
       elif tuning_extension(results, arm, context):
@@ -275,6 +283,8 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
           cell = '-' if r is None else f'{r["val_bpc"]:.3f}'
           cells.append(f'**{cell}**' if best and best[:2] == (lr, warmup) else cell)
         lines.append(f'| {context:,} | {arm} | {warmup} | ' + ' | '.join(cells) + f' | {verdict} |')
+  if untrained:
+    lines += ['', 'No tuning run ended yet: ' + ', '.join(untrained) + '.']
   return lines + ['']
 
 

@@ -129,6 +129,14 @@ def test_tuned_setting_is_the_lowest_final_validation_and_says_if_bracketed():
   partial.pop(key(*grid[0]))
   assert lc.tuned_setting(partial, 'baseline', 1024) is None  # not until the grid is done
   assert lc.tuning_extension(partial, 'baseline', 1024) is None
+  # The table shows a grid in progress as it stands, and names the arms with no run ended
+  # under it instead of a row of dashes each.
+  table = lc.tuning_table(partial)
+  rows = [l for l in table if l.startswith('| 1,024 | baseline |')]
+  assert len(rows) == 2 and all(r.endswith('| - (grid training) |') for r in rows)
+  assert not [l for l in table if l.startswith('| 1,024 | cp_kv |')]
+  (named,) = [l for l in table if l.startswith('No tuning run ended yet: ')]
+  assert 'cp_kv at 1,024' in named and 'baseline at 1,024' not in named
 
   # The highest rate best: doubled at its warm-up; once that ends worse, it is bracketed.
   edge = (8e-3, 50)
@@ -258,8 +266,8 @@ def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
   assert all(isinstance(p, pathlib.Path) and p.exists() for p in written)
   assert out / 'lm_study_comparisons.md' in written
   md = (out / 'lm_study_comparisons.md').read_text()
-  assert '| 1,024 | baseline | 50 | 1.550 | - | - | - |' in md
-  assert '| 1,024 | baseline | 500 | 2.000 | - | - | - |' in md
+  assert '| 1,024 | baseline | 50 | 1.550 | - | - | - (grid training) |' in md
+  assert '| 1,024 | baseline | 500 | 2.000 | - | - | - (grid training) |' in md
   assert '### Learning rates' not in md and '### Code, depth 2' not in md  # not run
 
 
