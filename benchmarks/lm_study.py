@@ -58,11 +58,12 @@ are paired per seed.
   (``benchmarks.harness``; run it on a quiet machine), for the runs of the
   groups listed with it, or of every group when it is listed alone.
 
-**Corpora** (both offline on a fresh machine): ``code``, the running Python's
-standard-library sources (``configs/default.py``'s corpus); ``text``, English
-prose: the Python Language Reference and library topics that CPython ships as
-``pydoc_data/topics.py`` (the text ``help('topics')`` shows; ~0.46 MB; PSF
-licence), written out as a plain text file by :func:`write_text_corpus`.
+**Corpora** (both offline on a fresh machine): ``code``, ``configs/default.py``'s
+corpus (the pinned snapshot of CPython 3.11.7's standard-library sources, the same
+bytes on every Python); ``text``, English prose: the Python Language Reference and
+library topics that the *running* CPython ships as ``pydoc_data/topics.py`` (the text
+``help('topics')`` shows; ~0.46 MB; PSF licence; not pinned, so it differs between
+Python versions), written out as a plain text file by :func:`write_text_corpus`.
 """
 
 from __future__ import annotations

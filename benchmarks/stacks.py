@@ -11,10 +11,11 @@ Two measurements, each run once on every stack (a virtualenv per stack) and then
     .venv312/bin/python -m benchmarks.stacks --save /tmp/layers312.npz
     python -m benchmarks.stacks --compare /tmp/layers311.npz,/tmp/layers312.npz
 
-* **The default run on one corpus.** The default corpus is the running Python's standard
-  library, which differs between Pythons (docs/data.md), so the stacks are compared on the same
-  bytes: ``--stdlib`` trains with ``train.py``'s flags (after ``--``) on the given standard
-  library's sources instead of the running one's:
+* **The default run on one corpus.** The default corpus is a pinned snapshot, the same bytes
+  on every Python (docs/data.md), so ``train.py`` runs compare across stacks as they are. The
+  runs in the results file predate the snapshot, when the default was the running Python's
+  standard library: ``--stdlib`` trains with ``train.py``'s flags (after ``--``) on the given
+  standard library's sources, to compare the stacks on those bytes:
 
     .venv312/bin/python -m benchmarks.stacks \
         --stdlib /root/.pyenv/versions/3.11.7/lib/python3.11 -- \
