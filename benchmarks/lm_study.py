@@ -43,7 +43,7 @@ are paired per seed.
   ``--image_depths``) on the one real image dataset that is offline,
   scikit-learn's 8x8 digits; reported as classification error (%);
 * ``tuning``: peak rate x warm-up (:data:`benchmarks.lm_comparisons.TUNING_LRS`,
-  ``TUNING_WARMUPS`` by context) of the baseline and both ContextPool readings at every
+  ``grid_warmups`` by arm and context) of the baseline and both ContextPool readings at every
   context compared (256, 1,024 and 2,048 bytes), and of the baseline with rotary
   positions (``baseline_rotary``) at 1,024 and 2,048, seed 0 (issue 68); a best setting
   at the grid's edge is extended past it

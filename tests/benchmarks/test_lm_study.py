@@ -92,7 +92,7 @@ def test_tuning_runs_every_arm_at_every_context_on_a_rate_by_warmup_grid(tmp_pat
       for a in arms
       for c in contexts
       for lr in lc.TUNING_LRS
-      for w in lc.TUNING_WARMUPS[c]
+      for w in lc.grid_warmups(a, c)
   }
   assert {(r.arm, r.seq_len or 256, r.lr, r.warmup, r.seed) for r in runs} == grid(
       ('baseline', 'cp_kv', 'cp'), (256, 1024, 2048)
@@ -248,8 +248,51 @@ def test_the_2048_grid_starts_at_long_warm_ups_and_a_best_shortest_one_is_shorte
   assert lc.tuning_extension(edge, 'cp', 2048) is None
   table = lc.tuning_table(edge)
   assert [l.split(' | ')[2] for l in table if l.startswith('| 2,048 | cp |')] == ['1500', '3000']
-  # At 1,024 and 256 bytes the grid keeps 50 and 500.
-  assert lc.TUNING_WARMUPS[1024] == lc.TUNING_WARMUPS[256] == (50, 500)
+  # At 256 bytes every grid keeps 50 and 500; at 1,024 the two arms tuned first keep them,
+  # and the two tuned after them start at 1,500 and 3,000 as at 2,048.
+  contexts = {
+      256: ('baseline', 'cp_kv', 'cp'),
+      1024: ('baseline', 'cp_kv', 'cp', 'baseline_rotary'),
+  }
+  assert {(c, a): lc.grid_warmups(a, c) for c, arms in contexts.items() for a in arms} == {
+      (256, 'baseline'): (50, 500),
+      (256, 'cp_kv'): (50, 500),
+      (256, 'cp'): (50, 500),
+      (1024, 'baseline'): (50, 500),
+      (1024, 'cp_kv'): (50, 500),
+      (1024, 'cp'): (1500, 3000),
+      (1024, 'baseline_rotary'): (1500, 3000),
+  }
+
+
+def test_the_later_1024_grids_start_long_and_the_settled_arms_plan_nothing_more():
+  # The first two arms tuned at 1,024 bytes (grid at 50 and 500, then extensions to 1,500
+  # and 3,000) stay settled: no run is added to them, and the comparison keeps their
+  # settings; the next arm's grid is its six runs at 1,500 and 3,000.
+  lc = lm_comparisons
+  ended = {
+      'baseline': [(lr, w) for lr in lc.TUNING_LRS for w in (50, 500)]
+      + [(4e-3, 1500), (8e-3, 1500), (1.6e-2, 1500), (8e-3, 3000), (1.6e-2, 3000), (4e-3, 3000)],
+      'cp_kv': [(lr, w) for lr in lc.TUNING_LRS for w in (50, 500)]
+      + [(4e-3, 1500), (8e-3, 1500), (1.6e-2, 1500), (8e-3, 3000)],
+  }
+  best = {'baseline': (8e-3, 3000), 'cp_kv': (8e-3, 1500)}
+  results = {
+      lc.tuning_run(arm, 1024, lr, w).key: {'val_bpc': 1.0 if (lr, w) == best[arm] else 2.0 + lr}
+      for arm, settings in ended.items()
+      for lr, w in settings
+  }
+  assert lc.tuned_setting(results, 'baseline', 1024) == (8e-3, 3000, False)  # at the range's edge
+  assert lc.tuned_setting(results, 'cp_kv', 1024) == (8e-3, 1500, True)
+  assert lc.tuning_extension(results, 'baseline', 1024) is None
+  assert lc.tuning_extension(results, 'cp_kv', 1024) is None
+  planned = [r for r in lc.tuning_runs(results) if r.seq_len == 1024]
+  for arm, settings in ended.items():
+    assert {(r.lr, r.warmup) for r in planned if r.arm == arm} == set(settings)
+  assert [(r.lr, r.warmup) for r in planned if r.arm == 'cp'] == [
+      (lr, w) for w in (1500, 3000) for lr in lc.TUNING_LRS
+  ]
+  assert lc.tuning_run('cp', 1024, 2e-3, 50) not in planned
 
 
 def test_a_report_of_tuning_runs_alone_tells_their_warm_ups_apart(tmp_path):
@@ -330,7 +373,7 @@ def test_context_comparisons_run_each_arm_at_its_tuned_setting_once_the_baseline
   results = _tuned_results([('baseline', 1024), ('cp_kv', 1024)]) | _tuned_results(
       [('cp', 1024)], best=(2e-3, 50)
   )
-  results.pop(lc.tuning_run('cp', 1024, 8e-3, 500).key)  # cp's grid unfinished
+  results.pop(lc.tuning_run('cp', 1024, 8e-3, 3000).key)  # cp's grid unfinished
   (at_1024,) = lc.context_study(results)
   assert at_1024.baseline == lc.tuning_run('baseline', 1024, 4e-3, 500)
   assert at_1024.arms == (lc.tuning_run('cp_kv', 1024, 4e-3, 500),)
