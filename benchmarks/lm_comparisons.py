@@ -34,14 +34,15 @@ from benchmarks.lm_runs import CostKey, Run, paired
 # The learning-rate sweep at the long setup (code, depth 2, 4,000 steps, seed 0).
 SWEEP_ARMS = ('baseline', 'cp')
 SWEEP_LRS = (2e-3, 4e-3, 8e-3)
-# Peak learning rate per arm, from the sweep (its table is the first of
-# benchmarks/results/lm_study_comparisons.md): each arm's lowest validation BPC at
-# the end of the long setup. ContextPool arms not swept use the default ContextPool's.
+# Peak learning rate per arm, from the sweep on the earlier corpus (its table is the first
+# of benchmarks/results/archive_stdlib_corpus/lm_study_comparisons.md): each arm's lowest
+# validation BPC at the end of the long setup. ContextPool arms not swept use the default
+# ContextPool's.
 TUNED_LR: dict[str, float] = {'baseline': 4e-3, 'cp': 4e-3}
 LONG = dict(corpus='code', depth=2, steps=4000)
 CONFIRM_SEEDS = (0, 1, 2)
-# At 1,024 bytes the default ContextPool ended far behind on both of these seeds and gets no
-# third; the best arm, ahead on both, does (docs/results.md).
+# At 1,024 bytes the default ContextPool ended far behind on both of these seeds and got no
+# third; the best arm, ahead on both, did (the earlier corpus: its archive's README).
 CONTEXT_SEEDS = (0, 1)
 LONG_CONTEXT = 1024
 PROSE_DROPOUTS = (0.1, 0.2)
