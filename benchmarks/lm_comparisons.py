@@ -172,17 +172,25 @@ def tuning_run(arm: str, context: int, lr: float, warmup: int) -> Run:
   )
 
 
-def _tried(
+def _ended(
     results: Mapping[str, Mapping[str, Any]], arm: str, context: int
-) -> Optional[dict[tuple[float, int], float]]:
+) -> dict[tuple[float, int], float]:
   """``{(lr, warmup): final validation BPC}`` of the tuning runs of ``arm`` at ``context``
-  with a result, extensions included; None until every run of the grid has one."""
-  tried = {}
+  with a result, extensions included."""
+  ended = {}
   for lr in EXTENDED_LRS:
     for w in EXTENDED_WARMUPS:
       result = results.get(tuning_run(arm, context, lr, w).key)
       if result is not None:
-        tried[(lr, w)] = result['val_bpc']
+        ended[(lr, w)] = result['val_bpc']
+  return ended
+
+
+def _tried(
+    results: Mapping[str, Mapping[str, Any]], arm: str, context: int
+) -> Optional[dict[tuple[float, int], float]]:
+  """:func:`_ended`, or None until every run of the grid has a result."""
+  tried = _ended(results, arm, context)
   if any((lr, w) not in tried for lr in TUNING_LRS for w in grid_warmups(arm, context)):
     return None
   return tried
@@ -256,12 +264,10 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   """Per context and arm, validation BPC at the end of each tuning run (rows: warm-up,
   columns: peak rate; the grid's and any extension's); the best in bold, and whether it
   is bracketed. An arm with no tuning run ended yet is named under the table instead."""
-  tried = {
-      (arm, context): _tried(results, arm, context) or {}
-      for context, arms in TUNING
-      for arm in arms
+  ended = {
+      (arm, context): _ended(results, arm, context) for context, arms in TUNING for arm in arms
   }
-  lrs = sorted({*TUNING_LRS, *(lr for t in tried.values() for lr, _ in t)})
+  lrs = sorted({*TUNING_LRS, *(lr for t in ended.values() for lr, _ in t)})
   lines = [
       '### Rate and warm-up at every context (code, depth 2, 4,000 steps, seed 0; cosine schedule;'
       ' the same bytes per step)',
@@ -272,11 +278,7 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
   untrained = []
   for context, arms in TUNING:
     for arm in arms:
-      if not any(
-          tuning_run(arm, context, lr, w).key in results
-          for lr in EXTENDED_LRS
-          for w in EXTENDED_WARMUPS
-      ):
+      if not ended[(arm, context)]:
         untrained.append(f'{arm} at {context:,}')
         continue
       best = tuned_setting(results, arm, context)
@@ -288,7 +290,7 @@ def tuning_table(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         verdict = f'{best[0]:g}, {best[1]} steps (at an edge: extending)'
       else:
         verdict = f'{best[0]:g}, {best[1]} steps (at the edge of the extended range)'
-      warmups = sorted({*grid_warmups(arm, context), *(w for _, w in tried[(arm, context)])})
+      warmups = sorted({*grid_warmups(arm, context), *(w for _, w in ended[(arm, context)])})
       for warmup in warmups:
         cells = []
         for lr in lrs:
