@@ -210,12 +210,10 @@ class ResNetConfig(Fields):
       ``jax.pmap`` / ``shard_map`` loop (every BatchNorm of the network,
       including the lambda layers'); None (default) = the local batch, which is
       right under ``jax.jit`` with sharded arrays (the trainer).
-    remat: what each residual block keeps for the backward pass, one of
-      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
-      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
-      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
-      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
-      ``'full'``.
+    remat: what each residual block keeps for the backward pass, a name of
+      ``models.common.REMAT_POLICIES`` (``'none'``, ``'full'``,
+      ``'dots'``, ``'dots_no_batch'``: what each keeps, docs/models.md#memory),
+      or a bool of older configs (``models.common.remat_policy``).
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
   """

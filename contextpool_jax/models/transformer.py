@@ -165,12 +165,10 @@ class TransformerConfig(Fields):
     context_pool_heads: ``'attention_input'`` only: how many heads (the first
       ones) read the pooled features; the others read ``LN x``. None: all.
     scan_layers: one ``nn.scan`` over the identical layers of each stack.
-    remat: what each layer keeps for the backward pass, one of
-      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
-      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
-      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
-      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
-      ``'full'``.
+    remat: what each layer keeps for the backward pass, a name of
+      ``models.common.REMAT_POLICIES`` (``'none'``, ``'full'``,
+      ``'dots'``, ``'dots_no_batch'``: what each keeps, docs/models.md#memory),
+      or a bool of older configs (``models.common.remat_policy``).
     dtype: compute dtype (e.g. ``jnp.bfloat16``); None infers it.
     param_dtype: parameter dtype.
   """

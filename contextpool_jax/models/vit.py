@@ -220,12 +220,10 @@ class ViTConfig(Fields):
     context_pool_last: also pool after the last block (see :class:`ViT`).
     posemb_resize: ``jax.image.resize`` method for other image sizes, or None
       to raise.
-    remat: what each block keeps for the backward pass, one of
-      ``models.common.REMAT_POLICIES``: ``'none'`` (everything), ``'full'`` (its
-      input only; ``nn.remat``), ``'dots'`` (matmul and convolution outputs),
-      ``'dots_no_batch'`` (matmuls without batch dimensions: the projections and
-      MLPs). ``False`` / ``True`` (configs before the policies) mean ``'none'`` /
-      ``'full'``.
+    remat: what each block keeps for the backward pass, a name of
+      ``models.common.REMAT_POLICIES`` (``'none'``, ``'full'``,
+      ``'dots'``, ``'dots_no_batch'``: what each keeps, docs/models.md#memory),
+      or a bool of older configs (``models.common.remat_policy``).
     scan_layers: apply the identical blocks with one ``nn.scan`` (compiles one
       block instead of ``num_layers``). Parameters are then stacked under
       ``'blocks'``; with ContextPool but not ``context_pool_last``, the first
