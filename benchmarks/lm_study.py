@@ -550,6 +550,9 @@ def train_one(run: Run, sizes: Sizes, study_dir: pathlib.Path) -> dict[str, Any]
       test_curve=_curve(lines, 'eval_test', metric),
       train_curve=_curve(lines, 'train', 'loss'),
       steps_per_sec_median=statistics.median(rates) if rates else None,
+      # The load beside the step rate (1, 5 and 15 minutes) as training ended: the rate is
+      # this run's and whatever else shared the cores.
+      load_average_at_end=list(os.getloadavg()),
       wall_s_last_session=time.time() - t0,
       sizes=dataclasses.asdict(sizes),
       **{f'{split}_{metric}': out[f'eval_{name}'][metric] for split, name in _SPLITS},
@@ -1024,6 +1027,7 @@ RUN_FIELDS = (
     'test_loss',
     'train_loss',
     'steps_per_sec_median',
+    'load_average_at_end',
 )
 
 

@@ -1,5 +1,6 @@
 """The LM study runner (benchmarks/lm_study.py): plans, records, resumes, reports."""
 
+import csv
 import dataclasses
 import json
 import math
@@ -484,6 +485,7 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
   for r in results:
     assert [s for s, _ in r['val_curve']] == [2, 4]  # a learning curve, every eval_every
     assert r['val_bpc'] == r['val_curve'][-1][1] and 0 < r['test_bpc'] < 16
+    assert r['steps_per_sec_median'] > 0 and len(r['load_average_at_end']) == 3  # rate and load
     assert not (study / 'runs' / r['key'] / 'checkpoints').exists()
   # A rerun trains nothing (the trainer is never called).
   monkeypatch.setattr(lm_study, 'train_one', lambda *a: pytest.fail('retrained a recorded run'))
@@ -511,7 +513,8 @@ def test_runs_are_recorded_skipped_on_rerun_and_reported(tmp_path, monkeypatch):
       for s in (0, 1)
   ]
   assert f'({diffs[0]:+.3f}, {diffs[1]:+.3f})' in md  # paired per seed
-  assert len((out / 'lm_study_runs.csv').read_text().splitlines()) == 5
+  rows = list(csv.DictReader(open(out / 'lm_study_runs.csv')))
+  assert len(rows) == 4 and all(row['load_average_at_end'].startswith('[') for row in rows)
 
 
 @pytest.mark.slow
